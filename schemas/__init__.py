@@ -1,0 +1,1 @@
+"""The ground layer: event vocabulary, the error hierarchy and the Avro wire format."""

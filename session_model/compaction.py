@@ -1,0 +1,189 @@
+"""Compaction: a factual summary of the old turns, appended; the recent turns stay intact.
+
+The threshold counts turns not yet summarised, never all of them: the total never goes down, so
+counting it would compact on every turn, each summary hiding the last. The default summarizer calls
+no model: what compaction loses in a coding session is facts, and the facts are already in the
+stream, exact. Whatever prose a custom `Summarizer` writes, the operational-facts block follows it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from schemas.errors import ConfigurationError
+from session_model.canonical import canonical_json
+from session_model.session import Session
+
+FACTS_VERSION = 1
+RESULT_BOUND = 500
+FACTS_HEADER = "Operational facts (JSON, version 1):"
+
+
+class Summarizer(Protocol):
+    """Writes the prose of a summary of `session` through seq `through`."""
+
+    def summarize(self, session: Session, through: int) -> str:
+        """Return the prose; the facts block is appended by the compactor."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFacts:
+    """Facts derived from a session's state for summaries (no model, no guessing)."""
+
+    session: Session
+
+    def operational_facts(self) -> dict[str, Any]:
+        """The versioned operational-facts block; calls and executions are never joined."""
+        s = self.session
+        latest_by_artifact: dict[str, int] = {}
+        for call in s.calls:
+            if call.artifact is not None:
+                latest_by_artifact[call.artifact] = call.seq
+        calls = [
+            {
+                "tool": c.tool,
+                "artifact": c.artifact,
+                "result": c.result[:RESULT_BOUND],
+                "ok": c.ok,
+                "mutating": c.mutating,
+                "seq": c.seq,
+                "latest_for_artifact": c.artifact is not None
+                and latest_by_artifact[c.artifact] == c.seq,
+            }
+            for c in s.calls
+        ]
+        return {
+            "version": FACTS_VERSION,
+            "calls": calls,
+            "executions": [
+                {
+                    "operation": x.operation,
+                    "argument_digest": x.argument_digest,
+                    "artifact": x.artifact,
+                    "executor": x.executor,
+                    "seq": x.seq,
+                }
+                for x in s.executions
+            ],
+            "verdicts": [
+                {"tool": c.tool, "artifact": c.artifact, "verdict": c.verdict, "seq": c.seq}
+                for c in s.calls
+                if c.verdict is not None
+            ],
+            "decisions": [
+                {
+                    "question_id": d.question_id,
+                    "question": d.question,
+                    "answer": d.answer,
+                    "by": d.by.to_record() if d.by else None,
+                    "reason": d.reason,
+                    "why": d.why,
+                    "expired": d.expired_at is not None,
+                    "seq": d.seq,
+                }
+                for d in s.decisions
+            ],
+            "evidence": [
+                {
+                    "observation": o.event_id,
+                    "known": o.known,
+                    "artifacts": list(o.artifacts),
+                    "evidence": list(o.evidence),
+                    "observer": o.observer,
+                    "seq": o.seq,
+                }
+                for o in s.observations
+            ],
+            "execution_effect_currentness": "unknown",
+        }
+
+    def turns_covered(self, through: int) -> int:
+        """How many turns a summary through `through` covers, counting earlier summaries."""
+        s = self.session
+        summarised_before = s.turn_count - len(s.turns)
+        return summarised_before + sum(1 for t in s.turns if t.seq <= through)
+
+
+@dataclass(frozen=True, slots=True)
+class FactualSummarizer:
+    """The default summarizer: a list of facts, each one read from the stream."""
+
+    def summarize(self, session: Session, through: int) -> str:
+        """Goal, plan, tools, grants, done, pending, decisions, and what the summary covers."""
+        s = session
+        lines = [f"Goal: {s.goal}"]
+        if s.plan is not None:
+            lines.append(f"Plan (version {s.plan_version}): {s.plan}")
+        tools = Counter(c.tool for c in s.calls)
+        if tools:
+            lines.append("Tools used: " + ", ".join(f"{t} ×{n}" for t, n in sorted(tools.items())))
+        if s.permissions:
+            lines.append("Permissions granted: " + ", ".join(s.permissions))
+        done = [t for t in s.todos if t.status == "done"]
+        if done:
+            lines.append("Done: " + "; ".join(f"{t.id}: {t.text}" for t in done))
+        pending = s.pending_todos()
+        if pending:
+            lines.append(
+                "Pending: "
+                + "; ".join(
+                    f"{t.id}: {t.text}" + (" [blocked]" if t.status == "blocked" else "")
+                    for t in pending
+                )
+            )
+        for d in s.decisions:
+            if d.expired_at is None:
+                lines.append(f"Human decision: {d.question} → «{d.answer}»")
+            else:
+                lines.append(f"Unanswered: {d.question} (window closed)")
+        covered = SessionFacts(s).turns_covered(through)
+        lines.append(
+            f"This summary covers {covered} turns; the full record remains in session {s.id}."
+        )
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPlan:
+    """A compaction that is due: the summary to append and the seq it covers through."""
+
+    summary: str
+    through: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compactor:
+    """Decides when a session is compacted and writes the summary (facts block included)."""
+
+    max_turns: int = 40
+    keep_recent: int = 12
+    summarizer: Summarizer = field(default_factory=FactualSummarizer)
+
+    def __post_init__(self) -> None:
+        if self.keep_recent < 0 or self.max_turns <= self.keep_recent:
+            raise ConfigurationError("Compactor needs max_turns > keep_recent >= 0")
+
+    def cut(self, session: Session) -> int | None:
+        """The seq to compact through, or None when unsummarised turns do not exceed max_turns."""
+        unsummarised = [t for t in session.turns if t.seq > session.compacted_through]
+        if len(unsummarised) <= self.max_turns:
+            return None
+        return unsummarised[len(unsummarised) - self.keep_recent - 1].seq
+
+    def summary(self, session: Session, through: int) -> str:
+        """The summarizer's prose followed by the operational-facts block no summarizer removes."""
+        prose = self.summarizer.summarize(session, through)
+        facts = canonical_json(SessionFacts(session).operational_facts())
+        return f"{prose}\n\n{FACTS_HEADER}\n{facts}"
+
+    def plan(self, session: Session) -> CompactionPlan | None:
+        """What to append, or None when nothing is due (or the session has ended)."""
+        if session.ended:
+            return None
+        through = self.cut(session)
+        if through is None:
+            return None
+        return CompactionPlan(self.summary(session, through), through)

@@ -1,0 +1,122 @@
+"""How far an automatic process may go: `SessionPolicy.decide`, questions, and the ancestor ceiling.
+
+The order of the rules is the rule. The signature is evaluated before the grant and before the
+mode: evaluated later, a grant on that operation (or an `auto` mode) would let it through, and the
+only gate that names the concrete call instead of the category would be gone. Reading is never
+asked. A child session with no ceiling fails closed: deciding without its ancestors would let a
+child of an `ask` session run in `auto`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from schemas.errors import MissingCeilingError
+from session_model.canonical import canonical_json
+from session_model.modes import Mode, strictest
+from session_model.session import Question, Session
+
+
+class Verdict(StrEnum):
+    """The policy's answer for one operation."""
+
+    ALLOW = "allow"
+    ASK_PERMISSION = "ask_permission"
+    REQUIRE_SIGNATURE = "require_signature"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPolicy:
+    """Pure: calls nobody, appends nothing."""
+
+    def decide(
+        self,
+        session: Session,
+        operation: str,
+        *,
+        mutating: bool,
+        requires_signature: bool,
+        ceiling: Mode | None = None,
+    ) -> Verdict:
+        """Apply the five rules in their order; the first that matches decides."""
+        if session.parent_id is not None and ceiling is None:
+            raise MissingCeilingError(
+                f"session {session.id!r} has a parent; pass ceiling=ceiling_for(...)"
+            )
+        if requires_signature:
+            return Verdict.REQUIRE_SIGNATURE
+        if not mutating:
+            return Verdict.ALLOW
+        if session.allows(operation):
+            return Verdict.ALLOW
+        if strictest(session.mode, ceiling) is Mode.ASK:
+            return Verdict.ASK_PERMISSION
+        return Verdict.ALLOW
+
+
+def permission_question(
+    operation: str, arguments: Mapping[str, Any], expires_at: str | None = None
+) -> Question:
+    """The question to ask before a mutating operation in `ask` mode."""
+    return Question(
+        id=f"perm:{operation}",
+        question=f"Allow «{operation}» in this session?",
+        options=("yes", "no"),
+        why=canonical_json(dict(arguments)),
+        expires_at=expires_at,
+        reason="permission",
+    )
+
+
+def signature_question(
+    operation: str, arguments: Mapping[str, Any], expires_at: str | None = None
+) -> Question:
+    """The question to ask for a signature: no options, because a click cannot sign."""
+    return Question(
+        id=f"sign:{operation}",
+        question=f"«{operation}» needs a signature over this exact call.",
+        options=(),
+        why=canonical_json(dict(arguments)),
+        expires_at=expires_at,
+        reason="signature",
+    )
+
+
+def target_question(
+    operation: str, target: str, question: str, expires_at: str | None = None
+) -> Question:
+    """Ask the human to confirm the target an operation was not told; a yes names only it."""
+    return Question(
+        id=f"target:{operation}:{target}",
+        question=question,
+        options=("yes", "no"),
+        why=canonical_json({"operation": operation, "target": target}),
+        expires_at=expires_at,
+        reason="target_not_named",
+    )
+
+
+def ceiling_for(session: Session, lookup: Callable[[str], Session | None]) -> Mode | None:
+    """The strictest mode along the whole ancestor chain; None for a root.
+
+    Resolved at ask time rather than copied at birth, so tightening an ancestor tightens its
+    descendants. A missing ancestor or a cycle reads as `ask`: an unknown chain fails closed.
+    """
+    if session.parent_id is None:
+        return None
+    ceiling: Mode | None = None
+    seen = {session.id}
+    ancestor_id: str | None = session.parent_id
+    while ancestor_id is not None:
+        if ancestor_id in seen:
+            return Mode.ASK
+        seen.add(ancestor_id)
+        ancestor = lookup(ancestor_id)
+        if ancestor is None or not ancestor.started:
+            return Mode.ASK
+        ceiling = strictest(ancestor.mode, ceiling)
+        ancestor_id = ancestor.parent_id
+    return ceiling

@@ -1,0 +1,298 @@
+"""The immutable `Session` value and the values it is made of."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from session_model.deadlines import parse_deadline
+from session_model.modes import Mode
+from session_model.principal import Principal
+
+ROLES: Final = frozenset({"user", "assistant", "system"})
+TODO_STATUSES: Final = frozenset({"pending", "in_progress", "done", "blocked"})
+_BOXES: Final = {"done": "[x]", "in_progress": "[~]", "blocked": "[!]", "pending": "[ ]"}
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One turn of the conversation; tool calls and messages are turns too."""
+
+    role: str
+    content: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One entry of what the model is sent (`window()`)."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class InheritedFrom:
+    """Where a transferred card came from: the one cross-session fact a fold takes from a writer."""
+
+    session: str
+    version: int
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class Todo:
+    """A todo card with its lineage; every field but `text`/`status`/`replaces` is derived."""
+
+    id: str
+    text: str
+    status: str
+    version: int
+    supersedes: int | None
+    from_status: str | None
+    origin: str
+    mutations_at: int
+    plan_version: int
+    born_in_plan: int
+    replaces: str | None = None
+    inherited_from: InheritedFrom | None = None
+    transferred_to: str | None = None
+
+    @property
+    def disposition(self) -> str:
+        """`transferred` for a card handed to another session, else `open` (an observation)."""
+        return "transferred" if self.transferred_to is not None else "open"
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A question that pauses the session until a human answers or its window closes."""
+
+    id: str
+    question: str
+    options: tuple[str, ...] = ()
+    why: str | None = None
+    expires_at: str | None = None
+    reason: str | None = None
+    seq: int = 0
+
+    def deadline(self) -> datetime | None:
+        """The deadline as an instant, or None when there is none or it cannot be read."""
+        return parse_deadline(self.expires_at)
+
+    def has_expired(self, now: datetime) -> bool:
+        """False without a readable deadline; else `now > deadline`."""
+        deadline = self.deadline()
+        return deadline is not None and now > deadline
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What resolved a question: an answer, or the window closing (`answer == ""`, `by is None`)."""
+
+    question_id: str
+    question: str
+    answer: str
+    by: Principal | None
+    executor: str | None
+    reason: str | None
+    why: str | None
+    seq: int
+    event_id: str
+    affirmative: bool = False
+    decided_at: datetime | None = None
+    expired_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """An event the fold could not apply: it stays in the log, takes a seq and is recorded here."""
+
+    seq: int
+    event_id: str
+    type: str
+    code: str
+    producer: str
+    occurred_at: datetime
+    by: Principal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallFact:
+    """What the operational facts keep of one tool call."""
+
+    seq: int
+    tool: str
+    result: str
+    ok: bool
+    mutating: bool
+    artifact: str | None = None
+    verdict: str | None = None
+    effect_observation_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionFact:
+    """An execution receipt: the only proof that something materialised."""
+
+    seq: int
+    operation: str
+    argument_digest: str
+    artifact: str | None = None
+    executor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """An effect observation: measured artifact and behavioural-evidence identities."""
+
+    event_id: str
+    seq: int
+    known: bool
+    artifacts: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+    observer: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCard:
+    """One element of the derived open-work fact."""
+
+    id: str
+    status: str
+    version: int
+    disposition: str
+    mutations_since: int
+    to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """Everything the fold knows about one session after its last event.
+
+    `turns` holds the turns not yet summarised (`seq > compacted_through`): the working set the
+    window is made of. Summarised turns are never lost; the stores keep every turn in the
+    session's history (`SessionStore.history`), and the log keeps every event.
+    """
+
+    id: str
+    started: bool = False
+    goal: str = ""
+    parent_id: str | None = None
+    mode: Mode = Mode.ASK
+    turns: tuple[Turn, ...] = ()
+    turn_count: int = 0
+    plan: str | None = None
+    plan_version: int = 0
+    tool_calls: int = 0
+    mutations: int = 0
+    todos: tuple[Todo, ...] = ()
+    permissions: tuple[str, ...] = ()
+    removed_options: tuple[str, ...] = ()
+    run_first: tuple[str, ...] = ()
+    obligation_declared: bool = False
+    summary: str | None = None
+    compacted_through: int = 0
+    question: Question | None = None
+    closed_question: Question | None = None
+    decisions: tuple[Decision, ...] = ()
+    ended_because: str | None = None
+    open_work: tuple[OpenCard, ...] = ()
+    seq: int = 0
+    rejections: tuple[Rejection, ...] = ()
+    pauses: Mapping[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    downgrades: int = 0
+    calls: tuple[CallFact, ...] = ()
+    executions: tuple[ExecutionFact, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    event_ids: frozenset[str] = frozenset()
+
+    # -- reading the state ---------------------------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        """True once the session has ended (by `ended` or a closed answer window)."""
+        return self.ended_because is not None
+
+    def is_runnable(self) -> bool:
+        """Started, not ended and no open question."""
+        return self.started and not self.ended and self.question is None
+
+    def allows(self, operation: str) -> bool:
+        """Whether `operation` is granted in this session."""
+        return operation in self.permissions
+
+    def todo(self, todo_id: str) -> Todo | None:
+        """The card with this id, if any."""
+        for card in self.todos:
+            if card.id == todo_id:
+                return card
+        return None
+
+    def pending_todos(self) -> tuple[Todo, ...]:
+        """Cards not `done` (blocked counts as pending)."""
+        return tuple(t for t in self.todos if t.status != "done")
+
+    def open_todos(self) -> tuple[Todo, ...]:
+        """Cards not `done` and not transferred to another session."""
+        return tuple(t for t in self.pending_todos() if t.transferred_to is None)
+
+    def rejection_counts(self) -> dict[str, int]:
+        """Rejections counted by code."""
+        counts: dict[str, int] = {}
+        for rejection in self.rejections:
+            counts[rejection.code] = counts.get(rejection.code, 0) + 1
+        return counts
+
+    def state_briefing(self) -> str | None:
+        """The plan and every card (closed ones too, or the agent redoes work), or None."""
+        if self.plan is None and not self.todos:
+            return None
+        lines: list[str] = []
+        if self.plan is not None:
+            lines.append(f"Plan of this session: {self.plan}")
+        if self.todos:
+            lines.append("Todos:")
+            lines.extend(f"{_BOXES.get(t.status, '[ ]')} {t.id}: {t.text}" for t in self.todos)
+        return "\n".join(lines)
+
+    def window(self) -> tuple[Message, ...]:
+        """What to send the model: the summary, the briefing, then every unsummarised turn."""
+        messages: list[Message] = []
+        if self.summary is not None:
+            messages.append(
+                Message(
+                    "system", "Summary of what already happened in this session:\n" + self.summary
+                )
+            )
+        briefing = self.state_briefing()
+        if briefing is not None:
+            messages.append(Message("system", briefing))
+        messages.extend(
+            Message(t.role, t.content) for t in self.turns if t.seq > self.compacted_through
+        )
+        return tuple(messages)
+
+    def confirmed(self, operation: str, target: str) -> bool:
+        """True if a human said yes to a `target_not_named` question naming op and target."""
+        for decision in self.decisions:
+            if decision.reason != "target_not_named" or not decision.affirmative:
+                continue
+            named = _json_object(decision.why)
+            if named.get("operation") == operation and named.get("target") == target:
+                return True
+        return False
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,220 @@
+"""Ed25519 signatures: over one call (the signature gate) and over one answer (verified humans).
+
+The trusted public keys are an explicit input, like the fold's code: the same key set gives the same
+replay; removing a compromised key and rebuilding re-reads its signatures as unverified.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from schemas.errors import SignatureError
+from session_model.canonical import canonical_bytes
+
+
+def answer_signing_bytes(
+    *, key_id: str, session_id: str, question_id: str, answer: str, principal_id: str, event_id: str
+) -> bytes:
+    """The bytes an answering key signs: they name one answer by one principal in one event."""
+    return canonical_bytes(
+        {
+            "kind": "milpa.answer.v1",
+            "key_id": key_id,
+            "session_id": session_id,
+            "question_id": question_id,
+            "answer": answer,
+            "principal_id": principal_id,
+            "event_id": event_id,
+        }
+    )
+
+
+def call_signing_bytes(*, session_id: str, operation: str, argument_digest: str) -> bytes:
+    """The bytes a signature over one call covers: this session, this operation, these arguments."""
+    return canonical_bytes(
+        {
+            "kind": "milpa.call.v1",
+            "session_id": session_id,
+            "operation": operation,
+            "argument_digest": argument_digest,
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedKeys:
+    """Public keys (by key id) whose signatures the fold and the signature gate believe."""
+
+    keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
+
+    @classmethod
+    def none(cls) -> TrustedKeys:
+        """A key set that trusts nobody: every verified claim is downgraded."""
+        return cls({})
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, bytes]) -> TrustedKeys:
+        """Build from 32-byte raw Ed25519 public keys by key id."""
+        try:
+            return cls({k: Ed25519PublicKey.from_public_bytes(v) for k, v in raw.items()})
+        except ValueError as e:
+            raise SignatureError(f"not a raw Ed25519 public key: {e}") from e
+
+    @classmethod
+    def from_pem_files(cls, paths: Iterable[Path]) -> TrustedKeys:
+        """Load PEM public keys; each file's stem is its key id."""
+        keys: dict[str, Ed25519PublicKey] = {}
+        for path in paths:
+            try:
+                key = serialization.load_pem_public_key(path.read_bytes())
+            except (OSError, ValueError) as e:
+                raise SignatureError(f"cannot load public key {path}: {e}") from e
+            if not isinstance(key, Ed25519PublicKey):
+                raise SignatureError(f"{path} is not an Ed25519 public key")
+            keys[path.stem] = key
+        return cls(keys)
+
+    def key_ids(self) -> tuple[str, ...]:
+        """The trusted key ids, sorted."""
+        return tuple(sorted(self.keys))
+
+    def verify(self, key_id: str, signature: bytes, message: bytes) -> bool:
+        """True only if `key_id` is trusted and its key signed exactly `message`."""
+        key = self.keys.get(key_id)
+        if key is None:
+            return False
+        try:
+            key.verify(signature, message)
+        except InvalidSignature:
+            return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Signer:
+    """A private Ed25519 key held outside any session (an answering surface or a call approver)."""
+
+    key_id: str
+    private_key: Ed25519PrivateKey = field(repr=False)
+
+    @classmethod
+    def generate(cls, key_id: str) -> Signer:
+        """A fresh key pair (for tests and `keys generate`)."""
+        return cls(key_id, Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_pem_file(cls, path: Path, key_id: str | None = None) -> Signer:
+        """Load a PEM private key; the key id defaults to the file's stem."""
+        try:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (OSError, ValueError, TypeError) as e:
+            raise SignatureError(f"cannot load private key {path}: {e}") from e
+        if not isinstance(key, Ed25519PrivateKey):
+            raise SignatureError(f"{path} is not an Ed25519 private key")
+        return cls(key_id or path.stem, key)
+
+    def public_raw(self) -> bytes:
+        """The raw 32-byte public key."""
+        return self.private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+
+    def trusted_keys(self) -> TrustedKeys:
+        """A key set trusting only this signer."""
+        return TrustedKeys({self.key_id: self.private_key.public_key()})
+
+    def sign_answer(
+        self, *, session_id: str, question_id: str, answer: str, principal_id: str, event_id: str
+    ) -> dict[str, object]:
+        """The `signature` field of a `question_answered` payload."""
+        message = answer_signing_bytes(
+            key_id=self.key_id,
+            session_id=session_id,
+            question_id=question_id,
+            answer=answer,
+            principal_id=principal_id,
+            event_id=event_id,
+        )
+        return {"key_id": self.key_id, "signature": self.private_key.sign(message)}
+
+    def sign_call(self, *, session_id: str, operation: str, argument_digest: str) -> CallSignature:
+        """A signature naming one call."""
+        message = call_signing_bytes(
+            session_id=session_id, operation=operation, argument_digest=argument_digest
+        )
+        return CallSignature(self.key_id, self.private_key.sign(message))
+
+
+@dataclass(frozen=True, slots=True)
+class CallSignature:
+    """A signature over one call, with the id of the key that made it."""
+
+    key_id: str
+    signature: bytes
+
+    def encoded(self) -> str:
+        """`<key_id>:<base64 signature>`, for passing on a command line or header."""
+        return f"{self.key_id}:{base64.b64encode(self.signature).decode('ascii')}"
+
+    @classmethod
+    def decode(cls, text: str) -> CallSignature:
+        """Parse `encoded()` output."""
+        key_id, sep, b64 = text.partition(":")
+        if not sep or not key_id:
+            raise SignatureError("a call signature reads <key_id>:<base64>")
+        try:
+            return cls(key_id, base64.b64decode(b64, validate=True))
+        except ValueError as e:
+            raise SignatureError(f"call signature is not base64: {e}") from e
+
+
+def verify_answer_claim(
+    keys: TrustedKeys,
+    signature: object,
+    *,
+    session_id: str,
+    question_id: str,
+    answer: str,
+    principal_id: str,
+    event_id: str,
+) -> bool:
+    """True only if `signature` is a trusted key's signature of exactly this answer."""
+    if not isinstance(signature, Mapping):
+        return False
+    key_id = signature.get("key_id")
+    raw = signature.get("signature")
+    if not isinstance(key_id, str) or not isinstance(raw, bytes | bytearray):
+        return False
+    message = answer_signing_bytes(
+        key_id=key_id,
+        session_id=session_id,
+        question_id=question_id,
+        answer=answer,
+        principal_id=principal_id,
+        event_id=event_id,
+    )
+    return keys.verify(key_id, bytes(raw), message)
+
+
+def verify_call(
+    keys: TrustedKeys,
+    signature: CallSignature | None,
+    *,
+    session_id: str,
+    operation: str,
+    argument_digest: str,
+) -> bool:
+    """The signature gate: True only for a trusted key's signature over exactly this call."""
+    if signature is None:
+        return False
+    message = call_signing_bytes(
+        session_id=session_id, operation=operation, argument_digest=argument_digest
+    )
+    return keys.verify(signature.key_id, signature.signature, message)
