@@ -1,0 +1,66 @@
+"""The two ports `SessionStore` is written against: an event log and a projection store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from schemas.events import Event
+from session_model.projection import Folded, Position, SessionUpdate
+from session_model.session import Session, Turn
+from session_model.timeline import TimelineEntry
+
+
+class EventLog(Protocol):
+    """Where events are appended; the source of truth."""
+
+    def append(self, event: Event) -> Position:
+        """Append one event and return its position once the log acknowledged it."""
+        ...
+
+    def append_many(self, events: Sequence[Event]) -> list[Position]:
+        """Append several events (in order per session) and return their positions."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """What a projection store did with a batch of updates."""
+
+    applied: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = field(default=())
+
+
+class ProjectionStore(Protocol):
+    """Materialised session state: written by a projector, read by everyone else."""
+
+    def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
+        """The stored state and mark of each known session among `session_ids` (one round trip)."""
+        ...
+
+    def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
+        """Apply each update atomically with its mark iff the stored mark equals its base."""
+        ...
+
+    def load(
+        self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
+    ) -> Session | None:
+        """The session, waiting (bounded) until the projection has applied `at_least`."""
+        ...
+
+    def ids(self) -> list[str]:
+        """Every session id with a projection, sorted."""
+        ...
+
+    def history(self, session_id: str) -> list[Turn]:
+        """Every turn of the session, summarised ones included."""
+        ...
+
+    def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
+        """Timeline entries with `seq > since`, in order."""
+        ...
+
+    def clear(self) -> None:
+        """Drop every projection (before a rebuild)."""
+        ...

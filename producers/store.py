@@ -1,0 +1,463 @@
+"""`SessionStore`: the whole writer vocabulary and the reads, over an event log and a projection.
+
+Writers declare; the fold derives. Every method validates its arguments without I/O and raises a
+specific `InvalidCall`; with `checks=True` (the default) it also reads the session's projection
+(waiting for this store's own last write to it, so a process reads its writes) to refuse calls the
+fold would reject anyway. High-rate writers can turn the reads off: the fold remains the authority
+and records every rejection.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from producers.memory import in_memory_backend
+from producers.ports import EventLog, ProjectionStore
+from schemas import events as ev
+from schemas.errors import (
+    InvalidCall,
+    NoOpenQuestionError,
+    QuestionOpenError,
+    SessionAlreadyStartedError,
+    SessionEndedError,
+    UnknownSessionError,
+)
+from schemas.events import Event, utc_millis
+from session_model.canonical import argument_digest as digest_of
+from session_model.deadlines import format_instant
+from session_model.modes import Mode, parse_mode
+from session_model.policy import ceiling_for
+from session_model.principal import Principal
+from session_model.projection import Position
+from session_model.session import ROLES, TODO_STATUSES, Question, Session, Todo, Turn
+from session_model.signing import Signer, TrustedKeys
+from session_model.timeline import TimelineEntry
+
+_TRANSFER_NAMESPACE = uuid.UUID("6f1c1d8e-3b0a-4c55-9a57-6d696c706121")
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _nonempty(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidCall(f"{what} must be a non-empty string")
+    return value
+
+
+class SessionStore:
+    """Append session events and read their projections."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        projections: ProjectionStore,
+        *,
+        producer: str = "milpa-sessions",
+        signer: Signer | None = None,
+        checks: bool = True,
+        read_timeout: float = 5.0,
+        clock: Callable[[], datetime] = _utc_now,
+        new_id: Callable[[], str] = _new_id,
+    ) -> None:
+        self.log = log
+        self.projections = projections
+        self.producer = producer
+        self.signer = signer
+        self.checks = checks
+        self.read_timeout = read_timeout
+        self._clock = clock
+        self._new_id = new_id
+        self._written: dict[str, Position] = {}
+
+    @classmethod
+    def in_memory(
+        cls, *, keys: TrustedKeys | None = None, signer: Signer | None = None, **kwargs: Any
+    ) -> SessionStore:
+        """A store over the in-memory log and projection (projected synchronously)."""
+        trusted = keys if keys is not None else (signer.trusted_keys() if signer else None)
+        log, store = in_memory_backend(trusted)
+        return cls(log, store, signer=signer, **kwargs)
+
+    # -- the low-level append ------------------------------------------------------------------
+
+    def event(
+        self,
+        session_id: str,
+        type_: str,
+        payload: Mapping[str, Any],
+        *,
+        expected_seq: int | None = None,
+        event_id: str | None = None,
+    ) -> Event:
+        """Build an event from this store's producer and clock."""
+        return Event(
+            event_id=event_id or self._new_id(),
+            session_id=session_id,
+            type=type_,
+            occurred_at=utc_millis(self._clock()),
+            producer=self.producer,
+            payload=dict(payload),
+            expected_seq=expected_seq,
+        )
+
+    def append(self, event: Event) -> Position:
+        """Append one event and remember its position for read-your-writes."""
+        position = self.log.append(event)
+        self._written[event.session_id] = position
+        return position
+
+    def _emit(
+        self,
+        session_id: str,
+        type_: str,
+        payload: Mapping[str, Any],
+        expected_seq: int | None = None,
+    ) -> Position:
+        return self.append(self.event(session_id, type_, payload, expected_seq=expected_seq))
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def find(self, session_id: str, at_least: Position | None = None) -> Session | None:
+        """The session, or None; waits for `at_least` (default: this store's own last write)."""
+        wait_for = at_least if at_least is not None else self._written.get(session_id)
+        return self.projections.load(session_id, at_least=wait_for, timeout=self.read_timeout)
+
+    def load(self, session_id: str, at_least: Position | None = None) -> Session:
+        """The session as projected; raises `UnknownSessionError` if it was never started."""
+        session = self.find(session_id, at_least)
+        if session is None or not session.started:
+            raise UnknownSessionError(f"no session {session_id!r}")
+        return session
+
+    def ids(self) -> list[str]:
+        """Every session id."""
+        return self.projections.ids()
+
+    def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
+        """Timeline entries after `since` (for catching up and for following)."""
+        return self.projections.timeline(session_id, since)
+
+    def history(self, session_id: str) -> list[Turn]:
+        """Every turn of the session, summarised ones included."""
+        return self.projections.history(session_id)
+
+    def open_todos(self, session_id: str) -> tuple[Todo, ...]:
+        """Cards not done and not transferred away."""
+        return self.load(session_id).open_todos()
+
+    def ceiling_for(self, session_id: str) -> Mode | None:
+        """The strictest mode of the session's ancestors (resolved now); None for a root."""
+        return ceiling_for(self.load(session_id), self.projections.load)
+
+    def _live(self, session_id: str) -> Session | None:
+        """The session for checks (None when checks are off); refuses unknown and ended ones."""
+        if not self.checks:
+            return None
+        session = self.load(session_id)
+        if session.ended:
+            raise SessionEndedError(f"session {session_id!r} has ended: {session.ended_because}")
+        return session
+
+    # -- the vocabulary ------------------------------------------------------------------------
+
+    def start(
+        self,
+        session_id: str,
+        goal: str,
+        mode: Mode | str = Mode.ASK,
+        parent_id: str | None = None,
+    ) -> Position:
+        """Open a session."""
+        _nonempty(session_id, "session id")
+        parsed = parse_mode(mode)
+        if parsed is None:
+            raise InvalidCall(f"unknown mode {mode!r}")
+        if self.checks and self.find(session_id) is not None:
+            raise SessionAlreadyStartedError(f"session {session_id!r} already exists")
+        payload = {"goal": goal, "mode": parsed.value, "parent_id": parent_id}
+        return self._emit(session_id, ev.STARTED, payload)
+
+    def record_turn(self, session_id: str, role: str, content: str) -> Position:
+        """Append a conversation turn."""
+        if role not in ROLES:
+            raise InvalidCall(f"role must be one of {sorted(ROLES)}, not {role!r}")
+        self._live(session_id)
+        return self._emit(session_id, ev.TURN, {"role": role, "content": content})
+
+    def record_tool_call(
+        self,
+        session_id: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        result: str,
+        *,
+        ok: bool = True,
+        mutating: bool = False,
+        artifact: str | None = None,
+        verdict: str | None = None,
+        effect_observation_id: str | None = None,
+    ) -> Position:
+        """Append a tool call and its (writer-bounded) result."""
+        _nonempty(tool, "tool")
+        if verdict is not None and verdict not in ("pass", "fail", "inconclusive"):
+            raise InvalidCall(f"verdict must be pass, fail or inconclusive, not {verdict!r}")
+        self._live(session_id)
+        payload = {
+            "tool": tool,
+            "arguments": dict(arguments),
+            "result": result,
+            "ok": ok,
+            "mutating": mutating,
+            "artifact": artifact,
+            "verdict": verdict,
+            "effect_observation_id": effect_observation_id,
+        }
+        return self._emit(session_id, ev.TOOL_CALLED, payload)
+
+    def message(self, to: str, from_: str, content: str) -> Position:
+        """Send a message to another session: it lands only in the recipient's stream."""
+        _nonempty(from_, "sender")
+        self._live(to)
+        return self._emit(to, ev.MESSAGE_SENT, {"from": from_, "content": content})
+
+    def set_plan(self, session_id: str, plan: str) -> Position:
+        """Declare the plan (the fold versions it)."""
+        self._live(session_id)
+        return self._emit(session_id, ev.PLAN_SET, {"plan": plan})
+
+    def set_todo(
+        self,
+        session_id: str,
+        todo_id: str,
+        text: str,
+        status: str = "pending",
+        *,
+        replaces: str | None = None,
+    ) -> Position:
+        """Create or move a todo card (the fold derives its version, lineage and origin)."""
+        _nonempty(todo_id, "todo id")
+        if status not in TODO_STATUSES:
+            raise InvalidCall(f"status must be one of {sorted(TODO_STATUSES)}, not {status!r}")
+        self._live(session_id)
+        payload = {"id": todo_id, "text": text, "status": status, "replaces": replaces}
+        return self._emit(session_id, ev.TODO_CHANGED, payload)
+
+    def ask(self, session_id: str, question: Question) -> Position:
+        """Open a question: the session pauses until it is answered or its window closes."""
+        _nonempty(question.id, "question id")
+        session = self._live(session_id)
+        if session is not None and session.question is not None:
+            raise QuestionOpenError(f"question {session.question.id!r} is still open")
+        payload = {
+            "question_id": question.id,
+            "question": question.question,
+            "options": list(question.options),
+            "why": question.why,
+            "expires_at": question.expires_at,
+            "reason": question.reason,
+        }
+        return self._emit(session_id, ev.QUESTION_ASKED, payload)
+
+    def answer(
+        self,
+        session_id: str,
+        question_id: str,
+        answer: str,
+        by: Principal | None = None,
+        executor: str | None = None,
+    ) -> Position:
+        """Answer the open question; a verified principal is signed with this store's key.
+
+        Without a signing key a claim of `verified` is appended as made and downgraded by the
+        fold: this store cannot vouch for it. A late answer (the window already closed) is
+        appended, so the attempt is on record, and then raises `SessionEndedError`.
+        """
+        if self.checks:
+            session = self.load(session_id)
+            late = session.closed_question is not None and session.closed_question.id == question_id
+            if session.ended and not late:
+                raise SessionEndedError(f"session {session_id!r} has ended")
+            if not session.ended and (
+                session.question is None or session.question.id != question_id
+            ):
+                raise NoOpenQuestionError(f"{question_id!r} is not the open question")
+        event_id = self._new_id()
+        payload: dict[str, Any] = {
+            "question_id": question_id,
+            "answer": answer,
+            "by": by.to_record() if by else None,
+            "executor": executor,
+            "signature": None,
+        }
+        if by is not None and by.verified and self.signer is not None:
+            payload["signature"] = self.signer.sign_answer(
+                session_id=session_id,
+                question_id=question_id,
+                answer=answer,
+                principal_id=by.id,
+                event_id=event_id,
+            )
+        position = self.append(
+            self.event(session_id, ev.QUESTION_ANSWERED, payload, event_id=event_id)
+        )
+        if self.checks and session.ended:
+            raise SessionEndedError(
+                f"the window to answer {question_id!r} had closed; the late answer is on record"
+            )
+        return position
+
+    def expire_if_due(self, session_id: str, now: datetime) -> bool:
+        """Close the open question's answer window if its deadline has passed (ends the session)."""
+        session = self.load(session_id)
+        question = session.question
+        if session.ended or question is None or not question.has_expired(now):
+            return False
+        self._emit(
+            session_id,
+            ev.ANSWER_WINDOW_CLOSED,
+            {"question_id": question.id, "at": utc_millis(now)},
+        )
+        return True
+
+    def grant(self, session_id: str, operation: str) -> Position:
+        """Grant one operation in this session."""
+        _nonempty(operation, "operation")
+        self._live(session_id)
+        return self._emit(session_id, ev.PERMISSION_GRANTED, {"operation": operation})
+
+    def revoke(self, session_id: str, operation: str) -> Position:
+        """Revoke a grant (appended on top of it; the grant stays in the log)."""
+        _nonempty(operation, "operation")
+        self._live(session_id)
+        return self._emit(session_id, ev.PERMISSION_REVOKED, {"operation": operation})
+
+    def set_mode(self, session_id: str, mode: Mode | str) -> Position:
+        """Change the autonomy mode."""
+        parsed = parse_mode(mode)
+        if parsed is None:
+            raise InvalidCall(f"unknown mode {mode!r}")
+        self._live(session_id)
+        return self._emit(session_id, ev.MODE_CHANGED, {"mode": parsed.value})
+
+    def remove_option(
+        self, session_id: str, option: str, code: str, message: str | None = None
+    ) -> Position:
+        """Remove an option for the rest of the session, with a reason code."""
+        _nonempty(option, "option")
+        _nonempty(code, "reason code")
+        self._live(session_id)
+        payload = {"option": option, "reason": {"code": code, "message": message}}
+        return self._emit(session_id, ev.OPTION_REMOVED, payload)
+
+    def require_first(self, session_id: str, tools: Sequence[str]) -> Position:
+        """Declare what must run first (replaces the list; an empty list lifts the obligation)."""
+        self._live(session_id)
+        payload = {"tools": [t for t in tools if isinstance(t, str) and t.strip()]}
+        return self._emit(session_id, ev.PREREQUISITE_SET, payload)
+
+    def compact(self, session_id: str, summary: str, through: int) -> Position:
+        """Append a summary of the turns through seq `through` (they stay in the history)."""
+        if through < 1:
+            raise InvalidCall("through must be a seq (>= 1)")
+        self._live(session_id)
+        return self._emit(session_id, ev.COMPACTED, {"summary": summary, "through": through})
+
+    def end(self, session_id: str, because: str) -> Position:
+        """End the session."""
+        self._live(session_id)
+        return self._emit(session_id, ev.ENDED, {"because": because})
+
+    def record_effect_observation(
+        self,
+        session_id: str,
+        *,
+        known: bool,
+        artifacts: Sequence[str] = (),
+        evidence: Sequence[str] = (),
+        observer: str | None = None,
+    ) -> str:
+        """Record measured effects; pass the returned id as `effect_observation_id`."""
+        self._live(session_id)
+        event = self.event(
+            session_id,
+            ev.EFFECT_OBSERVED,
+            {
+                "known": known,
+                "artifacts": list(artifacts),
+                "evidence": list(evidence),
+                "observer": observer,
+            },
+        )
+        self.append(event)
+        return event.event_id
+
+    def record_execution(
+        self,
+        session_id: str,
+        operation: str,
+        arguments: Mapping[str, Any],
+        *,
+        artifact: str | None = None,
+        executor: str | None = None,
+    ) -> Position:
+        """Record an execution receipt (the digest of the canonical arguments is computed here)."""
+        _nonempty(operation, "operation")
+        self._live(session_id)
+        payload = {
+            "operation": operation,
+            "argument_digest": digest_of(arguments),
+            "artifact": artifact,
+            "executor": executor,
+        }
+        return self._emit(session_id, ev.EXECUTION_RECORDED, payload)
+
+    def transfer_open_todos(self, from_: str, to: str) -> int:
+        """Move every open card to `to`: target first, then the source's record of it.
+
+        The streams live in different partitions, so the pair is not atomic; deterministic event
+        ids make a re-run after an interruption complete the transfer without duplicating a card.
+        """
+        if from_ == to:
+            raise InvalidCall("cannot transfer todos to the same session")
+        source = self.load(from_)
+        self._live(to)
+        cards = source.open_todos()
+        if not cards:
+            return 0
+        for card in cards:
+            payload: dict[str, Any] = {
+                "id": card.id,
+                "text": card.text,
+                "status": card.status,
+                "replaces": card.replaces,
+                "inherited_from": {
+                    "session": from_,
+                    "version": card.version,
+                    "origin": card.origin,
+                },
+            }
+            key = f"transfer:{from_}:{to}:{card.id}:{card.version}"
+            self.append(self.event(to, ev.TODO_CHANGED, payload, event_id=_stable_id(key)))
+        moved = [{"id": c.id, "version": c.version} for c in cards]
+        key = f"transferred:{from_}:{to}:" + ",".join(f"{c.id}@{c.version}" for c in cards)
+        record = {"to": to, "todos": moved}
+        self.append(self.event(from_, ev.TODOS_TRANSFERRED, record, event_id=_stable_id(key)))
+        return len(cards)
+
+
+def _stable_id(key: str) -> str:
+    return str(uuid.uuid5(_TRANSFER_NAMESPACE, key))
+
+
+def deadline_in(now: datetime, seconds: float) -> str:
+    """An `expires_at` text `seconds` after `now` (the model has no default window)."""
+    return format_instant(now + timedelta(seconds=seconds))

@@ -1,0 +1,120 @@
+"""Folding a batch of log records into per-session updates: the pure half of the projector.
+
+Every projection store applies an update only if the mark it was folded from is still the stored
+mark (compare-and-set). With one owner per partition that always holds; when it does not (a worker
+that lost its partition kept going), the store refuses the update and the projector reloads and
+folds again. Records at or below a session's mark are skipped before folding, so a redelivered
+batch changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from schemas.events import Event
+from session_model.fold import Kind, Step, step
+from session_model.session import Decision, Rejection, Session, Turn
+from session_model.signing import TrustedKeys
+from session_model.timeline import TimelineEntry, translate
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Position:
+    """Where a record sits in the log: partition and offset."""
+
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.partition}:{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        """Read `partition:offset`."""
+        partition, _, offset = text.partition(":")
+        return cls(int(partition), int(offset))
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """A session's state together with the log position of the last record folded into it."""
+
+    state: Session
+    mark: Position | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded event and where it came from."""
+
+    event: Event
+    position: Position
+
+
+@dataclass(frozen=True, slots=True)
+class SessionUpdate:
+    """What a batch did to one session: new state, new mark, and what to append or index."""
+
+    session_id: str
+    base: Position | None
+    mark: Position
+    state: Session
+    steps: tuple[Step, ...]
+
+    @property
+    def turns(self) -> tuple[Turn, ...]:
+        """Turns this update appends to the session's history."""
+        return tuple(s.outcome.turn for s in self.steps if s.outcome.turn is not None)
+
+    @property
+    def decisions(self) -> tuple[tuple[Decision, Step], ...]:
+        """Decisions accepted in this update, with the step that made each."""
+        return tuple((s.outcome.decision, s) for s in self.steps if s.outcome.decision is not None)
+
+    @property
+    def rejections(self) -> tuple[Rejection, ...]:
+        """Rejections recorded in this update."""
+        return tuple(s.outcome.rejection for s in self.steps if s.outcome.rejection is not None)
+
+    @property
+    def timeline(self) -> tuple[TimelineEntry, ...]:
+        """Timeline entries this update appends."""
+        return tuple(entry for s in self.steps for entry in translate(s))
+
+    def count(self, kind: Kind) -> int:
+        """How many of this update's events had `kind`."""
+        return sum(1 for s in self.steps if s.outcome.kind is kind)
+
+
+@dataclass(slots=True)
+class BatchFolder:
+    """Folds records in log order into updates, one per session touched."""
+
+    keys: TrustedKeys = field(default_factory=TrustedKeys.none)
+
+    def fold(
+        self, known: Mapping[str, Folded], records: Iterable[Record]
+    ) -> tuple[SessionUpdate, ...]:
+        """Fold `records` onto the `known` states (sessions absent from it start empty)."""
+        current: dict[str, Folded] = {}
+        steps: dict[str, list[Step]] = {}
+        bases: dict[str, Position | None] = {}
+        for record in records:
+            sid = record.event.session_id
+            if sid not in current:
+                folded = known.get(sid) or Folded(Session(sid))
+                current[sid] = folded
+                bases[sid] = folded.mark
+                steps[sid] = []
+            folded = current[sid]
+            if folded.mark is not None and record.position <= folded.mark:
+                continue  # already applied: a redelivery
+            result = step(folded.state, record.event, self.keys)
+            current[sid] = Folded(result.state, record.position)
+            steps[sid].append(result)
+        return tuple(
+            SessionUpdate(sid, bases[sid], f.mark, f.state, tuple(steps[sid]))
+            for sid, f in current.items()
+            if f.mark is not None and steps[sid]
+        )
