@@ -29,7 +29,7 @@ class EncodeError(CodecError):
 # -- the writer API ------------------------------------------------------------------------------
 
 
-class InvalidCall(MilpaError):
+class InvalidCall(MilpaError):  # noqa: N818 - reads as "an invalid call"
     """An API call was given arguments the model refuses before anything is appended."""
 
 

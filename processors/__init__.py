@@ -1,0 +1,1 @@
+"""Stream processors: the Faust projector, the Redis projection store, replay and decisions."""

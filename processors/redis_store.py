@@ -1,0 +1,270 @@
+"""The Redis projection store: one Lua call per session per batch, all pipelined in one round trip.
+
+Commit path: for each session an update carries the mark its state was folded from (`base`) and the
+mark it reaches. The script applies state, appends turns, timeline entries and event ids, and moves
+the mark only if the stored mark still equals `base`; otherwise it writes nothing and reports a
+conflict (the projector reloads and folds again). A redelivered batch never reaches the script: the
+folder skips records at or below the mark. Global indexes are updated after, idempotently.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from processors.keys import Keys
+from processors.projection_codec import (
+    session_from_json,
+    session_to_json,
+    turn_from_json,
+    turn_to_json,
+)
+from producers.ports import CommitResult
+from schemas.errors import NotYetVisibleError, ProjectionError
+from session_model.projection import Folded, Position, SessionUpdate
+from session_model.session import Session, Turn
+from session_model.timeline import TimelineEntry
+
+# KEYS: state hash, turns list, timeline list, event-id set.
+# ARGV: base mark ("" = none), new mark, state JSON, window, n_turns, turns..., n_tl, entries...,
+#       n_ids, ids...
+COMMIT_SCRIPT = """
+local current = redis.call('HGET', KEYS[1], 'mark') or ''
+if current ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'state', ARGV[3], 'window', ARGV[4])
+local i = 5
+for k = 2, 4 do
+  local n = tonumber(ARGV[i])
+  if n > 0 then
+    local cmd = (k == 4) and 'SADD' or 'RPUSH'
+    for j = i + 1, i + n, 4000 do
+      redis.call(cmd, KEYS[k], unpack(ARGV, j, math.min(j + 3999, i + n)))
+    end
+  end
+  i = i + n + 1
+end
+return 1
+"""
+
+# KEYS: state hash, turns list, event-id set. ARGV: "1" to include event ids.
+READ_SCRIPT = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'mark', 'window')
+if not h[1] then return false end
+local window = tonumber(h[3])
+local turns = {}
+if window > 0 then turns = redis.call('LRANGE', KEYS[2], -window, -1) end
+local ids = {}
+if ARGV[1] == '1' then ids = redis.call('SMEMBERS', KEYS[3]) end
+return {h[1], h[2], turns, ids}
+"""
+
+
+def commit_call(keys: Keys, update: SessionUpdate) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of one session's commit."""
+    k = keys.session(update.session_id)
+    turns = [turn_to_json(t) for t in update.turns]
+    timeline = [json.dumps(e, ensure_ascii=False, default=str) for e in update.timeline]
+    ids = [s.event.event_id for s in update.steps]
+    args: list[str | int] = [
+        "" if update.base is None else str(update.base),
+        str(update.mark),
+        session_to_json(update.state),
+        len(update.state.turns),
+        len(turns),
+        *turns,
+        len(timeline),
+        *timeline,
+        len(ids),
+        *ids,
+    ]
+    return list(k.all()), args
+
+
+def read_keys(keys: Keys, session_id: str) -> list[str]:
+    """The KEYS of one session's read."""
+    k = keys.session(session_id)
+    return [k.state, k.turns, k.event_ids]
+
+
+def parse_read(raw: Any) -> Folded | None:
+    """Turn the read script's reply into a state and its mark."""
+    if not raw:
+        return None
+    state, mark, turns, ids = raw
+    return Folded(
+        session_from_json(
+            state,
+            tuple(turn_from_json(t) for t in turns),
+            frozenset(i.decode() if isinstance(i, bytes) else i for i in ids),
+        ),
+        Position.parse(mark.decode() if isinstance(mark, bytes) else mark),
+    )
+
+
+def _mark_reached(raw: Any, at_least: Position) -> bool:
+    if raw is None:
+        return False
+    mark = Position.parse(raw.decode() if isinstance(raw, bytes) else raw)
+    return mark.partition == at_least.partition and mark.offset >= at_least.offset
+
+
+@dataclass
+class RedisProjectionStore:
+    """The projection store on a (synchronous) Redis client; readers and replay use this one."""
+
+    client: redis.Redis
+    keys: Keys = field(default_factory=Keys)
+    poll_interval: float = 0.005
+
+    def __post_init__(self) -> None:
+        self._commit = self.client.register_script(COMMIT_SCRIPT)
+        self._read = self.client.register_script(READ_SCRIPT)
+
+    @classmethod
+    def from_url(cls, url: str, keys: Keys | None = None) -> RedisProjectionStore:
+        """Connect to `url`."""
+        return cls(redis.Redis.from_url(url), keys or Keys())
+
+    def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
+        """State, mark and event ids of the known sessions, in one round trip."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for sid in session_ids:
+                self._read(keys=read_keys(self.keys, sid), args=["1"], client=pipe)
+            replies = pipe.execute()
+        except redis.RedisError as e:
+            raise ProjectionError(f"reading projections failed: {e}") from e
+        found = {sid: parse_read(raw) for sid, raw in zip(session_ids, replies, strict=True)}
+        return {sid: f for sid, f in found.items() if f is not None}
+
+    def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
+        """Apply every update (compare-and-set on its mark) in one pipelined round trip."""
+        if not updates:
+            return CommitResult()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for u in updates:
+                keys, args = commit_call(self.keys, u)
+                self._commit(keys=keys, args=args, client=pipe)
+            pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
+            replies = pipe.execute()
+        except redis.RedisError as e:
+            raise ProjectionError(f"committing projections failed: {e}") from e
+        return _result(updates, replies)
+
+    def load(
+        self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
+    ) -> Session | None:
+        """The session; with `at_least`, wait (bounded) until the projection applied it."""
+        if at_least is not None:
+            self._wait(session_id, at_least, timeout)
+        found = self.folded([session_id]).get(session_id)
+        return found.state if found else None
+
+    def _wait(self, session_id: str, at_least: Position, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        key = self.keys.session(session_id).state
+        delay = self.poll_interval
+        while True:
+            try:
+                raw = self.client.hget(key, "mark")
+            except redis.RedisError as e:
+                raise ProjectionError(f"reading the mark of {session_id} failed: {e}") from e
+            if _mark_reached(raw, at_least):
+                return
+            if time.monotonic() >= deadline:
+                raise NotYetVisibleError(
+                    f"{session_id}: position {at_least} not applied within {timeout}s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def ids(self) -> list[str]:
+        """Every projected session id, sorted."""
+        try:
+            members = self.client.smembers(self.keys.sessions)
+        except redis.RedisError as e:
+            raise ProjectionError(f"listing sessions failed: {e}") from e
+        return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
+
+    def history(self, session_id: str) -> list[Turn]:
+        """Every turn, summarised ones included."""
+        try:
+            raw = self.client.lrange(self.keys.session(session_id).turns, 0, -1)
+        except redis.RedisError as e:
+            raise ProjectionError(f"reading history failed: {e}") from e
+        return [turn_from_json(t) for t in raw]
+
+    def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
+        """Entries with `seq > since`."""
+        try:
+            raw = self.client.lrange(self.keys.session(session_id).timeline, 0, -1)
+        except redis.RedisError as e:
+            raise ProjectionError(f"reading the timeline failed: {e}") from e
+        entries: list[TimelineEntry] = [json.loads(r) for r in raw]
+        return [e for e in entries if e["seq"] > since]
+
+    def clear(self) -> None:
+        """Delete every key under this store's prefix."""
+        try:
+            batch: list[Any] = []
+            for key in self.client.scan_iter(match=self.keys.pattern(), count=1000):
+                batch.append(key)
+                if len(batch) >= 1000:
+                    self.client.unlink(*batch)
+                    batch = []
+            if batch:
+                self.client.unlink(*batch)
+        except redis.RedisError as e:
+            raise ProjectionError(f"clearing projections failed: {e}") from e
+
+
+def _result(updates: Sequence[SessionUpdate], replies: Sequence[Any]) -> CommitResult:
+    applied = tuple(u.session_id for u, r in zip(updates, replies, strict=False) if r == 1)
+    conflicts = tuple(u.session_id for u, r in zip(updates, replies, strict=False) if r != 1)
+    return CommitResult(applied, conflicts)
+
+
+@dataclass
+class AsyncRedisProjectionStore:
+    """The projector's side of the store on `redis.asyncio` (never blocks the event loop)."""
+
+    client: aioredis.Redis
+    keys: Keys = field(default_factory=Keys)
+
+    def __post_init__(self) -> None:
+        self._commit = self.client.register_script(COMMIT_SCRIPT)
+        self._read = self.client.register_script(READ_SCRIPT)
+
+    async def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
+        """State, mark and event ids of the known sessions, in one round trip."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for sid in session_ids:
+                await self._read(keys=read_keys(self.keys, sid), args=["1"], client=pipe)
+            replies = await pipe.execute()
+        except redis.RedisError as e:
+            raise ProjectionError(f"reading projections failed: {e}") from e
+        found = {sid: parse_read(raw) for sid, raw in zip(session_ids, replies, strict=True)}
+        return {sid: f for sid, f in found.items() if f is not None}
+
+    async def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
+        """Apply every update (compare-and-set on its mark) in one pipelined round trip."""
+        if not updates:
+            return CommitResult()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for u in updates:
+                keys, args = commit_call(self.keys, u)
+                await self._commit(keys=keys, args=args, client=pipe)
+            pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
+            replies = await pipe.execute()
+        except redis.RedisError as e:
+            raise ProjectionError(f"committing projections failed: {e}") from e
+        return _result(updates, replies)

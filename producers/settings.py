@@ -1,0 +1,61 @@
+"""The one typed settings object: read from the environment by the CLI, passed in elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import ConfigurationError
+
+ENV_PREFIX = "MILPA_"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Where the stack is and how the pipeline behaves. Defaults point at a local stack."""
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    events_topic: str = "sessions.events"
+    decisions_topic: str = "sessions.decisions"
+    deadletter_topic: str = "sessions.deadletter"
+    partitions: int = 6
+    replication_factor: int = 1
+    consumer_group: str = "milpa-projector"
+    producer_id: str = "milpa-sessions"
+    batch_max_records: int = 500
+    batch_max_wait: float = 0.05
+    compactor_max_turns: int = 40
+    compactor_keep_recent: int = 12
+    scheduler_interval: float = 1.0
+    trusted_keys_dir: Path | None = None
+    signing_key: Path | None = None
+    metrics_port: int = 0
+    read_timeout: float = 10.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
+        """Read `MILPA_<FIELD>` variables (e.g. MILPA_KAFKA_BOOTSTRAP); overrides win."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _convert(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
+
+
+def _convert(name: str, type_: Any, raw: str) -> Any:
+    kind = str(type_)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if "Path" in kind:
+            return Path(raw)
+    except ValueError as e:
+        raise ConfigurationError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {e}") from e
+    return raw
