@@ -25,6 +25,7 @@ Environment overrides:
 Exit codes: 0 ok; 1 a service failed to start / is not up; 2 missing prerequisite, bad
 configuration or a requested port already in use.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,11 +41,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-# Newest Kafka verified here with BOTH Python clients (kafka-python 3.0.12, aiokafka 0.14.0).
-KAFKA_VERSION = "3.9.1"
+# Kafka release to run. 4.3.1 was verified here with BOTH Python clients we use (kafka-python
+# 3.0.12 and aiokafka 0.14.0 / faust-streaming 0.15.3); 3.9.1, 4.1.2, 4.2.2 and 4.4.0 also passed.
+# Override per run with MILPA_KAFKA_VERSION (3.3+; 3.x gets reload4j, 4.x gets log4j2).
+KAFKA_VERSION = "4.3.1"
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 POM = DEPLOY_DIR / "kafka" / "pom.xml"
@@ -111,7 +116,9 @@ def pid_alive(pid: int) -> bool:
 
 def pid_cmdline(pid: int) -> str | None:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return None  # no /proc (or gone): cannot tell
 
@@ -123,11 +130,12 @@ def read_pid(path: Path) -> int | None:
         return None
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -164,11 +172,15 @@ def pick_ports(requests: list[tuple[str, int | None]]) -> list[int]:
             held.append(s)
             if wanted is not None:
                 if port_open(wanted, timeout=0.5):
-                    raise StackError(f"port {wanted} ({name}) is already in use on 127.0.0.1", code=2)
+                    raise StackError(
+                        f"port {wanted} ({name}) is already in use on 127.0.0.1", code=2
+                    )
                 try:
                     s.bind(("127.0.0.1", wanted))
                 except OSError as exc:
-                    raise StackError(f"port {wanted} ({name}) is not available: {exc.strerror}", code=2) from None
+                    raise StackError(
+                        f"port {wanted} ({name}) is not available: {exc.strerror}", code=2
+                    ) from None
             else:
                 s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
@@ -178,7 +190,7 @@ def pick_ports(requests: list[tuple[str, int | None]]) -> list[int]:
     return ports
 
 
-def stop_pid(pid: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+def stop_pid(pid: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> bool:
     """SIGTERM, wait up to `timeout`, then SIGKILL. Returns True if it had to SIGKILL."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -200,7 +212,7 @@ def stop_pid(pid: int, timeout: float, proc: subprocess.Popen | None = None) -> 
 
 
 @contextlib.contextmanager
-def state_lock(state_dir: Path):
+def state_lock(state_dir: Path) -> Iterator[None]:
     with open(state_dir / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -253,9 +265,13 @@ def kafka_status(p: Paths) -> Status:
     except OSError:
         started = False
     if not started:
-        return Status("unhealthy", pid, port, f"pid {pid} alive but the log has no '{KAFKA_READY_MARKER}'")
+        return Status(
+            "unhealthy", pid, port, f"pid {pid} alive but the log has no '{KAFKA_READY_MARKER}'"
+        )
     if not port_open(port):
-        return Status("unhealthy", pid, port, f"pid {pid} alive but 127.0.0.1:{port} refuses connections")
+        return Status(
+            "unhealthy", pid, port, f"pid {pid} alive but 127.0.0.1:{port} refuses connections"
+        )
     return Status("up", pid, port)
 
 
@@ -270,14 +286,19 @@ def redis_status(p: Paths) -> Status:
     if not port:
         return Status("unhealthy", pid, None, f"pid {pid} alive but {p.redis_json.name} is missing")
     if not redis_ping(port):
-        return Status("unhealthy", pid, port, f"pid {pid} alive but 127.0.0.1:{port} does not answer PING")
+        return Status(
+            "unhealthy", pid, port, f"pid {pid} alive but 127.0.0.1:{port} does not answer PING"
+        )
     return Status("up", pid, port)
 
 
 def env_lines(p: Paths) -> list[str]:
     kport = read_json(p.kafka_json)["port"]
     rport = read_json(p.redis_json)["port"]
-    return [f"MILPA_KAFKA_BOOTSTRAP=127.0.0.1:{kport}", f"MILPA_REDIS_URL=redis://127.0.0.1:{rport}/0"]
+    return [
+        f"MILPA_KAFKA_BOOTSTRAP=127.0.0.1:{kport}",
+        f"MILPA_REDIS_URL=redis://127.0.0.1:{rport}/0",
+    ]
 
 
 def print_env(lines: list[str], export: bool) -> None:
@@ -292,14 +313,18 @@ def kafka_version() -> str:
     version = os.environ.get("MILPA_KAFKA_VERSION", "").strip() or KAFKA_VERSION
     m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version)
     if not m:
-        raise StackError(f"MILPA_KAFKA_VERSION={version!r} is not a release version like 3.9.1", code=2)
+        raise StackError(
+            f"MILPA_KAFKA_VERSION={version!r} is not a release version like 3.9.1", code=2
+        )
     if (int(m[1]), int(m[2])) < (3, 3):
-        raise StackError(f"Kafka {version} is too old for a KRaft combined node (need >= 3.3)", code=2)
+        raise StackError(
+            f"Kafka {version} is too old for a KRaft combined node (need >= 3.3)", code=2
+        )
     return version
 
 
 def kafka_major(version: str) -> int:
-    return int(version.split(".")[0])
+    return int(version.split(".", maxsplit=1)[0])
 
 
 def find_java(version: str) -> str:
@@ -309,9 +334,14 @@ def find_java(version: str) -> str:
         java = str(Path(java_home) / "bin" / "java")
     java = java or shutil.which("java")
     if not java:
-        raise StackError("java not found: install a JDK >= 17 (e.g. apt-get install -y openjdk-17-jre-headless)", code=2)
+        raise StackError(
+            "java not found: install a JDK >= 17 (e.g. apt-get install -y openjdk-17-jre-headless)",
+            code=2,
+        )
     try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+        out = subprocess.run(
+            [java, "-version"], check=False, capture_output=True, text=True, timeout=30
+        ).stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise StackError(f"cannot run {java} -version: {exc}", code=2) from None
     m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
@@ -319,7 +349,9 @@ def find_java(version: str) -> str:
         major = int(m[2]) if m[1] == "1" else int(m[1])
         need = 17 if kafka_major(version) >= 4 else 11
         if major < need:
-            raise StackError(f"{java} is Java {major}; Kafka {version} needs Java >= {need}", code=2)
+            raise StackError(
+                f"{java} is Java {major}; Kafka {version} needs Java >= {need}", code=2
+            )
     return java
 
 
@@ -340,25 +372,45 @@ def ensure_kafka_libs(p: Paths, version: str) -> Path:
         return lib
     mvn = shutil.which("mvn")
     if not mvn:
-        raise StackError("mvn not found: install Maven (apt-get install -y maven) to resolve the Kafka jars", code=2)
+        raise StackError(
+            "mvn not found: install Maven (apt-get install -y maven) to resolve the Kafka jars",
+            code=2,
+        )
     lib.parent.mkdir(parents=True, exist_ok=True)
     tmp = lib.parent / f"lib.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     profile = "kafka4" if kafka_major(version) >= 4 else "kafka3"
     cmd = [
-        mvn, "-q", "-B", "-f", str(POM), f"-P{profile}", f"-Dkafka.version={version}",
-        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}",
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(POM),
+        f"-P{profile}",
+        f"-Dkafka.version={version}",
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={tmp}",
     ]
     info(f"resolving Kafka {version} jars with Maven into {lib} (first run only) ...")
     t0 = time.monotonic()
     with open(p.maven_log, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        rc = subprocess.run(
+            cmd, check=False, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        ).returncode
     if rc != 0 or not (tmp / f"kafka_2.13-{version}.jar").exists():
         shutil.rmtree(tmp, ignore_errors=True)
-        raise StackError(f"Maven could not resolve Kafka {version} (exit {rc}); see {p.maven_log}", log=p.maven_log)
-    (tmp / LIB_MARKER).write_text(f"kafka {version} resolved {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        with contextlib.suppress(OSError):
+            lib.parent.rmdir()  # only if empty (a bad version must not leave a cache dir behind)
+        raise StackError(
+            f"Maven could not resolve Kafka {version} (exit {rc}); see {p.maven_log}",
+            log=p.maven_log,
+        )
+    (tmp / LIB_MARKER).write_text(
+        f"kafka {version} resolved {time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
+    )
     shutil.rmtree(lib, ignore_errors=True)
     tmp.replace(lib)
     info(f"resolved {len(list(lib.glob('*.jar')))} jars in {time.monotonic() - t0:.1f}s")
@@ -367,7 +419,8 @@ def ensure_kafka_libs(p: Paths, version: str) -> Path:
 
 def find_redis(p: Paths) -> str:
     found = shutil.which("redis-server") or next(
-        (c for c in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.access(c, os.X_OK)), None
+        (c for c in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.access(c, os.X_OK)),
+        None,
     )
     if found:
         return found
@@ -375,19 +428,36 @@ def find_redis(p: Paths) -> str:
     if os.geteuid() != 0:
         raise StackError(f"redis-server not found; install it with: sudo sh -c '{hint}'", code=2)
     if not shutil.which("apt-get"):
-        raise StackError("redis-server not found and apt-get is unavailable; install redis-server (>= 6)", code=2)
+        raise StackError(
+            "redis-server not found and apt-get is unavailable; install redis-server (>= 6)", code=2
+        )
     info("redis-server not found: installing Debian's redis-server with apt-get ...")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     with open(p.apt_log, "w") as log:
         for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "redis-server"]):
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env).returncode
+            rc = subprocess.run(
+                cmd,
+                check=False,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            ).returncode
             if rc != 0:
-                raise StackError(f"'{' '.join(cmd)}' failed (exit {rc}); see {p.apt_log}", code=2, log=p.apt_log)
-    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK) else None)
+                raise StackError(
+                    f"'{' '.join(cmd)}' failed (exit {rc}); see {p.apt_log}", code=2, log=p.apt_log
+                )
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK) else None
+    )
     if not found:
-        raise StackError(f"redis-server still not found after apt-get install; see {p.apt_log}", code=2, log=p.apt_log)
+        raise StackError(
+            f"redis-server still not found after apt-get install; see {p.apt_log}",
+            code=2,
+            log=p.apt_log,
+        )
     return found
 
 
@@ -420,7 +490,10 @@ def kafka_properties(port: int, cport: int, data: Path, version: str) -> str:
         f"log.dirs={data}",
     ]
     if kafka_major(version) >= 4:
-        props += ["share.coordinator.state.topic.replication.factor=1", "share.coordinator.state.topic.min.isr=1"]
+        props += [
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+        ]
     return "# generated by deploy/stack.py; rewritten on every start\n" + "\n".join(props) + "\n"
 
 
@@ -453,13 +526,34 @@ def start_redis(p: Paths, redis_bin: str, port: int) -> Status:
         f.unlink(missing_ok=True)
     write_text_atomic(p.redis_json, json.dumps({"port": port}) + "\n")
     cmd = [
-        redis_bin, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        "--daemonize", "yes", "--pidfile", str(p.redis_pid), "--logfile", str(p.redis_log), "--dir", str(p.dir),
+        redis_bin,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "yes",
+        "--pidfile",
+        str(p.redis_pid),
+        "--logfile",
+        str(p.redis_log),
+        "--dir",
+        str(p.dir),
     ]
     info(f"starting redis-server on 127.0.0.1:{port} ...")
-    res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+    res = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30
+    )
     if res.returncode != 0:
-        raise StackError(f"redis-server exited with {res.returncode}", log=p.redis_log, output=res.stdout + res.stderr)
+        raise StackError(
+            f"redis-server exited with {res.returncode}",
+            log=p.redis_log,
+            output=res.stdout + res.stderr,
+        )
     deadline = time.monotonic() + REDIS_READY_TIMEOUT
     while time.monotonic() < deadline:
         st = redis_status(p)
@@ -470,38 +564,80 @@ def start_redis(p: Paths, redis_bin: str, port: int) -> Status:
     if pid and pid_alive(pid):
         stop_pid(pid, REDIS_STOP_TIMEOUT)
     p.redis_pid.unlink(missing_ok=True)
-    raise StackError(f"redis-server not answering on 127.0.0.1:{port} after {REDIS_READY_TIMEOUT:.0f}s", log=p.redis_log)
+    raise StackError(
+        f"redis-server not answering on 127.0.0.1:{port} after {REDIS_READY_TIMEOUT:.0f}s",
+        log=p.redis_log,
+    )
 
 
-def start_kafka(p: Paths, java: str, lib: Path, version: str, port: int, cport: int) -> Status:
-    timeout = float(os.environ.get("MILPA_KAFKA_READY_TIMEOUT") or 90)
+def start_kafka(p: Paths, *, java: str, lib: Path, version: str, port: int, cport: int) -> Status:
+    try:
+        timeout = float(os.environ.get("MILPA_KAFKA_READY_TIMEOUT") or 90)
+    except ValueError:
+        raise StackError("MILPA_KAFKA_READY_TIMEOUT must be a number of seconds", code=2) from None
     p.kafka_pid.unlink(missing_ok=True)
     shutil.rmtree(p.kafka_data, ignore_errors=True)  # fresh log.dirs for every start
     p.kafka_data.mkdir(parents=True)
     write_text_atomic(p.kafka_props, kafka_properties(port, cport, p.kafka_data, version))
-    log4j1 = p.kafka_dir / "log4j.properties"
-    log4j2 = p.kafka_dir / "log4j2.xml"
-    log4j1.write_text(LOG4J1)
-    log4j2.write_text(LOG4J2)
+    if kafka_major(version) >= 4:
+        log_cfg = p.kafka_dir / "log4j2.xml"
+        log_cfg.write_text(LOG4J2)
+        log_flag = f"-Dlog4j2.configurationFile={log_cfg}"
+    else:
+        log_cfg = p.kafka_dir / "log4j.properties"
+        log_cfg.write_text(LOG4J1)
+        log_flag = f"-Dlog4j.configuration=file:{log_cfg}"
     cluster_id = new_cluster_id()
     jvm = [
-        java, *KAFKA_JVM_HEAP, "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-        f"-Dlog4j.configuration=file:{log4j1}", f"-Dlog4j2.configurationFile={log4j2}",
-        "-cp", f"{lib}/*",
+        java,
+        *KAFKA_JVM_HEAP,
+        "-XX:+UseG1GC",
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        log_flag,
+        "-cp",
+        f"{lib}/*",
     ]
-    write_text_atomic(p.kafka_json, json.dumps({
-        "version": version, "port": port, "controller_port": cport, "cluster_id": cluster_id,
-        "log_dirs": str(p.kafka_data), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }, indent=2) + "\n")
+    write_text_atomic(
+        p.kafka_json,
+        json.dumps(
+            {
+                "version": version,
+                "port": port,
+                "controller_port": cport,
+                "cluster_id": cluster_id,
+                "log_dirs": str(p.kafka_data),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+            indent=2,
+        )
+        + "\n",
+    )
 
     info(f"starting Kafka {version} on 127.0.0.1:{port} (controller {cport}) ...")
     t0 = time.monotonic()
     with open(p.kafka_log, "w") as log:
-        fmt = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(p.kafka_props)]
+        fmt = [
+            *jvm,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(p.kafka_props),
+        ]
         log.write("$ " + " ".join(fmt) + "\n")
         log.flush()
+        rc: int | str
         try:
-            rc = subprocess.run(fmt, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=120).returncode
+            rc = subprocess.run(
+                fmt,
+                check=False,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=120,
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
         if rc != 0:
@@ -509,8 +645,12 @@ def start_kafka(p: Paths, java: str, lib: Path, version: str, port: int, cport: 
         log.write("$ " + " ".join([*jvm, "kafka.Kafka", str(p.kafka_props)]) + "\n")
         log.flush()
         proc = subprocess.Popen(
-            [*jvm, "kafka.Kafka", str(p.kafka_props)], cwd=p.kafka_dir, stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [*jvm, "kafka.Kafka", str(p.kafka_props)],
+            cwd=p.kafka_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     write_text_atomic(p.kafka_pid, f"{proc.pid}\n")
 
@@ -519,9 +659,11 @@ def start_kafka(p: Paths, java: str, lib: Path, version: str, port: int, cport: 
     offset = 0
     try:
         while True:
-            rc = proc.poll()
-            if rc is not None:
-                raise StackError(f"kafka exited with code {rc} during start-up", log=p.kafka_log)
+            exit_code = proc.poll()
+            if exit_code is not None:
+                raise StackError(
+                    f"kafka exited with code {exit_code} during start-up", log=p.kafka_log
+                )
             with open(p.kafka_log, errors="replace") as fh:
                 fh.seek(offset)
                 chunk = fh.read()
@@ -556,10 +698,19 @@ def cmd_up(p: Paths, export: bool) -> int:
         if ks.state == "up" and rs.state == "up":
             running = read_json(p.kafka_json).get("version")
             if running and running != version:
-                info(f"note: Kafka {running} is running (wanted {version}); run `down` then `up` to switch")
-            for name, wanted, st in (("MILPA_KAFKA_PORT", want_kport, ks), ("MILPA_REDIS_PORT", want_rport, rs)):
+                info(
+                    f"note: Kafka {running} is running (wanted {version}); "
+                    "run `down` then `up` to switch"
+                )
+            for name, wanted, st in (
+                ("MILPA_KAFKA_PORT", want_kport, ks),
+                ("MILPA_REDIS_PORT", want_rport, rs),
+            ):
                 if wanted and wanted != st.port:
-                    info(f"note: already running on port {st.port}; {name}={wanted} ignored (run `down` first)")
+                    info(
+                        f"note: already running on port {st.port}; "
+                        f"{name}={wanted} ignored (run `down` first)"
+                    )
             write_text_atomic(p.env, "\n".join(env_lines(p)) + "\n")
             print_env(env_lines(p), export)
             return 0
@@ -567,11 +718,21 @@ def cmd_up(p: Paths, export: bool) -> int:
         # Pre-flight: fail fast (exit 2) on missing tools before starting anything.
         java = find_java(version) if ks.state != "up" else None
         redis_bin = find_redis(p) if rs.state != "up" else None
-        if ks.state != "up" and not libs_ready(lib_dir(version), version) and not shutil.which("mvn"):
-            raise StackError("mvn not found: install Maven (apt-get install -y maven) to resolve the Kafka jars", code=2)
+        if (
+            ks.state != "up"
+            and not libs_ready(lib_dir(version), version)
+            and not shutil.which("mvn")
+        ):
+            raise StackError(
+                "mvn not found: install Maven (apt-get install -y maven) to resolve the Kafka jars",
+                code=2,
+            )
 
         # Stop half-alive leftovers (process alive but not answering).
-        for st, pidfile, label, t in ((ks, p.kafka_pid, "kafka", KAFKA_STOP_TIMEOUT), (rs, p.redis_pid, "redis", REDIS_STOP_TIMEOUT)):
+        for st, pidfile, label, t in (
+            (ks, p.kafka_pid, "kafka", KAFKA_STOP_TIMEOUT),
+            (rs, p.redis_pid, "redis", REDIS_STOP_TIMEOUT),
+        ):
             if st.state == "unhealthy" and st.pid:
                 info(f"{label}: {st.detail}; restarting it")
                 stop_pid(st.pid, t)
@@ -582,20 +743,21 @@ def cmd_up(p: Paths, export: bool) -> int:
         if rs.state != "up":
             requests.append(("MILPA_REDIS_PORT", want_rport))
         if ks.state != "up":
-            requests += [("MILPA_KAFKA_PORT", want_kport), ("MILPA_KAFKA_CONTROLLER_PORT", want_cport)]
+            requests += [
+                ("MILPA_KAFKA_PORT", want_kport),
+                ("MILPA_KAFKA_CONTROLLER_PORT", want_cport),
+            ]
         ports = pick_ports(requests)
-        if rs.state != "up":
-            rport = ports.pop(0)
-        if ks.state != "up":
-            kport, cport = ports
-            lib = ensure_kafka_libs(p, version)
+        rport = ports.pop(0) if rs.state != "up" else 0
+        lib = ensure_kafka_libs(p, version) if java else None
 
         p.env.unlink(missing_ok=True)
-        if rs.state != "up":
+        if redis_bin:
             start_redis(p, redis_bin, rport)
-        if ks.state != "up":
+        if java and lib:
+            kport, cport = ports
             try:
-                start_kafka(p, java, lib, version, kport, cport)
+                start_kafka(p, java=java, lib=lib, version=version, port=kport, cport=cport)
             except StackError as exc:
                 exc.args = (f"{exc.args[0]} (redis is still running; `stack.py down` stops it)",)
                 raise
@@ -627,8 +789,10 @@ def cmd_status(p: Paths) -> int:
     ks, rs = kafka_status(p), redis_status(p)
     kmeta = read_json(p.kafka_json)
     if ks.state == "up":
-        print(f"kafka: up    pid={ks.pid} bootstrap=127.0.0.1:{ks.port} controller=127.0.0.1:"
-              f"{kmeta.get('controller_port')} version={kmeta.get('version')} log={p.kafka_log}")
+        print(
+            f"kafka: up    pid={ks.pid} bootstrap=127.0.0.1:{ks.port} controller=127.0.0.1:"
+            f"{kmeta.get('controller_port')} version={kmeta.get('version')} log={p.kafka_log}"
+        )
     else:
         print(f"kafka: {ks.state:<5} {ks.detail}")
     if rs.state == "up":
@@ -642,18 +806,25 @@ def cmd_env(p: Paths, export: bool) -> int:
     try:
         lines = [line for line in p.env.read_text().splitlines() if line.strip()]
     except OSError:
-        raise StackError(f"stack is not up (no {p.env}); run: python3 {Path(sys.argv[0])} up") from None
+        raise StackError(
+            f"stack is not up (no {p.env}); run: python3 {Path(sys.argv[0])} up"
+        ) from None
     print_env(lines, export)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="stack.py", description="Local Kafka (KRaft, from Maven jars) + redis-server for milpa-sessions.")
+        prog="stack.py",
+        description="Local Kafka (KRaft, from Maven jars) + redis-server for milpa-sessions.",
+    )
     ap.add_argument("command", choices=["up", "down", "status", "env"])
-    ap.add_argument("--state-dir", type=Path,
-                    default=Path(os.environ.get("MILPA_STACK_DIR") or DEFAULT_STATE_DIR),
-                    help="state directory (default: $MILPA_STACK_DIR or deploy/.run)")
+    ap.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("MILPA_STACK_DIR") or DEFAULT_STATE_DIR),
+        help="state directory (default: $MILPA_STACK_DIR or deploy/.run)",
+    )
     ap.add_argument("--export", action="store_true", help="print `export VAR=...` lines (up, env)")
     args = ap.parse_args(argv)
     p = Paths(args.state_dir.expanduser().resolve())
@@ -663,7 +834,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             return cmd_up(p, args.export)
         if args.command == "down":
-            return cmd_down(p) if p.dir.exists() else 0
+            if not p.dir.exists():
+                print("kafka: not running\nredis: not running")
+                return 0
+            return cmd_down(p)
         if args.command == "status":
             return cmd_status(p)
         return cmd_env(p, args.export)
