@@ -1,0 +1,710 @@
+"""The wire format: session events and decisions as Avro single-object-encoded records.
+
+Every record is `b"\\xc3\\x01"` + the 8-byte CRC-64-AVRO fingerprint of its writer schema's
+parsing canonical form + the schemaless Avro body. An event is an `Envelope` record whose `payload`
+field holds the type's payload record, itself single-object encoded: a reader that does not know
+the payload's writer schema still reads the envelope (the event comes back with
+`payload_readable=False` and the fold skips it).
+
+Writer schemas are found by fingerprint among the current schemas (`schemas/*.avsc`) and every
+released version (`schemas/released/<version>/*.avsc`), and resolved against the current reader
+schema of the same full name, so old records keep decoding after the schemas evolve. Schemas are
+parsed once per registry; encoding checks values with a validator compiled once per schema.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from io import BytesIO
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+from fastavro import schemaless_reader, schemaless_writer
+from fastavro.read import SchemaResolutionError
+from fastavro.repository.base import AbstractSchemaRepository, SchemaRepositoryError
+from fastavro.schema import fingerprint as avro_fingerprint
+from fastavro.schema import load_schema, to_parsing_canonical_form
+
+from schemas import events
+from schemas.errors import CodecError, CorruptRecordError, EncodeError, UnknownFingerprintError
+from schemas.events import Event, utc_millis
+
+__all__ = [
+    "DECISION_SCHEMA",
+    "ENVELOPE_SCHEMA",
+    "HEADER_SIZE",
+    "MARKER",
+    "PAYLOAD_SCHEMAS",
+    "Directory",
+    "EventCodec",
+    "RegisteredSchema",
+    "SchemaRegistry",
+    "canonical_json",
+    "payload_schema_name",
+    "schema_fingerprint",
+]
+
+MARKER: Final = b"\xc3\x01"
+"""The two marker bytes that open every single-object-encoded Avro record."""
+
+HEADER_SIZE: Final = 10
+"""Marker (2 bytes) + CRC-64-AVRO fingerprint (8 bytes, little-endian)."""
+
+ENVELOPE_SCHEMA: Final = "milpa.sessions.Envelope"
+"""Full name of the envelope record every event travels in."""
+
+DECISION_SCHEMA: Final = "milpa.sessions.Decision"
+"""Full name of the record published to `sessions.decisions`."""
+
+_PAYLOAD_NS: Final = "milpa.sessions.payload"
+_TOOL_CALLED_SCHEMA: Final = f"{_PAYLOAD_NS}.ToolCalled"
+
+PAYLOAD_SCHEMAS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        events.STARTED: f"{_PAYLOAD_NS}.Started",
+        events.TURN: f"{_PAYLOAD_NS}.Turn",
+        events.TOOL_CALLED: _TOOL_CALLED_SCHEMA,
+        events.MESSAGE_SENT: f"{_PAYLOAD_NS}.MessageSent",
+        events.PLAN_SET: f"{_PAYLOAD_NS}.PlanSet",
+        events.TODO_CHANGED: f"{_PAYLOAD_NS}.TodoChanged",
+        events.QUESTION_ASKED: f"{_PAYLOAD_NS}.QuestionAsked",
+        events.QUESTION_ANSWERED: f"{_PAYLOAD_NS}.QuestionAnswered",
+        events.ANSWER_WINDOW_CLOSED: f"{_PAYLOAD_NS}.AnswerWindowClosed",
+        events.PERMISSION_GRANTED: f"{_PAYLOAD_NS}.PermissionGranted",
+        events.PERMISSION_REVOKED: f"{_PAYLOAD_NS}.PermissionRevoked",
+        events.MODE_CHANGED: f"{_PAYLOAD_NS}.ModeChanged",
+        events.OPTION_REMOVED: f"{_PAYLOAD_NS}.OptionRemoved",
+        events.PREREQUISITE_SET: f"{_PAYLOAD_NS}.PrerequisiteSet",
+        events.COMPACTED: f"{_PAYLOAD_NS}.Compacted",
+        events.TODOS_TRANSFERRED: f"{_PAYLOAD_NS}.TodosTransferred",
+        events.EFFECT_OBSERVED: f"{_PAYLOAD_NS}.EffectObserved",
+        events.EXECUTION_RECORDED: f"{_PAYLOAD_NS}.ExecutionRecorded",
+        events.ENDED: f"{_PAYLOAD_NS}.Ended",
+    }
+)
+"""Event type → full name of its payload record schema."""
+
+Directory = Traversable | str | os.PathLike[str]
+"""A schema directory: a path, or a `Traversable` from `importlib.resources`."""
+
+# What fastavro (and the bytes under it) raise on a body that is not what its schema says.
+_READ_ERRORS: Final = (
+    EOFError,
+    ValueError,  # includes UnicodeDecodeError
+    TypeError,
+    IndexError,
+    KeyError,
+    OverflowError,
+    struct.error,
+)
+# The compiled check runs first, so these are unexpected; wrapped all the same.
+_WRITE_ERRORS: Final = (ValueError, TypeError, OverflowError, AttributeError, struct.error)
+
+
+def payload_schema_name(event_type: str) -> str:
+    """Return the full name of the payload schema of `event_type` (CodecError if unknown)."""
+    try:
+        return PAYLOAD_SCHEMAS[event_type]
+    except KeyError:
+        raise CodecError(f"no payload schema for event type {event_type!r}") from None
+
+
+def schema_fingerprint(schema: Any) -> bytes:
+    """Return the 8-byte CRC-64-AVRO fingerprint of a schema's parsing canonical form."""
+    return bytes.fromhex(avro_fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+
+
+def canonical_json(value: Any) -> str:
+    """Return JSON data as canonical JSON: sorted keys, no whitespace, raw UTF-8 (EncodeError)."""
+    try:
+        _check_json(value)
+    except _Misfit as e:
+        raise EncodeError(f"{e.where() or 'value'}: {e.problem}") from None
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+# -- checking values before they are written ------------------------------------------------------
+
+
+class _Misfit(Exception):  # noqa: N818 - internal signal, always re-raised as EncodeError
+    """A value does not fit its schema; `path` is collected innermost first while unwinding."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []
+
+    def at(self, step: str) -> _Misfit:
+        self.path.append(step)
+        return self
+
+    def where(self) -> str:
+        text = ""
+        for step in reversed(self.path):
+            text += step if step.startswith("[") or not text else f".{step}"
+        return text
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _expected(kind: str, value: Any) -> _Misfit:
+    return _Misfit(f"expected {kind}, got {_describe(value)}")
+
+
+def _check_json(value: Any) -> None:
+    """Refuse what `json.dumps` would alter (non-string keys) or emit as non-standard JSON."""
+    if value is None or isinstance(value, bool | str | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _expected("a finite JSON number", value)
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _Misfit(f"object key {key!r} is not a string")
+            try:
+                _check_json(item)
+            except _Misfit as e:
+                raise e.at(key) from None
+        return
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            try:
+                _check_json(item)
+            except _Misfit as e:
+                raise e.at(f"[{index}]") from None
+        return
+    raise _expected("a JSON value", value)
+
+
+_Check = Callable[[Any], Any]
+"""Checks one value against a schema and returns it as the Avro writer should see it."""
+
+_INT_RANGE: Final = (-(2**31), 2**31 - 1)
+_LONG_RANGE: Final = (-(2**63), 2**63 - 1)
+
+
+def _check_null(value: Any) -> Any:
+    if value is None:
+        return None
+    raise _expected("null", value)
+
+
+def _check_boolean(value: Any) -> Any:
+    if value is True or value is False:
+        return value
+    raise _expected("boolean", value)
+
+
+def _check_string(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    raise _expected("string", value)
+
+
+def _check_bytes(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    raise _expected("bytes", value)
+
+
+def _integer_check(kind: str, bounds: tuple[int, int]) -> _Check:
+    low, high = bounds
+
+    def check(value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+            return value
+        raise _expected(f"{kind} ({low}..{high})", value)
+
+    return check
+
+
+def _check_floating(value: Any) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    raise _expected("number", value)
+
+
+def _check_instant(value: Any) -> Any:
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return utc_millis(value)
+    raise _expected("a timezone-aware datetime", value)
+
+
+_PRIMITIVE_CHECKS: Final[Mapping[str, _Check]] = MappingProxyType(
+    {
+        "null": _check_null,
+        "boolean": _check_boolean,
+        "string": _check_string,
+        "bytes": _check_bytes,
+        "int": _integer_check("int", _INT_RANGE),
+        "long": _integer_check("long", _LONG_RANGE),
+        "float": _check_floating,
+        "double": _check_floating,
+    }
+)
+
+
+def _compile(schema: Any, named: dict[str, _Check]) -> _Check:
+    """Compile a parsed (fastavro) schema into a check; `named` collects named types' checks."""
+    if isinstance(schema, list):
+        return _compile_union(schema, named)
+    if isinstance(schema, str):
+        primitive = _PRIMITIVE_CHECKS.get(schema)
+        if primitive is not None:
+            return primitive
+        try:
+            return named[schema]  # defined earlier: at its first use, or the enclosing record
+        except KeyError:
+            raise CodecError(f"schema refers to undefined type {schema!r}") from None
+    kind = schema["type"]
+    if kind == "long" and schema.get("logicalType") == "timestamp-millis":
+        return _check_instant
+    if kind in _PRIMITIVE_CHECKS:  # other logical types: checked as their underlying type
+        return _PRIMITIVE_CHECKS[kind]
+    if kind in ("record", "error"):
+        return _compile_record(schema, named)
+    if kind == "array":
+        return _compile_array(_compile(schema["items"], named))
+    if kind == "map":
+        return _compile_map(_compile(schema["values"], named))
+    if kind == "enum":
+        return _compile_enum(schema, named)
+    if kind == "fixed":
+        return _compile_fixed(schema, named)
+    raise CodecError(f"schema type {kind!r} is not supported by the codec")
+
+
+def _compile_record(schema: Mapping[str, Any], named: dict[str, _Check]) -> _Check:
+    name: str = schema["name"]
+    fields: list[tuple[str, _Check, bool]] = []
+    known = frozenset(f["name"] for f in schema["fields"])
+
+    def check(value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise _expected(f"a {name} record (mapping)", value)
+        if not value.keys() <= known:
+            unknown = ", ".join(sorted(repr(k) for k in value if k not in known))
+            raise _Misfit(f"unknown field(s) {unknown} (not in {name})")
+        record: dict[str, Any] = {}
+        for field, field_check, required in fields:
+            if field in value:
+                try:
+                    record[field] = field_check(value[field])
+                except _Misfit as e:
+                    raise e.at(field) from None
+            elif required:
+                raise _Misfit("missing required field").at(field)
+            # else: left out; the Avro writer writes the field's default
+        return record
+
+    named[name] = check  # before the fields, so a recursive reference resolves
+    for f in schema["fields"]:
+        fields.append((f["name"], _compile(f["type"], named), "default" not in f))
+    return check
+
+
+def _compile_union(branches: list[Any], named: dict[str, _Check]) -> _Check:
+    checks = [_compile(branch, named) for branch in branches]
+    if len(branches) == 2 and branches[0] == "null":
+        inner = checks[1]
+
+        def optional(value: Any) -> Any:
+            return None if value is None else inner(value)
+
+        return optional
+
+    def union(value: Any) -> Any:
+        problems = []
+        for branch_check in checks:
+            try:
+                return branch_check(value)
+            except _Misfit as e:
+                problems.append(e.problem)
+        raise _Misfit("fits no branch of the union: " + "; ".join(problems))
+
+    return union
+
+
+def _compile_array(item_check: _Check) -> _Check:
+    def check(value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise _expected("array (list)", value)
+        items = []
+        for index, item in enumerate(value):
+            try:
+                items.append(item_check(item))
+            except _Misfit as e:
+                raise e.at(f"[{index}]") from None
+        return items
+
+    return check
+
+
+def _compile_map(value_check: _Check) -> _Check:
+    def check(value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise _expected("map (mapping)", value)
+        result = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _Misfit(f"map key {key!r} is not a string")
+            try:
+                result[key] = value_check(item)
+            except _Misfit as e:
+                raise e.at(f"[{key!r}]") from None
+        return result
+
+    return check
+
+
+def _compile_enum(schema: Mapping[str, Any], named: dict[str, _Check]) -> _Check:
+    symbols = frozenset(schema["symbols"])
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and value in symbols:
+            return value
+        raise _expected(f"one of {sorted(symbols)}", value)
+
+    named[schema["name"]] = check
+    return check
+
+
+def _compile_fixed(schema: Mapping[str, Any], named: dict[str, _Check]) -> _Check:
+    size: int = schema["size"]
+
+    def check(value: Any) -> Any:
+        if isinstance(value, bytes | bytearray) and len(value) == size:
+            return bytes(value)
+        raise _expected(f"{size} bytes", value)
+
+    named[schema["name"]] = check
+    return check
+
+
+# -- the registry --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RegisteredSchema:
+    """One parsed schema of the registry: full name, fingerprint and single-object header."""
+
+    full_name: str
+    fingerprint: bytes
+    canonical_form: str
+    schema: dict[str, Any]
+    header: bytes
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _ReadPlan:
+    """How to read a body written with one writer schema: writer, and reader if it differs."""
+
+    full_name: str
+    writer: dict[str, Any]
+    reader: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _WritePlan:
+    """How to write a record with a current schema: its header, check and parsed schema."""
+
+    full_name: str
+    header: bytes
+    check: _Check
+    schema: dict[str, Any]
+
+
+class _DirectoryRepository(AbstractSchemaRepository):
+    """A fastavro schema repository over one directory of `<full name>.avsc` files."""
+
+    def __init__(self, directory: Traversable) -> None:
+        self._directory = directory
+
+    def load(self, name: str) -> Any:
+        """Return the JSON of `<name>.avsc` in the directory."""
+        try:
+            text = (self._directory / f"{name}.avsc").read_text(encoding="utf-8")
+        except OSError as e:
+            raise SchemaRepositoryError(f"no schema file for {name!r}") from e
+        return json.loads(text)
+
+
+def _as_traversable(directory: Directory) -> Traversable:
+    if isinstance(directory, str | os.PathLike):
+        return Path(directory)
+    return directory
+
+
+def _load_directory(directory: Traversable) -> dict[str, RegisteredSchema]:
+    """Parse every `.avsc` of one directory (named types resolved among its siblings)."""
+    repo = _DirectoryRepository(directory)
+    loaded: dict[str, RegisteredSchema] = {}
+    names = sorted(
+        entry.name.removesuffix(".avsc")
+        for entry in directory.iterdir()
+        if entry.name.endswith(".avsc") and entry.is_file()
+    )
+    for name in names:
+        try:
+            schema = load_schema(name, repo=repo)
+        except Exception as e:  # fastavro raises assorted exception types for bad schemas
+            raise CodecError(f"schema {name}.avsc in {directory} does not load: {e}") from e
+        if not isinstance(schema, dict) or schema.get("name") != name:
+            raise CodecError(f"{name}.avsc in {directory} does not define the named type {name}")
+        canonical = to_parsing_canonical_form(schema)
+        fingerprint = bytes.fromhex(avro_fingerprint(canonical, "CRC-64-AVRO"))
+        loaded[name] = RegisteredSchema(name, fingerprint, canonical, schema, MARKER + fingerprint)
+    return loaded
+
+
+class SchemaRegistry:
+    """The current reader schemas by full name, and every known writer schema by fingerprint."""
+
+    def __init__(self, current: Directory, writers: Iterable[Directory] = ()) -> None:
+        """Load the schemas of `current` (readers and writers) and of `writers` (writers only)."""
+        self._current_dir = _as_traversable(current)
+        self._writer_dirs = tuple(_as_traversable(d) for d in writers)
+        self._readers = _load_directory(self._current_dir)
+        self._writers: dict[bytes, RegisteredSchema] = {}
+        for directory in (self._current_dir, *self._writer_dirs):
+            loaded = self._readers if directory is self._current_dir else _load_directory(directory)
+            for schema in loaded.values():
+                known = self._writers.setdefault(schema.fingerprint, schema)
+                if known.canonical_form != schema.canonical_form:
+                    raise CodecError(
+                        f"fingerprint collision: {schema.full_name} in {directory} "
+                        f"and {known.full_name}"
+                    )
+        self._read_plans: dict[bytes, _ReadPlan] = {}
+        for fingerprint, writer in self._writers.items():
+            reader = self._readers.get(writer.full_name)
+            resolve = reader is not None and reader.fingerprint != fingerprint
+            self._read_plans[fingerprint] = _ReadPlan(
+                writer.full_name, writer.schema, reader.schema if resolve and reader else None
+            )
+        self._write_plans: dict[str, _WritePlan] = {}
+        for schema in self._readers.values():
+            check = _compile(schema.schema, {})
+            self._write_plans[schema.full_name] = _WritePlan(
+                schema.full_name, schema.header, check, schema.schema
+            )
+
+    @classmethod
+    def default(cls) -> SchemaRegistry:
+        """Return the (cached) registry of the installed `schemas` package and its releases."""
+        return _default_registry()
+
+    def with_writers(self, *directories: Directory) -> SchemaRegistry:
+        """Return a new registry that also knows the writer schemas in `directories`."""
+        return SchemaRegistry(
+            self._current_dir, (*self._writer_dirs, *(_as_traversable(d) for d in directories))
+        )
+
+    def reader(self, full_name: str) -> RegisteredSchema:
+        """Return the current (reader and writer) schema named `full_name`."""
+        try:
+            return self._readers[full_name]
+        except KeyError:
+            raise CodecError(f"no current schema named {full_name!r}") from None
+
+    def writer(self, fingerprint: bytes) -> RegisteredSchema:
+        """Return the writer schema with this fingerprint (UnknownFingerprintError if none)."""
+        try:
+            return self._writers[fingerprint]
+        except KeyError:
+            raise UnknownFingerprintError(
+                f"no known schema has fingerprint {fingerprint.hex()}"
+            ) from None
+
+    def knows(self, fingerprint: bytes) -> bool:
+        """Whether some known writer schema has this fingerprint."""
+        return fingerprint in self._read_plans
+
+    @property
+    def reader_names(self) -> frozenset[str]:
+        """Full names of the current schemas."""
+        return frozenset(self._readers)
+
+    @property
+    def fingerprints(self) -> frozenset[bytes]:
+        """Fingerprints of every known writer schema (current, released and extra)."""
+        return frozenset(self._writers)
+
+    def _read_plan(self, fingerprint: bytes) -> _ReadPlan | None:
+        return self._read_plans.get(fingerprint)
+
+    def _write_plan(self, full_name: str) -> _WritePlan:
+        try:
+            return self._write_plans[full_name]
+        except KeyError:
+            raise CodecError(f"no current schema named {full_name!r}") from None
+
+
+def _released_dirs(package: Traversable) -> list[Traversable]:
+    released = package / "released"
+    if not released.is_dir():
+        return []
+    return sorted((d for d in released.iterdir() if d.is_dir()), key=lambda d: d.name)
+
+
+@functools.cache
+def _default_registry() -> SchemaRegistry:
+    package = files("schemas")
+    return SchemaRegistry(package, _released_dirs(package))
+
+
+# -- the codec -----------------------------------------------------------------------------------
+
+
+class EventCodec:
+    """Encodes and decodes session events and decisions (Avro single-object encoding)."""
+
+    payload_schema_name = staticmethod(payload_schema_name)
+
+    def __init__(self, registry: SchemaRegistry | None = None) -> None:
+        """Use `registry`, or the default registry of the installed schemas."""
+        self._registry = registry if registry is not None else SchemaRegistry.default()
+        self._envelope = self._registry._write_plan(ENVELOPE_SCHEMA)
+        self._decision = self._registry._write_plan(DECISION_SCHEMA)
+        self._payloads = {t: self._registry._write_plan(n) for t, n in PAYLOAD_SCHEMAS.items()}
+
+    @property
+    def registry(self) -> SchemaRegistry:
+        """The schemas this codec reads and writes with."""
+        return self._registry
+
+    def encode(self, event: Event) -> bytes:
+        """Encode `event` as an Envelope record (EncodeError if its type or payload misfits)."""
+        plan = self._payloads.get(event.type)
+        if plan is None:
+            raise EncodeError(f"unknown event type {event.type!r}: no payload schema")
+        what = f"{event.type} payload"
+        if not event.payload_readable:
+            raise EncodeError(f"{what}: was not readable when decoded; re-encoding would lose it")
+        payload = event.payload
+        if plan.full_name == _TOOL_CALLED_SCHEMA and isinstance(payload, Mapping):
+            arguments = payload.get("arguments", {})
+            if not isinstance(arguments, Mapping):
+                raise EncodeError(f"{what}: arguments: expected a JSON object (mapping)")
+            try:
+                text = canonical_json(arguments)
+            except EncodeError as e:
+                raise EncodeError(f"{what}: arguments.{e}") from None
+            payload = {**payload, "arguments": text}
+        body = self._write(plan, payload, what)
+        envelope = {
+            "event_id": event.event_id,
+            "session_id": event.session_id,
+            "type": event.type,
+            "occurred_at": event.occurred_at,
+            "producer": event.producer,
+            "expected_seq": event.expected_seq,
+            "payload": body,
+        }
+        return self._write(self._envelope, envelope, f"{event.type} envelope")
+
+    def encode_decision(self, decision: Mapping[str, Any]) -> bytes:
+        """Encode a decision record (EncodeError if it does not fit the Decision schema)."""
+        return self._write(self._decision, decision, "decision")
+
+    def decode(self, data: bytes) -> Event:
+        """Decode an Envelope record; an unknown payload schema gives `payload_readable=False`."""
+        _, envelope = self._read(data, ENVELOPE_SCHEMA, "envelope")
+        event_type: str = envelope["type"]
+        body: bytes = envelope["payload"]
+        what = f"{event_type} payload"
+        if len(body) < HEADER_SIZE or body[:2] != MARKER:
+            raise CorruptRecordError(f"{what}: not a single-object-encoded Avro record")
+        payload: dict[str, Any] = {}
+        readable = self._registry.knows(body[2:HEADER_SIZE])
+        if readable:
+            name, payload = self._read(body, PAYLOAD_SCHEMAS.get(event_type), what)
+            if name == _TOOL_CALLED_SCHEMA:
+                payload["arguments"] = _parse_arguments(payload["arguments"], what)
+        return Event(
+            event_id=envelope["event_id"],
+            session_id=envelope["session_id"],
+            type=event_type,
+            occurred_at=envelope["occurred_at"],
+            producer=envelope["producer"],
+            payload=payload,
+            expected_seq=envelope["expected_seq"],
+            payload_readable=readable,
+        )
+
+    def decode_decision(self, data: bytes) -> dict[str, Any]:
+        """Decode a Decision record."""
+        return self._read(data, DECISION_SCHEMA, "decision")[1]
+
+    def _write(self, plan: _WritePlan, value: Any, what: str) -> bytes:
+        try:
+            record = plan.check(value)
+        except _Misfit as e:
+            where = e.where()
+            problem = f"{where}: {e.problem}" if where else e.problem
+            raise EncodeError(f"{what}: {problem}") from None
+        buffer = BytesIO()
+        buffer.write(plan.header)
+        try:
+            schemaless_writer(buffer, plan.schema, record)
+        except _WRITE_ERRORS as e:
+            raise EncodeError(f"{what}: {e}") from e
+        return buffer.getvalue()
+
+    def _read(self, data: bytes, expected: str | None, what: str) -> tuple[str, dict[str, Any]]:
+        """Read one single-object record; `expected` is the full name it must have, if known."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise CorruptRecordError(f"{what}: expected bytes, got {type(data).__name__}")
+        if len(data) < HEADER_SIZE or data[:2] != MARKER:
+            raise CorruptRecordError(f"{what}: not a single-object-encoded Avro record")
+        fingerprint = bytes(data[2:HEADER_SIZE])
+        plan = self._registry._read_plan(fingerprint)
+        if plan is None:
+            raise UnknownFingerprintError(
+                f"{what}: no known schema has fingerprint {fingerprint.hex()}"
+            )
+        if expected is not None and plan.full_name != expected:
+            raise CorruptRecordError(f"{what}: expected a {expected} record, got {plan.full_name}")
+        stream = BytesIO(data)
+        stream.seek(HEADER_SIZE)
+        try:
+            record = schemaless_reader(stream, plan.writer, plan.reader)
+        except SchemaResolutionError as e:
+            raise CodecError(
+                f"{what}: writer schema {fingerprint.hex()} of {plan.full_name} does not resolve "
+                f"against the current reader schema: {e}"
+            ) from e
+        except _READ_ERRORS as e:
+            raise CorruptRecordError(f"{what}: {type(e).__name__}: {e}") from e
+        if stream.tell() != len(data):
+            raise CorruptRecordError(f"{what}: {len(data) - stream.tell()} trailing bytes")
+        if not isinstance(record, dict):
+            raise CorruptRecordError(f"{what}: {plan.full_name} is not a record")
+        return plan.full_name, record
+
+
+def _parse_arguments(text: Any, what: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise CorruptRecordError(f"{what}: arguments are not JSON: {e}") from e
+    if not isinstance(arguments, dict):
+        raise CorruptRecordError(f"{what}: arguments are not a JSON object")
+    return arguments
