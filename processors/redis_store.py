@@ -210,6 +210,16 @@ class RedisProjectionStore:
         entries: list[TimelineEntry] = [json.loads(r) for r in raw]
         return [e for e in entries if e["seq"] > since]
 
+    def drop(self, session_id: str) -> None:
+        """Delete one session's projection."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.unlink(*self.keys.session(session_id).all())
+            pipe.srem(self.keys.sessions, session_id)
+            pipe.execute()
+        except redis.RedisError as e:
+            raise ProjectionError(f"dropping {session_id} failed: {e}") from e
+
     def clear(self) -> None:
         """Delete every key under this store's prefix."""
         try:

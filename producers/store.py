@@ -429,6 +429,8 @@ class SessionStore:
         if from_ == to:
             raise InvalidCall("cannot transfer todos to the same session")
         source = self.load(from_)
+        if source.ended:
+            raise SessionEndedError(f"session {from_!r} has ended; its open work stays on record")
         self._live(to)
         cards = source.open_todos()
         if not cards:

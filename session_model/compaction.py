@@ -21,6 +21,14 @@ RESULT_BOUND = 500
 FACTS_HEADER = "Operational facts (JSON, version 1):"
 
 
+class CompactionTarget(Protocol):
+    """Anything that can append a `compacted` event (a `SessionStore`)."""
+
+    def compact(self, session_id: str, summary: str, through: int) -> object:
+        """Append `compacted {summary, through}` to the session."""
+        ...
+
+
 class Summarizer(Protocol):
     """Writes the prose of a summary of `session` through seq `through`."""
 
@@ -187,3 +195,11 @@ class Compactor:
         if through is None:
             return None
         return CompactionPlan(self.summary(session, through), through)
+
+    def compact_if_needed(self, store: CompactionTarget, session: Session) -> str | None:
+        """Append the summary when one is due and return it; None when nothing was due."""
+        plan = self.plan(session)
+        if plan is None:
+            return None
+        store.compact(session.id, plan.summary, plan.through)
+        return plan.summary

@@ -136,11 +136,14 @@ def _apply_known(
             raise _Reject("unknown_session")
     elif e.type == ev.STARTED:
         raise _Reject("already_started")
-    if e.type == ev.ANSWER_WINDOW_CLOSED:
+    if e.type == ev.ANSWER_WINDOW_CLOSED and (
+        not before.ended or _already_decided(before, p.get("question_id"))
+    ):
         return _window_closed(s, e, seq)
     if before.ended:
         if e.type == ev.QUESTION_ANSWERED and _is_closed_question(before, p):
-            raise _Reject("late_answer", by=Principal.from_record(p.get("by")))
+            by, _ = _principal(e, before.closed_question.id if before.closed_question else "", keys)
+            raise _Reject("late_answer", by=by)
         raise _Reject("session_ended")
     handler = _HANDLERS[e.type]
     return handler(s, e, seq, keys)
@@ -148,6 +151,28 @@ def _apply_known(
 
 def _is_closed_question(s: Session, p: Mapping[str, Any]) -> bool:
     return s.closed_question is not None and p.get("question_id") == s.closed_question.id
+
+
+def _already_decided(s: Session, question_id: object) -> bool:
+    """A closing for a question that an answer or an earlier closing already resolved."""
+    return any(d.question_id == question_id for d in s.decisions)
+
+
+def _principal(e: Event, question_id: str, keys: TrustedKeys) -> tuple[Principal | None, bool]:
+    """Who answered, believed verified only with a trusted signature; and whether it was lowered."""
+    claimed = Principal.from_record(e.payload.get("by"))
+    if claimed is None or not claimed.verified:
+        return claimed, False
+    trusted = verify_answer_claim(
+        keys,
+        e.payload.get("signature"),
+        session_id=e.session_id,
+        question_id=question_id,
+        answer=_text(e.payload, "answer"),
+        principal_id=claimed.id,
+        event_id=e.event_id,
+    )
+    return (claimed, False) if trusted else (Principal(claimed.id, verified=False), True)
 
 
 def _applied(state: Session, seq: int, **details: Any) -> tuple[Session, Outcome]:
@@ -343,20 +368,7 @@ def _question_answered(
     if p.get("question_id") != question.id:
         raise _Reject("stale_question")
     answer = _text(p, "answer")
-    claimed = Principal.from_record(p.get("by"))
-    by, downgraded = claimed, False
-    if claimed is not None and claimed.verified:
-        trusted = verify_answer_claim(
-            keys,
-            p.get("signature"),
-            session_id=e.session_id,
-            question_id=question.id,
-            answer=answer,
-            principal_id=claimed.id,
-            event_id=e.event_id,
-        )
-        if not trusted:
-            by, downgraded = Principal(claimed.id, verified=False), True
+    by, downgraded = _principal(e, question.id, keys)
     decision = Decision(
         question_id=question.id,
         question=question.question,

@@ -1,0 +1,1 @@
+"""The application layer: settings wiring, the CLI and the demo."""

@@ -1,0 +1,504 @@
+"""`milpa-sessions`: run the worker, manage topics, read and steer sessions, replay, demo."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from milpa_sessions import wiring
+from milpa_sessions.demo import run_scenario
+from processors.decisions import DecisionSubscriber, PublishedDecision
+from processors.replay import replay
+from producers.settings import Settings
+from producers.store import SessionStore
+from producers.topics import ensure_topics
+from schemas.errors import InvalidCall, MilpaError
+from session_model.deadlines import format_instant
+from session_model.principal import Principal
+from session_model.session import Session
+from session_model.signing import Signer
+
+out = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Ctx:
+    """What every command gets: the settings and the output format."""
+
+    settings: Settings
+    as_json: bool
+
+
+def _fail_cleanly(fn: F) -> F:
+    """Turn the project's errors into one line on stderr and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InvalidCall as e:
+            err.print(f"error: {e}", markup=False, highlight=False)
+            sys.exit(2)
+        except MilpaError as e:
+            err.print(f"error: {type(e).__name__}: {e}", markup=False, highlight=False)
+            sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _emit(ctx: Ctx, data: Any, render: Callable[[], None]) -> None:
+    if ctx.as_json:
+        out.print_json(json.dumps(data, default=str, ensure_ascii=False))
+    else:
+        render()
+
+
+@click.group()
+@click.option("--kafka", "kafka", help="Kafka bootstrap (MILPA_KAFKA_BOOTSTRAP).")
+@click.option("--redis", "redis_url", help="Redis URL (MILPA_REDIS_URL).")
+@click.option("--topic", "events_topic", help="Events topic (MILPA_EVENTS_TOPIC).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.pass_context
+def main(
+    click_ctx: click.Context,
+    kafka: str | None,
+    redis_url: str | None,
+    events_topic: str | None,
+    as_json: bool,
+) -> None:
+    """Long-running AI-agent sessions as event-sourced streams over Kafka and Redis."""
+    settings = Settings.from_env(
+        os.environ, kafka_bootstrap=kafka, redis_url=redis_url, events_topic=events_topic
+    )
+    click_ctx.obj = Ctx(settings, as_json)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+# -- running -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--loglevel", default="warning", show_default=True)
+@pass_ctx
+@_fail_cleanly
+def worker(ctx: Ctx, loglevel: str) -> None:
+    """Run the projector (a Faust worker in the consumer group)."""
+    import faust  # noqa: PLC0415 - only the worker needs Faust's import-time cost
+
+    from processors.app import create_app  # noqa: PLC0415
+
+    ensure_topics(ctx.settings)
+    projector = create_app(ctx.settings, wiring.trusted_keys(ctx.settings))
+    faust.Worker(projector.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+
+
+@main.group()
+def topics() -> None:
+    """Kafka topics."""
+
+
+@topics.command("create")
+@pass_ctx
+@_fail_cleanly
+def topics_create(ctx: Ctx) -> None:
+    """Create the events, decisions and dead-letter topics (idempotent)."""
+    result = ensure_topics(ctx.settings)
+
+    def render() -> None:
+        for name, state in result.items():
+            out.print(f"{name}: {state}")
+
+    _emit(ctx, result, render)
+
+
+@main.command("replay")
+@click.option("--session", "session_id", help="Rebuild one session only.")
+@pass_ctx
+@_fail_cleanly
+def replay_cmd(ctx: Ctx, session_id: str | None) -> None:
+    """Drop and rebuild projections from the topic (stop the workers first)."""
+    store = wiring.projection_store(ctx.settings)
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("replaying", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        report = replay(
+            ctx.settings.kafka_bootstrap,
+            ctx.settings.events_topic,
+            store,
+            wiring.trusted_keys(ctx.settings),
+            session_id=session_id,
+            progress=progress,
+        )
+    data = {
+        "records": report.records,
+        "sessions": report.applied_sessions,
+        "undecodable": report.undecodable,
+    }
+    _emit(
+        ctx,
+        data,
+        lambda: out.print(
+            f"replayed {report.records} records into {report.applied_sessions} sessions"
+            f" ({report.undecodable} undecodable skipped)"
+        ),
+    )
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def _store(ctx: Ctx) -> SessionStore:
+    return wiring.session_store(ctx.settings, producer="cli")
+
+
+def session_summary(s: Session) -> dict[str, Any]:
+    """The fields `list` and `show` print."""
+    status = "ended" if s.ended else ("waiting" if s.question else "runnable")
+    return {
+        "id": s.id,
+        "status": status,
+        "mode": s.mode.value,
+        "goal": s.goal,
+        "seq": s.seq,
+        "turns": s.turn_count,
+        "plan_version": s.plan_version,
+        "open_todos": len(s.open_todos()),
+        "question": s.question.id if s.question else None,
+        "permissions": list(s.permissions),
+        "decisions": len(s.decisions),
+        "rejections": s.rejection_counts(),
+        "downgrades": s.downgrades,
+        "parent_id": s.parent_id,
+        "ended_because": s.ended_because,
+    }
+
+
+@main.command("list")
+@pass_ctx
+@_fail_cleanly
+def list_cmd(ctx: Ctx) -> None:
+    """Every session with its status."""
+    projections = wiring.projection_store(ctx.settings)
+    rows = [session_summary(s) for sid in projections.ids() if (s := projections.load(sid))]
+
+    def render() -> None:
+        table = Table("session", "status", "mode", "seq", "open todos", "goal")
+        for r in rows:
+            table.add_row(
+                r["id"], r["status"], r["mode"], str(r["seq"]), str(r["open_todos"]), r["goal"]
+            )
+        out.print(table)
+
+    _emit(ctx, rows, render)
+
+
+@main.command()
+@click.argument("session_id")
+@pass_ctx
+@_fail_cleanly
+def show(ctx: Ctx, session_id: str) -> None:
+    """One session: state, todos, decisions, rejections."""
+    s = _store(ctx).load(session_id)
+    data = session_summary(s)
+    data["todos"] = [
+        {"id": t.id, "text": t.text, "status": t.status, "version": t.version, "origin": t.origin}
+        for t in s.todos
+    ]
+    data["decisions_detail"] = [
+        {
+            "question": d.question,
+            "answer": d.answer,
+            "by": d.by.to_record() if d.by else None,
+            "reason": d.reason,
+            "expired_at": format_instant(d.expired_at) if d.expired_at else None,
+        }
+        for d in s.decisions
+    ]
+    _emit(ctx, data, lambda: render_session(s))
+
+
+def render_session(s: Session) -> None:
+    """Print a session as an operator reads it."""
+    info = session_summary(s)
+    out.print(f"[bold]{s.id}[/bold]  {info['status']}  mode={s.mode.value}  seq={s.seq}")
+    out.print(f"goal: {s.goal}", markup=False)
+    if s.ended_because:
+        out.print(f"ended: {s.ended_because}", markup=False)
+    if s.todos:
+        todos = Table("todo", "status", "v", "origin", "disposition", "text", title="todos")
+        for t in s.todos:
+            todos.add_row(t.id, t.status, str(t.version), t.origin, t.disposition, t.text)
+        out.print(todos)
+    if s.decisions:
+        table = Table("question", "answer", "by", "verified", "reason", title="decisions")
+        for d in s.decisions:
+            table.add_row(
+                d.question,
+                d.answer or "(window closed)",
+                d.by.id if d.by else "-",
+                "yes" if d.by and d.by.verified else "no",
+                d.reason or "-",
+            )
+        out.print(table)
+    if s.rejections:
+        table = Table("seq", "type", "code", "producer", title="rejections")
+        for r in s.rejections:
+            table.add_row(str(r.seq), r.type, r.code, r.producer)
+        out.print(table)
+
+
+@main.command()
+@click.argument("session_id")
+@pass_ctx
+@_fail_cleanly
+def window(ctx: Ctx, session_id: str) -> None:
+    """What the model would be sent now."""
+    messages = _store(ctx).load(session_id).window()
+    data = [{"role": m.role, "content": m.content} for m in messages]
+
+    def render() -> None:
+        for m in messages:
+            out.print(f"[bold]{m.role}[/bold]: ", end="")
+            out.print(m.content, markup=False, highlight=False)
+
+    _emit(ctx, data, render)
+
+
+def render_timeline(entries: list[dict[str, Any]]) -> None:
+    """Print timeline entries as a table."""
+    table = Table("seq", "kind", "what")
+    for e in entries:
+        details = {k: v for k, v in e.items() if k not in ("session", "kind", "seq")}
+        table.add_row(str(e["seq"]), e["kind"], json.dumps(details, ensure_ascii=False)[:160])
+    out.print(table)
+
+
+@main.command()
+@click.argument("session_id")
+@click.option("--since", default=0, show_default=True, help="Only entries after this seq.")
+@click.option("--follow", is_flag=True, help="Keep printing new entries.")
+@pass_ctx
+@_fail_cleanly
+def timeline(ctx: Ctx, session_id: str, since: int, follow: bool) -> None:
+    """The session's timeline (what a board shows)."""
+    projections = wiring.projection_store(ctx.settings)
+    while True:
+        entries = projections.timeline(session_id, since)
+        if entries:
+            _emit(ctx, entries, functools.partial(render_timeline, entries))
+            since = entries[-1]["seq"]
+        if not follow:
+            return
+        time.sleep(0.5)
+
+
+# -- steering ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("session_id")
+@click.argument("question_id")
+@click.argument("answer")
+@click.option("--by", "by", help="Principal id (default: cli:<user>@<host>, unverified).")
+@click.option("--verified", is_flag=True, help="Claim a verified identity (needs a signing key).")
+@pass_ctx
+@_fail_cleanly
+def answer(  # noqa: PLR0917 - click passes every argument and option positionally
+    ctx: Ctx, session_id: str, question_id: str, answer: str, by: str | None, verified: bool
+) -> None:
+    """Answer a session's open question."""
+    store = _store(ctx)
+    if verified and store.signer is None:
+        raise InvalidCall("--verified needs MILPA_SIGNING_KEY (an Ed25519 PEM private key)")
+    principal = (
+        Principal(by, verified=verified)
+        if by
+        else Principal.from_terminal(os.environ.get("USER", "unknown"), os.uname().nodename)
+    )
+    position = store.answer(session_id, question_id, answer, principal, executor="cli")
+    _emit(ctx, {"position": str(position)}, lambda: out.print(f"answered at {position}"))
+
+
+def _steer(name: str, action: Callable[[SessionStore, str, str], Any], help_: str) -> None:
+    @main.command(name=name, help=help_)
+    @click.argument("session_id")
+    @click.argument("value")
+    @pass_ctx
+    @_fail_cleanly
+    def command(ctx: Ctx, session_id: str, value: str) -> None:
+        position = action(_store(ctx), session_id, value)
+        _emit(
+            ctx, {"position": str(position)}, lambda: out.print(f"{name}: appended at {position}")
+        )
+
+
+_steer("grant", lambda s, sid, v: s.grant(sid, v), "Grant an operation in a session.")
+_steer("revoke", lambda s, sid, v: s.revoke(sid, v), "Revoke a granted operation.")
+_steer("mode", lambda s, sid, v: s.set_mode(sid, v), "Change the autonomy mode.")
+_steer("end", lambda s, sid, v: s.end(sid, v), "End a session with a reason.")
+
+
+@main.group()
+def keys() -> None:
+    """Answering keys."""
+
+
+@keys.command("generate")
+@click.argument("key_id")
+@click.option("--dir", "directory", type=click.Path(path_type=Path), default=Path("."))
+@_fail_cleanly
+def keys_generate(key_id: str, directory: Path) -> None:
+    """Write <dir>/<key_id>.key (private) and <dir>/trusted/<key_id>.pem (public)."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+
+    signer = Signer.generate(key_id)
+    (directory / "trusted").mkdir(parents=True, exist_ok=True)
+    private = directory / f"{key_id}.key"
+    private.write_bytes(
+        signer.private_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    private.chmod(0o600)
+    (directory / "trusted" / f"{key_id}.pem").write_bytes(
+        signer.private_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    out.print(f"wrote {private} and {directory / 'trusted' / (key_id + '.pem')}")
+
+
+# -- the demo ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _worker_process(settings: Settings, env: dict[str, str], logfile: Path) -> Iterator[None]:
+    with logfile.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "milpa_sessions.cli", "worker"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@main.command()
+@click.option("--in-memory", is_flag=True, help="Use the in-memory backend (no Kafka, no Redis).")
+@pass_ctx
+@_fail_cleanly
+def demo(ctx: Ctx, in_memory: bool) -> None:
+    """Run a session through the whole vocabulary and show window, timeline and decisions."""
+    prefix = f"demo-{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        signer = Signer.generate("demo-operator-console")
+        operator = Principal("actor:member:42", verified=True)
+        if in_memory:
+            store = SessionStore.in_memory(signer=signer)
+            sessions = run_scenario(store, prefix, operator)
+            _show_demo(store, sessions.main, sessions.child, sessions.forged, decisions=None)
+            return
+        trusted = Path(tmp) / "trusted"
+        trusted.mkdir()
+        from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+
+        (trusted / f"{signer.key_id}.pem").write_bytes(
+            signer.private_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        settings = ctx.settings
+        created = ensure_topics(settings)
+        err.print(f"topics: {created}")
+        env = {**os.environ, "MILPA_TRUSTED_KEYS_DIR": str(trusted)}
+        env["MILPA_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
+        env["MILPA_REDIS_URL"] = settings.redis_url
+        logfile = Path(tmp) / "worker.log"
+        with _worker_process(settings, env, logfile):
+            store = wiring.session_store(settings, producer="demo-agent")
+            store.signer = signer
+            err.print(f"worker started; driving sessions {prefix}-* through Kafka → Faust → Redis")
+            sessions = run_scenario(store, prefix, operator)
+            store.load(sessions.forged)  # read-your-writes: waits until the worker applied it
+            subscriber = DecisionSubscriber(
+                settings.kafka_bootstrap, settings.decisions_topic, f"demo-{prefix}"
+            )
+            wanted = {sessions.main, sessions.forged}
+            found: list[PublishedDecision] = []
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and {d.session_id for d in found} != wanted:
+                found.extend(d for d in subscriber.poll() if d.session_id in wanted)
+            subscriber.close()
+            _show_demo(store, sessions.main, sessions.child, sessions.forged, decisions=found)
+
+
+def _show_demo(
+    store: SessionStore,
+    main_id: str,
+    child_id: str,
+    forged_id: str,
+    decisions: list[PublishedDecision] | None,
+) -> None:
+    main_session = store.load(main_id)
+    out.rule(f"session {main_id}")
+    render_session(main_session)
+    out.rule("window (what the model is sent)")
+    for m in main_session.window():
+        out.print(f"[bold]{m.role}[/bold]: ", end="")
+        out.print(m.content, markup=False, highlight=False)
+    out.rule("timeline")
+    render_timeline(store.timeline(main_id))
+    out.rule(f"child session {child_id} (inherited the open todos)")
+    render_session(store.load(child_id))
+    out.rule(f"session {forged_id}: an agent forged a verified answer")
+    render_session(store.load(forged_id))
+    if decisions is not None:
+        out.rule("decisions received by a downstream subscriber (sessions.decisions)")
+        table = Table("session", "question", "answer", "by", "verified", "seq")
+        for d in decisions:
+            table.add_row(
+                d.session_id,
+                d.question_id,
+                d.answer,
+                d.by.id if d.by else "-",
+                "yes" if d.by and d.by.verified else "no",
+                str(d.seq),
+            )
+        out.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The Faust application: a thin agent over `ProjectionWorker`.
+
+One agent, `concurrency=1` (a higher concurrency can commit past an in-flight message), consuming
+`sessions.events` in batches with manual acks: a batch is acked only after the worker returned,
+that is after Redis holds every event of it (or the dead-letter topic does). Faust's exactly-once
+mode is not used; at-least-once delivery plus the marks in Redis make redeliveries no-ops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+import redis.asyncio as aioredis
+
+from processors.keys import Keys
+from processors.redis_store import AsyncRedisProjectionStore
+from processors.worker import ProjectionWorker, RawRecord
+from producers.settings import Settings
+from session_model.projection import BatchFolder
+from session_model.signing import TrustedKeys
+
+log = logging.getLogger(__name__)
+
+
+class TopicSink:
+    """Publishes raw bytes to a Faust topic and waits for the broker's acknowledgement."""
+
+    def __init__(self, topic: Any) -> None:
+        self.topic = topic
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """Send now (not attached to the current event) and wait until acknowledged."""
+        pending = await self.topic.send(key=key, value=value, headers=list(headers), force=True)
+        await pending
+
+
+def _raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:
+    return app.topic(
+        name,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=partitions,
+        internal=False,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectorApp:
+    """The Faust app and access to its worker (created lazily inside the event loop)."""
+
+    app: Any
+    worker: Callable[[], ProjectionWorker]
+
+
+def create_app(
+    settings: Settings, keys: TrustedKeys, redis_keys: Keys | None = None
+) -> ProjectorApp:
+    """Build the Faust app for these settings (nothing connects until it runs)."""
+    app = faust.App(
+        settings.consumer_group,
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        web_enabled=False,
+        autodiscover=False,
+        store="memory://",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        broker_commit_interval=0.5,
+        stream_wait_empty=False,
+        broker_max_poll_records=max(settings.batch_max_records, 500),
+    )
+    events = _raw_topic(app, settings.events_topic, settings.partitions)
+    deadletter = TopicSink(_raw_topic(app, settings.deadletter_topic))
+    decisions = TopicSink(_raw_topic(app, settings.decisions_topic))
+    holder: dict[str, ProjectionWorker] = {}
+
+    def worker() -> ProjectionWorker:
+        # The redis.asyncio client must be created inside the worker's running event loop.
+        if "w" not in holder:
+            client = aioredis.Redis.from_url(settings.redis_url)
+            store = AsyncRedisProjectionStore(client, redis_keys or Keys())
+            holder["w"] = ProjectionWorker(store, BatchFolder(keys), deadletter, decisions)
+        return holder["w"]
+
+    @app.agent(events, concurrency=1)
+    async def project(stream: Any) -> None:
+        w = worker()
+        async for batch in stream.noack_take(settings.batch_max_records, settings.batch_max_wait):
+            raws = [
+                RawRecord(
+                    e.message.key,
+                    e.message.value,
+                    e.message.partition,
+                    e.message.offset,
+                    e.message.topic,
+                )
+                for e in batch
+            ]
+            await w.process(raws)
+            for e in batch:
+                await stream.ack(e)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        if "w" in holder:
+            holder["w"].forget()
+
+    return ProjectorApp(app, worker)

@@ -1,0 +1,147 @@
+"""Decisions for downstream services: the published record, and a subscriber that de-duplicates.
+
+A decision is published after the Redis commit that accepted it. A redelivered batch is skipped by
+the marks, but a crash between the commit and the publish, or a replayed publish, can send one
+twice; each record carries its source event id and seq, and `DecisionSubscriber` drops any decision
+whose seq is not beyond the last one it yielded for that session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kafka import KafkaConsumer
+from kafka.errors import KafkaError
+
+from schemas.codec import EventCodec
+from schemas.errors import CodecError, LogError
+from session_model.principal import Principal
+from session_model.session import Decision
+
+
+def decision_record(session_id: str, d: Decision) -> dict[str, Any]:
+    """The Avro `Decision` record of one accepted decision."""
+    return {
+        "session_id": session_id,
+        "question_id": d.question_id,
+        "question": d.question,
+        "reason": d.reason,
+        "why": d.why,
+        "answer": d.answer,
+        "by": d.by.to_record() if d.by else None,
+        "executor": d.executor,
+        "decided_at": d.decided_at if d.expired_at is None else None,
+        "expired_at": d.expired_at,
+        "seq": d.seq,
+        "event_id": d.event_id,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedDecision:
+    """A decision as a downstream service receives it."""
+
+    session_id: str
+    question_id: str
+    question: str
+    reason: str | None
+    why: str | None
+    answer: str
+    by: Principal | None
+    executor: str | None
+    decided_at: datetime | None
+    expired_at: datetime | None
+    seq: int
+    event_id: str
+
+    @property
+    def expired(self) -> bool:
+        """True when nobody answered and the window closed."""
+        return self.expired_at is not None
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> PublishedDecision:
+        """Read a decoded Avro `Decision` record."""
+        return cls(
+            session_id=r["session_id"],
+            question_id=r["question_id"],
+            question=r["question"],
+            reason=r.get("reason"),
+            why=r.get("why"),
+            answer=r["answer"],
+            by=Principal.from_record(r.get("by")),
+            executor=r.get("executor"),
+            decided_at=r.get("decided_at"),
+            expired_at=r.get("expired_at"),
+            seq=r["seq"],
+            event_id=r["event_id"],
+        )
+
+
+class DecisionSubscriber:
+    """Iterate decisions with your own consumer group; duplicates are dropped for you."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group_id: str,
+        *,
+        codec: EventCodec | None = None,
+        from_beginning: bool = True,
+        poll_timeout_ms: int = 500,
+    ) -> None:
+        self.codec = codec or EventCodec()
+        self.poll_timeout_ms = poll_timeout_ms
+        self._last_seq: dict[str, int] = {}
+        self.undecodable = 0
+        try:
+            self._consumer = KafkaConsumer(
+                topic,
+                bootstrap_servers=bootstrap.split(","),
+                group_id=group_id,
+                auto_offset_reset="earliest" if from_beginning else "latest",
+                enable_auto_commit=False,
+            )
+        except KafkaError as e:
+            raise LogError(f"cannot subscribe to {topic}: {e}") from e
+
+    def poll(self) -> list[PublishedDecision]:
+        """One poll: new decisions in log order (possibly none)."""
+        try:
+            batches = self._consumer.poll(timeout_ms=self.poll_timeout_ms)
+        except KafkaError as e:
+            raise LogError(f"polling decisions failed: {e}") from e
+        out: list[PublishedDecision] = []
+        for records in batches.values():
+            for record in records:
+                try:
+                    decision = PublishedDecision.from_record(
+                        self.codec.decode_decision(record.value)
+                    )
+                except CodecError:
+                    self.undecodable += 1
+                    continue
+                if decision.seq <= self._last_seq.get(decision.session_id, 0):
+                    continue
+                self._last_seq[decision.session_id] = decision.seq
+                out.append(decision)
+        return out
+
+    def commit(self) -> None:
+        """Commit what has been polled (call after handling it)."""
+        try:
+            self._consumer.commit()
+        except KafkaError as e:
+            raise LogError(f"committing decision offsets failed: {e}") from e
+
+    def __iter__(self) -> Iterator[PublishedDecision]:
+        while True:
+            yield from self.poll()
+
+    def close(self) -> None:
+        """Leave the group."""
+        self._consumer.close()

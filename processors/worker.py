@@ -1,0 +1,207 @@
+"""The projector's batch step, framework-free: decode → fold → commit with marks → publish.
+
+The Faust agent (processors/app.py) only feeds it batches and acks them after it returns. It never
+returns before every record of the batch is either applied in Redis (with its mark) or written to
+the dead-letter topic, so an ack never commits past an event that was not applied. Redis failures
+are retried with backoff for as long as it takes; the consumer stalls instead of skipping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from processors.decisions import decision_record
+from processors.redis_store import AsyncRedisProjectionStore
+from producers.ports import CommitResult
+from schemas.codec import EventCodec
+from schemas.errors import CodecError, ProjectionError
+from session_model.fold import Kind
+from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEADLETTER_REASON = "milpa-error"
+DEADLETTER_SOURCE = "milpa-source"
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """A record as consumed: key, value and where it sits."""
+
+    key: bytes | None
+    value: bytes | None
+    partition: int
+    offset: int
+    topic: str = ""
+
+
+class Sink(Protocol):
+    """Somewhere to publish a record and wait until it is acknowledged."""
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """Publish and wait for the acknowledgement."""
+        ...
+
+
+@dataclass
+class WorkerStats:
+    """Running totals of what the worker did (exported as metrics)."""
+
+    batches: int = 0
+    records: int = 0
+    applied: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    decisions: int = 0
+    conflicts: int = 0
+    redis_round_trips: int = 0
+    redis_retries: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    rejections: Counter[str] = field(default_factory=Counter)
+    pauses: Counter[str] = field(default_factory=Counter)
+    downgrades: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class ProjectionWorker:
+    """Applies batches of raw records to the Redis projections."""
+
+    def __init__(
+        self,
+        store: AsyncRedisProjectionStore,
+        folder: BatchFolder,
+        deadletter: Sink,
+        decisions: Sink,
+        *,
+        codec: EventCodec | None = None,
+        cache_limit: int = 100_000,
+        retry_initial: float = 0.05,
+        retry_max: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.folder = folder
+        self.deadletter = deadletter
+        self.decisions = decisions
+        self.codec = codec or EventCodec()
+        self.cache_limit = cache_limit
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.stats = WorkerStats()
+        self._cache: dict[str, Folded] = {}
+
+    def forget(self) -> None:
+        """Drop the cache (on rebalance: another worker may have advanced these sessions)."""
+        self._cache.clear()
+
+    async def process(self, raws: Sequence[RawRecord]) -> tuple[SessionUpdate, ...]:
+        """Apply one batch; returns the updates committed."""
+        self.stats.batches += 1
+        self.stats.records += len(raws)
+        self.stats.batch_sizes.append(len(raws))
+        records = await self._decode(raws)
+        updates = await self._apply(records)
+        for u in updates:
+            self._count(u)
+        await self._publish_decisions(updates)
+        return updates
+
+    async def _decode(self, raws: Sequence[RawRecord]) -> list[Record]:
+        records: list[Record] = []
+        for raw in raws:
+            reason: str | None = None
+            try:
+                if raw.value is None:
+                    raise CodecError("empty record value")
+                event = self.codec.decode(raw.value)
+                if raw.key is not None and raw.key != event.session_id.encode():
+                    reason = "key does not match session_id: the event would lose its ordering"
+                elif not event.session_id:
+                    reason = "empty session_id"
+                else:
+                    records.append(Record(event, Position(raw.partition, raw.offset)))
+            except CodecError as e:
+                reason = f"{type(e).__name__}: {e}"
+            if reason is not None:
+                await self._dead_letter(raw, reason)
+        return records
+
+    async def _dead_letter(self, raw: RawRecord, reason: str) -> None:
+        headers = [
+            (DEADLETTER_REASON, reason.encode()),
+            (DEADLETTER_SOURCE, f"{raw.topic}:{raw.partition}:{raw.offset}".encode()),
+        ]
+        log.warning("dead-lettering %s:%s:%s: %s", raw.topic, raw.partition, raw.offset, reason)
+        await self.deadletter.publish(raw.key, raw.value or b"", headers)
+        self.stats.dead_lettered += 1
+
+    async def _apply(self, records: list[Record]) -> tuple[SessionUpdate, ...]:
+        done: list[SessionUpdate] = []
+        pending = records
+        while pending:
+            ids = list(dict.fromkeys(r.event.session_id for r in pending))
+            misses = [sid for sid in ids if sid not in self._cache]
+            if misses:
+                self._cache.update(
+                    await self._retrying(functools.partial(self.store.folded, misses))
+                )
+            updates = self.folder.fold(self._cache, pending)
+            self.stats.redelivered += len(pending) - sum(len(u.steps) for u in updates)
+            result: CommitResult = await self._retrying(
+                functools.partial(self.store.commit, updates)
+            )
+            conflicted = set(result.conflicts)
+            for u in updates:
+                if u.session_id in conflicted:
+                    self._cache.pop(u.session_id, None)
+                else:
+                    self._cache[u.session_id] = Folded(u.state, u.mark)
+                    done.append(u)
+            self.stats.conflicts += len(conflicted)
+            pending = [r for r in pending if r.event.session_id in conflicted]
+        self._trim_cache()
+        return tuple(done)
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        delay = self.retry_initial
+        while True:
+            try:
+                self.stats.redis_round_trips += 1
+                return await call()
+            except ProjectionError as e:
+                self.stats.redis_retries += 1
+                log.error("redis unavailable (%s); retrying in %.2fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max)
+
+    def _trim_cache(self) -> None:
+        if len(self._cache) > self.cache_limit:
+            for sid in list(self._cache)[: len(self._cache) // 2]:
+                del self._cache[sid]
+
+    def _count(self, u: SessionUpdate) -> None:
+        for s in u.steps:
+            self.stats.outcomes[s.outcome.kind.value] += 1
+            if s.outcome.kind is Kind.APPLIED:
+                self.stats.applied += 1
+            if s.outcome.rejection is not None:
+                self.stats.rejections[s.outcome.rejection.code] += 1
+            if s.outcome.pause_reason is not None:
+                self.stats.pauses[s.outcome.pause_reason] += 1
+            if s.outcome.downgraded:
+                self.stats.downgrades += 1
+
+    async def _publish_decisions(self, updates: Sequence[SessionUpdate]) -> None:
+        for u in updates:
+            for decision, _ in u.decisions:
+                value = self.codec.encode_decision(decision_record(u.session_id, decision))
+                await self.decisions.publish(u.session_id.encode(), value, ())
+                self.stats.decisions += 1

@@ -1,0 +1,107 @@
+"""The Kafka event log (kafka-python): Avro records keyed by session id on a partitioned topic.
+
+Key = session id with the default murmur2 partitioner, so every Kafka client maps a session to the
+same partition and its events are totally ordered. `acks=all`, idempotence on and at most five
+requests in flight: retries can neither duplicate nor reorder a session's events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+
+from schemas.codec import EventCodec
+from schemas.errors import LogError
+from schemas.events import Event
+from session_model.projection import Position
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """Producer tuning; the defaults favour durability, then throughput."""
+
+    linger_ms: int = 5
+    batch_size: int = 256 * 1024
+    max_in_flight: int = 5
+    compression_type: str | None = None
+    ack_timeout: float = 30.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class KafkaEventLog:
+    """Appends session events to Kafka; an append returns its position once acknowledged."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        codec: EventCodec | None = None,
+        config: ProducerConfig | None = None,
+        client_id: str = "milpa-sessions",
+    ) -> None:
+        self.topic = topic
+        self.codec = codec or EventCodec()
+        self.config = config or ProducerConfig()
+        try:
+            self._producer = KafkaProducer(
+                bootstrap_servers=bootstrap.split(","),
+                client_id=client_id,
+                acks="all",
+                enable_idempotence=True,
+                max_in_flight_requests_per_connection=self.config.max_in_flight,
+                linger_ms=self.config.linger_ms,
+                batch_size=self.config.batch_size,
+                compression_type=self.config.compression_type,
+                **self.config.extra,
+            )
+        except KafkaError as e:
+            raise LogError(f"cannot connect a producer to {bootstrap}: {e}") from e
+
+    def send(self, event: Event) -> Any:
+        """Queue one event without waiting; returns kafka-python's future (see `flush`)."""
+        value = self.codec.encode(event)
+        try:
+            return self._producer.send(self.topic, key=event.session_id.encode(), value=value)
+        except KafkaError as e:
+            raise LogError(f"cannot send {event.type} for {event.session_id}: {e}") from e
+
+    def append(self, event: Event) -> Position:
+        """Append one event and wait for the broker's acknowledgement."""
+        return self._wait(self.send(event))
+
+    def append_many(self, events: Sequence[Event]) -> list[Position]:
+        """Queue every event, then wait for all acknowledgements (one linger, many records)."""
+        futures = [self.send(e) for e in events]
+        return [self._wait(f) for f in futures]
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued event is acknowledged (or failed)."""
+        try:
+            self._producer.flush(timeout=timeout)
+        except KafkaError as e:
+            raise LogError(f"flush failed: {e}") from e
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Flush and close the producer."""
+        try:
+            self._producer.close(timeout=timeout)
+        except KafkaError as e:
+            raise LogError(f"close failed: {e}") from e
+
+    def _wait(self, future: Any) -> Position:
+        try:
+            metadata = future.get(timeout=self.config.ack_timeout)
+        except KafkaError as e:
+            raise LogError(f"the broker did not acknowledge an append: {e}") from e
+        return Position(metadata.partition, metadata.offset)
+
+    def __enter__(self) -> KafkaEventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
