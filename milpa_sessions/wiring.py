@@ -29,9 +29,9 @@ def signer(settings: Settings) -> Signer | None:
     return Signer.from_pem_file(path) if path is not None else None
 
 
-def projection_store(settings: Settings, keys: Keys | None = None) -> RedisProjectionStore:
-    """The Redis projection store."""
-    return RedisProjectionStore.from_url(settings.redis_url, keys)
+def projection_store(settings: Settings) -> RedisProjectionStore:
+    """The Redis projection store under the configured key prefix."""
+    return RedisProjectionStore.from_url(settings.redis_url, Keys(settings.redis_prefix))
 
 
 def session_store(settings: Settings, *, producer: str | None = None) -> SessionStore:

@@ -60,9 +60,7 @@ class ProjectorApp:
     worker: Callable[[], ProjectionWorker]
 
 
-def create_app(
-    settings: Settings, keys: TrustedKeys, redis_keys: Keys | None = None
-) -> ProjectorApp:
+def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
     """Build the Faust app for these settings (nothing connects until it runs)."""
     app = faust.App(
         settings.consumer_group,
@@ -87,7 +85,7 @@ def create_app(
         # The redis.asyncio client must be created inside the worker's running event loop.
         if "w" not in holder:
             client = aioredis.Redis.from_url(settings.redis_url)
-            store = AsyncRedisProjectionStore(client, redis_keys or Keys())
+            store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
             holder["w"] = ProjectionWorker(store, BatchFolder(keys), deadletter, decisions)
         return holder["w"]
 

@@ -18,6 +18,7 @@ class Settings:
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "ms"
     events_topic: str = "sessions.events"
     decisions_topic: str = "sessions.decisions"
     deadletter_topic: str = "sessions.deadletter"
@@ -45,6 +46,15 @@ class Settings:
                 values[f.name] = _convert(f.name, f.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+    def to_env(self) -> dict[str, str]:
+        """The `MILPA_*` variables that reproduce these settings (for child processes)."""
+        env: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                env[ENV_PREFIX + f.name.upper()] = str(value)
+        return env
 
 
 def _convert(name: str, type_: Any, raw: str) -> Any:

@@ -1,0 +1,220 @@
+"""Fixtures for tests against a real Kafka broker and a real Redis.
+
+Where the services come from, in order: MILPA_KAFKA_BOOTSTRAP + MILPA_REDIS_URL from the environment
+(`./dev test` exports them after `deploy/stack.py up`), the local stack's env file, or
+testcontainers when a Docker engine answers. With MILPA_REQUIRE_SERVICES=1 (CI) a missing service
+fails the run instead of skipping it. Every test gets its own topics, consumer group and Redis key
+prefix, so tests never see each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import redis
+
+from processors.keys import Keys
+from processors.redis_store import RedisProjectionStore
+from producers.kafka_log import KafkaEventLog
+from producers.settings import Settings
+from producers.store import SessionStore
+from producers.topics import ensure_topics
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where the real services are."""
+
+    kafka_bootstrap: str
+    redis_url: str
+    source: str
+
+
+def _reachable(bootstrap: str, redis_url: str) -> bool:
+    host, _, port = bootstrap.split(",", maxsplit=1)[0].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            pass
+        return bool(redis.Redis.from_url(redis_url, socket_timeout=2).ping())
+    except (OSError, ValueError, redis.RedisError):
+        return False
+
+
+def _from_env_file() -> tuple[str, str] | None:
+    state = Path(os.environ.get("MILPA_STACK_DIR", REPO / "deploy" / ".run"))
+    env_file = state / "stack.env"
+    if not env_file.exists():
+        return None
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    if "MILPA_KAFKA_BOOTSTRAP" in values and "MILPA_REDIS_URL" in values:
+        return values["MILPA_KAFKA_BOOTSTRAP"], values["MILPA_REDIS_URL"]
+    return None
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # noqa: PLC0415 - optional dependency
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    """The real Kafka broker and Redis for this test run."""
+    bootstrap, url = os.environ.get("MILPA_KAFKA_BOOTSTRAP"), os.environ.get("MILPA_REDIS_URL")
+    if bootstrap and url and _reachable(bootstrap, url):
+        yield Stack(bootstrap, url, "environment")
+        return
+    found = _from_env_file()
+    if found and _reachable(*found):
+        yield Stack(*found, source="deploy/stack.py")
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
+        from testcontainers.redis import RedisContainer  # noqa: PLC0415
+
+        with KafkaContainer().with_kraft() as kafka, RedisContainer() as rc:
+            port = rc.get_exposed_port(rc.port)
+            yield Stack(
+                kafka.get_bootstrap_server(),
+                f"redis://{rc.get_container_host_ip()}:{port}/0",
+                "testcontainers",
+            )
+        return
+    message = (
+        "no Kafka/Redis: run `python3 deploy/stack.py up` (or `./dev test`), "
+        "or set MILPA_KAFKA_BOOTSTRAP and MILPA_REDIS_URL"
+    )
+    if os.environ.get("MILPA_REQUIRE_SERVICES") == "1":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def settings(stack: Stack) -> Settings:
+    """Settings with topics, group and key prefix of this test alone (topics created)."""
+    tag = uuid.uuid4().hex[:10]
+    s = Settings(
+        kafka_bootstrap=stack.kafka_bootstrap,
+        redis_url=stack.redis_url,
+        redis_prefix=f"it{tag}",
+        events_topic=f"it-{tag}-events",
+        decisions_topic=f"it-{tag}-decisions",
+        deadletter_topic=f"it-{tag}-deadletter",
+        consumer_group=f"it-{tag}-projector",
+        partitions=6,
+        batch_max_wait=0.02,
+        read_timeout=60.0,
+    )
+    ensure_topics(s)
+    return s
+
+
+@pytest.fixture
+def projections(settings: Settings) -> Iterator[RedisProjectionStore]:
+    """The Redis projection store under this test's prefix (cleared afterwards)."""
+    store = RedisProjectionStore.from_url(settings.redis_url, Keys(settings.redis_prefix))
+    yield store
+    store.clear()
+    store.client.close()
+
+
+@pytest.fixture
+def kafka_log(settings: Settings) -> Iterator[KafkaEventLog]:
+    """A producer on this test's events topic."""
+    log = KafkaEventLog(settings.kafka_bootstrap, settings.events_topic)
+    yield log
+    log.close()
+
+
+@pytest.fixture
+def kafka_store(kafka_log: KafkaEventLog, projections: RedisProjectionStore) -> SessionStore:
+    """A SessionStore that writes to Kafka and reads the Redis projections."""
+    return SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60.0)
+
+
+@dataclass
+class WorkerProcess:
+    """One `milpa-sessions worker` process."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """Crash it: no shutdown, no offset commit."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Graceful stop (SIGTERM), then SIGKILL if it hangs."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def log(self) -> str:
+        """What it printed."""
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def start_worker(settings: Settings, tmp_path: Path) -> Iterator[object]:
+    """Start worker processes for this test's settings; all are stopped at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(extra: Settings | None = None) -> WorkerProcess:
+        s = extra or settings
+        env = {**os.environ, **s.to_env()}
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "milpa_sessions.cli", "worker", "--loglevel", "info"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+        worker = WorkerProcess(proc, log_path)
+        started.append(worker)
+        return worker
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def wait_until(predicate: object, timeout: float = 60.0, interval: float = 0.1) -> None:
+    """Poll `predicate()` until it is true or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def with_keys(settings: Settings, **changes: object) -> Settings:
+    """A copy of `settings` with some fields changed."""
+    return replace(settings, **changes)  # type: ignore[arg-type]
