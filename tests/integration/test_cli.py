@@ -1,0 +1,124 @@
+"""The `milpa-sessions` CLI against the real stack: tables, JSON, steering, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from milpa_sessions.cli import main
+from processors.redis_store import RedisProjectionStore
+from producers.kafka_log import KafkaEventLog
+from producers.settings import Settings
+from producers.store import SessionStore
+from session_model.policy import permission_question
+from session_model.projection import Position
+from tests.integration.conftest import wait_until, with_keys
+
+pytestmark = pytest.mark.integration
+
+
+def _run(settings: Settings, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env={**settings.to_env(), **(env or {})})
+    return result.exit_code, result.output
+
+
+def _mark(projections: RedisProjectionStore, sid: str) -> Position | None:
+    raw = projections.client.hget(projections.keys.session(sid).state, "mark")
+    return Position.parse(raw.decode()) if raw else None
+
+
+def test_cli_reads_and_steers_a_session_end_to_end(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+    tmp_path: Path,
+) -> None:
+    start_worker()  # type: ignore[operator]
+    agent = SessionStore(kafka_log, projections, producer="agent-1", read_timeout=60)
+    agent.start("cli-1", "refactor the billing module")
+    agent.record_turn("cli-1", "user", "begin with the invoices")
+    agent.set_todo("cli-1", "t1", "split Invoice", "in_progress")
+    agent.ask("cli-1", permission_question("deploy", {"env": "staging"}))
+    agent.load("cli-1")
+
+    code, listing = _run(settings, "list")
+    assert code == 0 and "cli-1" in listing and "waiting" in listing
+    code, raw = _run(settings, "--json", "show", "cli-1")
+    shown = json.loads(raw)
+    assert code == 0
+    assert (shown["status"], shown["question"], shown["open_todos"]) == (
+        "waiting",
+        "perm:deploy",
+        1,
+    )
+    code, window = _run(settings, "window", "cli-1")
+    assert code == 0 and "begin with the invoices" in window and "[~] t1: split Invoice" in window
+
+    code, out = _run(settings, "answer", "cli-1", "perm:deploy", "yes", "--by", "cli:rod@laptop")
+    assert code == 0, out
+    code, out = _run(settings, "grant", "cli-1", "deploy")
+    assert code == 0, out
+    code, out = _run(settings, "mode", "cli-1", "acknowledge")
+    assert code == 0, out
+    before = _mark(projections, "cli-1")
+    code, out = _run(settings, "end", "cli-1", "finished by the operator")
+    assert code == 0, out
+    wait_until(lambda: (s := projections.load("cli-1")) is not None and s.ended, timeout=60)
+    assert _mark(projections, "cli-1") != before
+
+    session = projections.load("cli-1")
+    assert session is not None
+    assert session.permissions == ("deploy",)
+    assert session.mode.value == "acknowledge"
+    assert session.decisions[0].by is not None
+    assert (session.decisions[0].by.id, session.decisions[0].by.verified) == (
+        "cli:rod@laptop",
+        False,
+    )
+    assert session.ended_because == "finished by the operator"
+
+    code, raw = _run(settings, "--json", "timeline", "cli-1", "--since", "3")
+    kinds = [e["kind"] for e in json.loads(raw)]
+    assert code == 0
+    assert kinds == ["waiting", "answered", "open-work", "ended"]
+
+
+def test_cli_bad_input_exits_non_zero_with_one_line(
+    settings: Settings, start_worker: object
+) -> None:
+    code, out = _run(settings, "show", "no-such-session")
+    assert code != 0
+    assert out.strip().splitlines() == ["error: no session 'no-such-session'"]
+    code, out = _run(settings, "answer", "x", "q", "yes", "--verified")
+    assert code == 2
+    assert out.strip().splitlines()[-1].startswith("error: --verified needs MILPA_SIGNING_KEY")
+
+
+def test_cli_signs_verified_answers_with_the_configured_key(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+    tmp_path: Path,
+) -> None:
+    code, out = _run(settings, "keys", "generate", "ops-1", "--dir", str(tmp_path))
+    assert code == 0, out
+    trusted = tmp_path / "trusted"
+    start_worker(with_keys(settings, trusted_keys_dir=trusted))  # type: ignore[operator]
+    agent = SessionStore(kafka_log, projections, producer="agent-1", read_timeout=60)
+    agent.start("cli-signed", "needs a real approval")
+    agent.ask("cli-signed", permission_question("deploy", {"env": "prod"}))
+    agent.load("cli-signed")
+    env = {"MILPA_SIGNING_KEY": str(tmp_path / "ops-1.key")}
+    args = ["answer", "cli-signed", "perm:deploy", "yes", "--by", "actor:member:42", "--verified"]
+    code, out = _run(settings, *args, env=env)
+    assert code == 0, out
+    wait_until(lambda: bool((s := projections.load("cli-signed")) and s.decisions), timeout=60)
+    session = projections.load("cli-signed")
+    assert session is not None
+    assert session.decisions[0].by is not None and session.decisions[0].by.verified is True
+    assert session.downgrades == 0
