@@ -31,7 +31,9 @@ def signer(settings: Settings) -> Signer | None:
 
 def projection_store(settings: Settings) -> RedisProjectionStore:
     """The Redis projection store under the configured key prefix."""
-    return RedisProjectionStore.from_url(settings.redis_url, Keys(settings.redis_prefix))
+    return RedisProjectionStore.from_url(
+        settings.redis_url, Keys(settings.redis_prefix), settings.compactor_max_turns
+    )
 
 
 def session_store(settings: Settings, *, producer: str | None = None) -> SessionStore:

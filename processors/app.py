@@ -85,7 +85,9 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
         # The redis.asyncio client must be created inside the worker's running event loop.
         if "w" not in holder:
             client = aioredis.Redis.from_url(settings.redis_url)
-            store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+            store = AsyncRedisProjectionStore(
+                client, Keys(settings.redis_prefix), settings.compactor_max_turns
+            )
             holder["w"] = ProjectionWorker(store, BatchFolder(keys), deadletter, decisions)
         return holder["w"]
 

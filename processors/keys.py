@@ -41,19 +41,24 @@ class Keys:
         """Set of every projected session id."""
         return f"{self.prefix}:sessions"
 
-    @property
-    def deadlines(self) -> str:
-        """Sorted set: session id scored by its open question's deadline (epoch ms)."""
-        return f"{self.prefix}:deadlines"
+    def deadlines(self, partition: int) -> str:
+        """Sorted set per partition: session id scored by its open question's deadline (epoch ms).
 
-    @property
-    def compaction_due(self) -> str:
-        """Set of session ids whose unsummarised turns exceed the compactor's threshold."""
-        return f"{self.prefix}:compaction-due"
+        Per partition so that the scheduler of a partition's owner reads only its own sessions.
+        """
+        return f"{self.prefix}:deadlines:{partition}"
+
+    def compaction_due(self, partition: int) -> str:
+        """Set per partition of session ids whose unsummarised turns exceed the threshold."""
+        return f"{self.prefix}:compaction-due:{partition}"
 
     def stat(self, name: str) -> str:
         """A counter hash for analytics (`stat("pauses")` → field per reason code)."""
         return f"{self.prefix}:stats:{name}"
+
+    def stat_hour(self, name: str, hour: str) -> str:
+        """A counter hash for one UTC hour (`YYYYMMDDHH`), for `--since` queries."""
+        return f"{self.prefix}:stats:{name}:h:{hour}"
 
     def pattern(self) -> str:
         """A SCAN pattern matching every key under this prefix."""

@@ -51,6 +51,7 @@ def _question(q: Question | None) -> dict[str, Any] | None:
         "expires_at": q.expires_at,
         "reason": q.reason,
         "seq": q.seq,
+        "asked_at": _ms(q.asked_at),
     }
 
 
@@ -140,6 +141,7 @@ def session_to_json(s: Session) -> str:
                     "affirmative": d.affirmative,
                     "decided_at": _ms(d.decided_at),
                     "expired_at": _ms(d.expired_at),
+                    "asked_at": _ms(d.asked_at),
                 }
                 for d in s.decisions
             ],
@@ -248,6 +250,7 @@ def session_from_json(
                 affirmative=x["affirmative"],
                 decided_at=_dt(x["decided_at"]),
                 expired_at=_dt(x["expired_at"]),
+                asked_at=_dt(x["asked_at"]),
             )
             for x in d["decisions"]
         ),

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from processors.indexes import index_changes
 from processors.keys import Keys
 from processors.projection_codec import (
     session_from_json,
@@ -31,14 +32,27 @@ from session_model.projection import Folded, Position, SessionUpdate
 from session_model.session import Session, Turn
 from session_model.timeline import TimelineEntry
 
-# KEYS: state hash, turns list, timeline list, event-id set.
-# ARGV: base mark ("" = none), new mark, state JSON, window, n_turns, turns..., n_tl, entries...,
-#       n_ids, ids...
+# KEYS: state hash, turns list, timeline list, event-id set, deadlines zset, compaction-due set,
+#       then one key per counter hash.
+# ARGV: base mark ("" = none), new mark, state JSON, window, session id, deadline ms ("" = none),
+#       compaction due ("1"/"0"), n_turns, turns..., n_tl, entries..., n_ids, ids...,
+#       n_counters, (key index, field, increment)...
 COMMIT_SCRIPT = """
 local current = redis.call('HGET', KEYS[1], 'mark') or ''
 if current ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'state', ARGV[3], 'window', ARGV[4])
-local i = 5
+local sid = ARGV[5]
+if ARGV[6] == '' then
+  redis.call('ZREM', KEYS[5], sid)
+else
+  redis.call('ZADD', KEYS[5], ARGV[6], sid)
+end
+if ARGV[7] == '1' then
+  redis.call('SADD', KEYS[6], sid)
+else
+  redis.call('SREM', KEYS[6], sid)
+end
+local i = 8
 for k = 2, 4 do
   local n = tonumber(ARGV[i])
   if n > 0 then
@@ -48,6 +62,11 @@ for k = 2, 4 do
     end
   end
   i = i + n + 1
+end
+local counters = tonumber(ARGV[i])
+for c = 1, counters do
+  local base = i + (c - 1) * 3
+  redis.call('HINCRBY', KEYS[tonumber(ARGV[base + 1])], ARGV[base + 2], ARGV[base + 3])
 end
 return 1
 """
@@ -65,25 +84,40 @@ return {h[1], h[2], turns, ids}
 """
 
 
-def commit_call(keys: Keys, update: SessionUpdate) -> tuple[list[str], list[str | int]]:
-    """The KEYS and ARGV of one session's commit."""
+def commit_call(
+    keys: Keys, update: SessionUpdate, compact_after: int | None
+) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of one session's commit (state, appends, indexes, counters)."""
     k = keys.session(update.session_id)
+    partition = update.mark.partition
     turns = [turn_to_json(t) for t in update.turns]
     timeline = [json.dumps(e, ensure_ascii=False, default=str) for e in update.timeline]
     ids = [s.event.event_id for s in update.steps]
+    changes = index_changes(update, keys, compact_after)
+    script_keys = [*k.all(), keys.deadlines(partition), keys.compaction_due(partition)]
+    counter_args: list[str | int] = []
+    for key, field_, increment in changes.counters:
+        if key not in script_keys[6:]:
+            script_keys.append(key)
+        counter_args.extend((script_keys.index(key, 6) + 1, field_, increment))
     args: list[str | int] = [
         "" if update.base is None else str(update.base),
         str(update.mark),
         session_to_json(update.state),
         len(update.state.turns),
+        update.session_id,
+        "" if changes.deadline_ms is None else changes.deadline_ms,
+        "1" if changes.compaction_due else "0",
         len(turns),
         *turns,
         len(timeline),
         *timeline,
         len(ids),
         *ids,
+        len(changes.counters),
+        *counter_args,
     ]
-    return list(k.all()), args
+    return script_keys, args
 
 
 def read_keys(keys: Keys, session_id: str) -> list[str]:
@@ -121,15 +155,18 @@ class RedisProjectionStore:
     client: redis.Redis
     keys: Keys = field(default_factory=Keys)
     poll_interval: float = 0.005
+    compact_after: int | None = None
 
     def __post_init__(self) -> None:
         self._commit = self.client.register_script(COMMIT_SCRIPT)
         self._read = self.client.register_script(READ_SCRIPT)
 
     @classmethod
-    def from_url(cls, url: str, keys: Keys | None = None) -> RedisProjectionStore:
+    def from_url(
+        cls, url: str, keys: Keys | None = None, compact_after: int | None = None
+    ) -> RedisProjectionStore:
         """Connect to `url`."""
-        return cls(redis.Redis.from_url(url), keys or Keys())
+        return cls(redis.Redis.from_url(url), keys or Keys(), compact_after=compact_after)
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip."""
@@ -150,7 +187,7 @@ class RedisProjectionStore:
         try:
             pipe = self.client.pipeline(transaction=False)
             for u in updates:
-                keys, args = commit_call(self.keys, u)
+                keys, args = commit_call(self.keys, u, self.compact_after)
                 self._commit(keys=keys, args=args, client=pipe)
             pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
             replies = pipe.execute()
@@ -247,6 +284,7 @@ class AsyncRedisProjectionStore:
 
     client: aioredis.Redis
     keys: Keys = field(default_factory=Keys)
+    compact_after: int | None = None
 
     def __post_init__(self) -> None:
         self._commit = self.client.register_script(COMMIT_SCRIPT)
@@ -271,7 +309,7 @@ class AsyncRedisProjectionStore:
         try:
             pipe = self.client.pipeline(transaction=False)
             for u in updates:
-                keys, args = commit_call(self.keys, u)
+                keys, args = commit_call(self.keys, u, self.compact_after)
                 await self._commit(keys=keys, args=args, client=pipe)
             pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
             replies = await pipe.execute()

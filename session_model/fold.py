@@ -351,6 +351,7 @@ def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[
         expires_at=_optional_text(p, "expires_at"),
         reason=_optional_text(p, "reason") or None,
         seq=seq,
+        asked_at=e.occurred_at,
     )
     reason = question.reason or UNSPECIFIED_REASON
     pauses = dict(s.pauses)
@@ -381,6 +382,7 @@ def _question_answered(
         event_id=e.event_id,
         affirmative=bool(question.options) and answer == question.options[0],
         decided_at=e.occurred_at,
+        asked_at=question.asked_at,
     )
     state, turn = _add_turn(s, "user", answer, seq)
     state = replace(
@@ -410,6 +412,7 @@ def _window_closed(s: Session, e: Event, seq: int) -> tuple[Session, Outcome]:
         seq=seq,
         event_id=e.event_id,
         expired_at=at if isinstance(at, datetime) else None,
+        asked_at=question.asked_at,
     )
     because = f"the window to answer «{question.question}» closed at {at_text} and nobody answered"
     state = replace(s, question=None, closed_question=question, decisions=(*s.decisions, decision))

@@ -78,6 +78,7 @@ class Question:
     expires_at: str | None = None
     reason: str | None = None
     seq: int = 0
+    asked_at: datetime | None = None
 
     def deadline(self) -> datetime | None:
         """The deadline as an instant, or None when there is none or it cannot be read."""
@@ -105,6 +106,7 @@ class Decision:
     affirmative: bool = False
     decided_at: datetime | None = None
     expired_at: datetime | None = None
+    asked_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

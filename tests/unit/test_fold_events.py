@@ -1011,7 +1011,8 @@ def test_principal_from_terminal_is_never_verified():
 
 def test_decision_is_the_value_produced_for_an_answer():
     a = answer("q1", "yes", by={"id": "cli:rod@laptop", "verified": False}, event_id="ans-9")
-    s = fold_all([started(), ask("q1", "Q?", ("yes", "no"), why="w", reason="permission"), a])
+    q = ask("q1", "Q?", ("yes", "no"), why="w", reason="permission")
+    s = fold_all([started(), q, a])
     assert s.decisions[0] == Decision(
         question_id="q1",
         question="Q?",
@@ -1024,6 +1025,7 @@ def test_decision_is_the_value_produced_for_an_answer():
         event_id="ans-9",
         affirmative=True,
         decided_at=a.occurred_at,
+        asked_at=q.occurred_at,
     )
 
 

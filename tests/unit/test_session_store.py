@@ -262,7 +262,7 @@ def test_ask_appends_question_asked() -> None:
     s = store.load("s1")
     assert s.is_runnable() is False
     assert s.question == Question(
-        "q1", "Deploy?", ("yes", "no"), '{"a":1}', "2026-01-02T00:00:00Z", "permission", 2
+        "q1", "Deploy?", ("yes", "no"), '{"a":1}', "2026-01-02T00:00:00Z", "permission", 2, T0_MS
     )
 
 
