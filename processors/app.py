@@ -18,8 +18,10 @@ import redis.asyncio as aioredis
 
 from processors.keys import Keys
 from processors.redis_store import AsyncRedisProjectionStore
+from processors.scheduler import Scheduler
 from processors.worker import ProjectionWorker, RawRecord
 from producers.settings import Settings
+from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys
 
@@ -58,6 +60,7 @@ class ProjectorApp:
 
     app: Any
     worker: Callable[[], ProjectionWorker]
+    scheduler: Callable[[], Scheduler]
 
 
 def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
@@ -79,17 +82,33 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
     events = _raw_topic(app, settings.events_topic, settings.partitions)
     deadletter = TopicSink(_raw_topic(app, settings.deadletter_topic))
     decisions = TopicSink(_raw_topic(app, settings.decisions_topic))
-    holder: dict[str, ProjectionWorker] = {}
+    events_sink = TopicSink(events)
+    holder: dict[str, Any] = {}
 
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
-        if "w" not in holder:
+        if "worker" not in holder:
             client = aioredis.Redis.from_url(settings.redis_url)
             store = AsyncRedisProjectionStore(
                 client, Keys(settings.redis_prefix), settings.compactor_max_turns
             )
-            holder["w"] = ProjectionWorker(store, BatchFolder(keys), deadletter, decisions)
-        return holder["w"]
+            w = ProjectionWorker(store, BatchFolder(keys), deadletter, decisions)
+            compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
+            s = Scheduler(w.states, store.due_work, events_sink, compactor)
+            w.listeners.append(s.observe)
+            holder["worker"], holder["scheduler"] = w, s
+        result: ProjectionWorker = holder["worker"]
+        return result
+
+    def scheduler() -> Scheduler:
+        worker()
+        result: Scheduler = holder["scheduler"]
+        return result
+
+    def owned_partitions() -> set[int]:
+        return {
+            tp.partition for tp in app.consumer.assignment() if tp.topic == events.get_topic_name()
+        }
 
     @app.agent(events, concurrency=1)
     async def project(stream: Any) -> None:
@@ -109,9 +128,18 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
             for e in batch:
                 await stream.ack(e)
 
+    if settings.scheduler_enabled:
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def run_scheduler() -> None:
+            await scheduler().run()
+
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        if "w" in holder:
-            holder["w"].forget()
+        worker().forget()
 
-    return ProjectorApp(app, worker)
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await scheduler().assign(owned_partitions())
+
+    return ProjectorApp(app, worker, scheduler)

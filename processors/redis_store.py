@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,3 +316,29 @@ class AsyncRedisProjectionStore:
         except redis.RedisError as e:
             raise ProjectionError(f"committing projections failed: {e}") from e
         return _result(updates, replies)
+
+    async def due_work(
+        self, partitions: Iterable[int]
+    ) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+        """Open deadlines and compaction-due sessions of these partitions (one round trip)."""
+        owned = sorted(partitions)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for p in owned:
+                pipe.zrange(self.keys.deadlines(p), 0, -1, withscores=True)
+                pipe.smembers(self.keys.compaction_due(p))
+            replies = await pipe.execute()
+        except redis.RedisError as e:
+            raise ProjectionError(f"reading due work failed: {e}") from e
+        deadlines: dict[str, tuple[int, int]] = {}
+        due: dict[str, int] = {}
+        for i, p in enumerate(owned):
+            for member, score in replies[2 * i]:
+                deadlines[_text(member)] = (int(score), p)
+            for member in replies[2 * i + 1]:
+                due[_text(member)] = p
+        return deadlines, due
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -96,6 +96,7 @@ class ProjectionWorker:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.stats = WorkerStats()
+        self.listeners: list[Callable[[Sequence[SessionUpdate]], None]] = []
         self._cache: dict[str, Folded] = {}
 
     def forget(self) -> None:
@@ -111,8 +112,17 @@ class ProjectionWorker:
         updates = await self._apply(records)
         for u in updates:
             self._count(u)
+        for listener in self.listeners:
+            listener(updates)
         await self._publish_decisions(updates)
         return updates
+
+    async def states(self, session_ids: Sequence[str]) -> dict[str, Folded]:
+        """The latest folded state of these sessions (cache first, one round trip for misses)."""
+        misses = [sid for sid in session_ids if sid not in self._cache]
+        if misses:
+            self._cache.update(await self._retrying(functools.partial(self.store.folded, misses)))
+        return {sid: self._cache[sid] for sid in session_ids if sid in self._cache}
 
     async def _decode(self, raws: Sequence[RawRecord]) -> list[Record]:
         records: list[Record] = []

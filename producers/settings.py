@@ -30,7 +30,7 @@ class Settings:
     batch_max_wait: float = 0.05
     compactor_max_turns: int = 40
     compactor_keep_recent: int = 12
-    scheduler_interval: float = 1.0
+    scheduler_enabled: bool = True
     trusted_keys_dir: Path | None = None
     signing_key: Path | None = None
     metrics_port: int = 0
@@ -60,6 +60,10 @@ class Settings:
 def _convert(name: str, type_: Any, raw: str) -> Any:
     kind = str(type_)
     try:
+        if kind == "bool":
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError("expected true or false")
+            return raw.lower() in ("1", "true", "yes")
         if kind == "int":
             return int(raw)
         if kind == "float":

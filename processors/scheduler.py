@@ -1,0 +1,214 @@
+"""The scheduled processor: it appends `answer_window_closed` and `compacted` events when due.
+
+It runs inside each worker and works only for the partitions that worker owns (Kafka's assignment
+is the only coordination: no locks). It sleeps until the next deadline and is woken early when the
+projector sees an earlier one, so no polling interval adds to the lateness. Its events go to the
+events topic like any writer's. Two schedulers emitting for the same question (a rebalance, a
+restart at the tick) are harmless: the event ids are derived from the question, so a second
+closing is a duplicate, and even with another id the fold ignores a second closing or an older
+compaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from processors.indexes import ceil_ms, compaction_due
+from processors.worker import Sink
+from schemas import events as ev
+from schemas.codec import EventCodec
+from schemas.events import Event, utc_millis
+from session_model.compaction import Compactor
+from session_model.projection import Folded, SessionUpdate
+from session_model.session import Session
+
+log = logging.getLogger(__name__)
+_NAMESPACE = uuid.UUID("9a4c2f57-1a0e-4f3b-8d1e-6d696c706173")
+
+States = Callable[[Sequence[str]], Awaitable[dict[str, Folded]]]
+# (sid -> (deadline ms, partition), sid -> partition) for the given partitions.
+DueIndex = Callable[[Iterable[int]], Awaitable[tuple[dict[str, tuple[int, int]], dict[str, int]]]]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _partition_of(update: SessionUpdate) -> int:
+    return update.mark.partition
+
+
+@dataclass
+class SchedulerStats:
+    """What the scheduler emitted and how late the closings were."""
+
+    closings: int = 0
+    compactions: int = 0
+    lateness_ms: list[float] = field(default_factory=list)
+    wakeups: int = 0
+
+
+class Scheduler:
+    """Closes answer windows at their deadlines and compacts long sessions, for owned partitions."""
+
+    def __init__(
+        self,
+        states: States,
+        due_index: DueIndex,
+        events: Sink,
+        compactor: Compactor,
+        *,
+        codec: EventCodec | None = None,
+        producer: str = "milpa-scheduler",
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self._states = states
+        self._due_index = due_index
+        self._events = events
+        self.compactor = compactor
+        self.codec = codec or EventCodec()
+        self.producer = producer
+        self._clock = clock
+        self.stats = SchedulerStats()
+        self.owned: set[int] = set()
+        self._deadlines: dict[str, tuple[int, int]] = {}  # sid -> (deadline ms, partition)
+        self._heap: list[tuple[int, str]] = []
+        self._compact: dict[str, int] = {}  # sid -> partition
+        self._wake = asyncio.Event()
+
+    # -- fed by the projector --------------------------------------------------------------------
+
+    async def assign(self, partitions: Iterable[int]) -> None:
+        """Take over exactly these partitions: reload their due work from the indexes."""
+        self.owned = set(partitions)
+        deadlines, due = await self._due_index(self.owned)
+        self._deadlines = {}
+        self._heap = []
+        self._compact = {}
+        for sid, (ms, partition) in deadlines.items():
+            self._schedule(sid, ms, partition)
+        self._compact = dict(due)
+        self._wake.set()
+
+    def observe(self, updates: Sequence[SessionUpdate]) -> None:
+        """Learn new deadlines and compaction work from a committed batch; wake if earlier."""
+        earliest = self._heap[0][0] if self._heap else None
+        for u in updates:
+            partition = _partition_of(u)
+            if self.owned and partition not in self.owned:
+                continue
+            question = u.state.question
+            deadline = question.deadline() if question is not None else None
+            if deadline is None:
+                self._deadlines.pop(u.session_id, None)
+            else:
+                self._schedule(u.session_id, ceil_ms(deadline), partition)
+            if compaction_due(u.state, self.compactor.max_turns):
+                self._compact[u.session_id] = partition
+            else:
+                self._compact.pop(u.session_id, None)
+        head = self._heap[0][0] if self._heap else None
+        if self._compact or (head is not None and (earliest is None or head < earliest)):
+            self._wake.set()
+
+    def _schedule(self, sid: str, ms: int, partition: int) -> None:
+        if self._deadlines.get(sid) == (ms, partition):
+            return
+        self._deadlines[sid] = (ms, partition)
+        heapq.heappush(self._heap, (ms, sid))
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest live deadline, dropping entries that were replaced or cleared."""
+        while self._heap:
+            ms, sid = self._heap[0]
+            live = self._deadlines.get(sid)
+            if live is not None and live[0] == ms:
+                return ms
+            heapq.heappop(self._heap)
+        return None
+
+    async def run(self) -> None:
+        """Forever: emit what is due, then sleep until the next deadline or an earlier arrival."""
+        while True:
+            await self.tick()
+            nxt = self.next_deadline_ms()
+            timeout = None if nxt is None else max(nxt - _epoch_ms(self._clock()), 0) / 1000
+            self._wake.clear()
+            if self._compact or (timeout is not None and timeout <= 0):
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self.stats.wakeups += 1
+
+    async def tick(self) -> None:
+        """Emit every closing and compaction due now (one state read for all of them)."""
+        now = self._clock()
+        now_ms = _epoch_ms(now)
+        due: list[str] = []
+        while (nxt := self.next_deadline_ms()) is not None and nxt <= now_ms:
+            _, sid = heapq.heappop(self._heap)
+            self._deadlines.pop(sid, None)
+            due.append(sid)
+        compact = list(self._compact)
+        self._compact.clear()
+        if not due and not compact:
+            return
+        states = await self._states(list(dict.fromkeys([*due, *compact])))
+        for sid in due:
+            folded = states.get(sid)
+            if folded is not None:
+                await self._close_if_due(folded.state, now)
+        for sid in compact:
+            folded = states.get(sid)
+            if folded is not None:
+                await self._compact_if_due(folded.state, now)
+
+    async def _close_if_due(self, session: Session, now: datetime) -> None:
+        question = session.question
+        if session.ended or question is None or not question.has_expired(now):
+            return  # answered (or re-asked) since it was scheduled
+        deadline = question.deadline()
+        event = Event(
+            event_id=str(uuid.uuid5(_NAMESPACE, f"{session.id}:window:{question.seq}")),
+            session_id=session.id,
+            type=ev.ANSWER_WINDOW_CLOSED,
+            occurred_at=utc_millis(now),
+            producer=self.producer,
+            payload={"question_id": question.id, "at": utc_millis(now)},
+        )
+        await self._emit(event)
+        self.stats.closings += 1
+        if deadline is not None:
+            self.stats.lateness_ms.append(time.time() * 1000 - deadline.timestamp() * 1000)
+
+    async def _compact_if_due(self, session: Session, now: datetime) -> None:
+        plan = self.compactor.plan(session)
+        if plan is None:
+            return
+        event = Event(
+            event_id=str(uuid.uuid5(_NAMESPACE, f"{session.id}:compact:{plan.through}")),
+            session_id=session.id,
+            type=ev.COMPACTED,
+            occurred_at=utc_millis(now),
+            producer=self.producer,
+            payload={"summary": plan.summary, "through": plan.through},
+        )
+        await self._emit(event)
+        self.stats.compactions += 1
+
+    async def _emit(self, event: Event) -> None:
+        await self._events.publish(event.session_id.encode(), self.codec.encode(event), ())
+
+
+def _epoch_ms(moment: datetime) -> int:
+    return ceil_ms(moment)

@@ -1,0 +1,200 @@
+"""The scheduled processor on the real stack: expiry, races, compaction, replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis.asyncio as aioredis
+
+from processors.keys import Keys
+from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from processors.scheduler import Scheduler
+from producers.kafka_log import KafkaEventLog
+from producers.settings import Settings
+from producers.store import SessionStore, deadline_in
+from schemas.codec import EventCodec
+from session_model.compaction import Compactor
+from session_model.deadlines import format_instant
+from session_model.policy import permission_question
+from session_model.principal import Principal
+from session_model.projection import Folded
+from tests.integration.conftest import wait_until, with_keys
+
+pytestmark = pytest.mark.integration
+
+
+def _agent(kafka_log: KafkaEventLog, projections: RedisProjectionStore) -> SessionStore:
+    return SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60)
+
+
+def _ended(projections: RedisProjectionStore, sid: str) -> bool:
+    session = projections.load(sid)
+    return session is not None and session.ended
+
+
+def test_a_question_with_a_one_second_deadline_closes_the_window_and_ends_the_session(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+) -> None:
+    start_worker()  # type: ignore[operator]
+    agent = _agent(kafka_log, projections)
+    agent.start("exp-1", "wait for a human")
+    agent.load("exp-1")
+    asked = datetime.now(UTC)
+    question = permission_question("deploy", {"env": "prod"}, expires_at=deadline_in(asked, 1))
+    agent.ask("exp-1", question)
+    agent.load("exp-1")
+    wait_until(lambda: _ended(projections, "exp-1"), timeout=30)
+    session = projections.load("exp-1")
+    assert session is not None
+    decision = session.decisions[-1]
+    assert (decision.answer, decision.by, decision.reason) == ("", None, "permission")
+    assert decision.expired_at is not None
+    assert decision.expired_at >= asked + timedelta(seconds=1)
+    assert session.ended_because == (
+        f"the window to answer «{question.question}» closed at "
+        f"{format_instant(decision.expired_at)} and nobody answered"
+    )
+    closings = [e for e in projections.timeline("exp-1") if e["kind"] == "expired"]
+    assert len(closings) == 1
+
+
+def test_a_question_answered_before_its_deadline_never_expires(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+) -> None:
+    start_worker()  # type: ignore[operator]
+    agent = _agent(kafka_log, projections)
+    agent.start("exp-2", "answered in time")
+    agent.load("exp-2")  # the worker is up and projecting
+    q = permission_question("deploy", {}, expires_at=deadline_in(datetime.now(UTC), 2))
+    agent.ask("exp-2", q)
+    agent.answer("exp-2", q.id, "yes", Principal("cli:rod@laptop"))
+    agent.load("exp-2")
+    time.sleep(3.5)  # well past the deadline: a closing would have been appended by now
+    session = projections.load("exp-2")
+    assert session is not None and not session.ended
+    assert [d.answer for d in session.decisions] == ["yes"]
+    assert session.rejections == ()
+
+
+def test_answer_racing_the_expiry_yields_exactly_one_decision(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+) -> None:
+    start_worker()  # type: ignore[operator]
+    agent = SessionStore(kafka_log, projections, producer="it-agent", checks=False)
+    sessions = [f"race-{i}" for i in range(20)]
+    for sid in sessions:
+        agent.start(sid, "race")
+    for sid in sessions:
+        wait_until(lambda s=sid: projections.load(s) is not None, timeout=60)
+    deadline = datetime.now(UTC) + timedelta(seconds=2)
+    for sid in sessions:
+        agent.ask(sid, permission_question("deploy", {}, expires_at=format_instant(deadline)))
+    while datetime.now(UTC) < deadline:
+        time.sleep(0.001)
+    for sid in sessions:  # answers land right around the closings
+        agent.answer(sid, "perm:deploy", "yes", Principal("cli:ops"))
+    time.sleep(3)
+    for sid in sessions:
+        session = projections.load(sid)
+        assert session is not None
+        assert len(session.decisions) == 1, sid
+        decision = session.decisions[0]
+        if decision.expired_at is None:  # the answer won: no closing, session still live
+            assert not session.ended
+        else:  # the closing won: the answer is on record as late
+            assert session.ended
+            assert [r.code for r in session.rejections] == ["late_answer"]
+
+
+def test_a_hundred_turn_session_is_compacted_and_keeps_every_turn_in_history(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+) -> None:
+    settings = with_keys(settings, compactor_max_turns=40, compactor_keep_recent=12)
+    start_worker(settings)  # type: ignore[operator]
+    agent = SessionStore(kafka_log, projections, producer="it-agent", checks=False)
+    agent.start("long-1", "a long conversation")
+    for i in range(100):
+        agent.record_turn("long-1", "user" if i % 2 == 0 else "assistant", f"turn {i}")
+    agent.load("long-1")
+    wait_until(
+        lambda: (s := projections.load("long-1")) is not None and s.summary is not None,
+        timeout=30,
+    )
+    session = projections.load("long-1")
+    assert session is not None and session.summary is not None
+    assert len(session.turns) <= 40
+    assert session.window()[0].content.startswith(
+        "Summary of what already happened in this session:\n"
+    )
+    assert "the full record remains in session long-1" in session.summary
+    history = projections.history("long-1")
+    assert [t.content for t in history] == [f"turn {i}" for i in range(100)]
+
+
+class _Recorder:
+    def __init__(self, log: KafkaEventLog) -> None:
+        self.log = log
+        self.sent: list[bytes] = []
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        self.sent.append(value)
+        await asyncio.to_thread(self.log.append, EventCodec().decode(value))
+
+
+def test_two_schedulers_closing_the_same_question_make_one_effective_closing(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+) -> None:
+    """Two replicas that both believe they own the partition both emit; the fold keeps one."""
+    settings = with_keys(settings, scheduler_enabled=False)
+    start_worker(settings)  # type: ignore[operator]
+    agent = SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60)
+    agent.start("dup-1", "two schedulers")
+    q = permission_question("deploy", {}, expires_at=deadline_in(datetime.now(UTC), 0.5))
+    agent.ask("dup-1", q)
+    agent.load("dup-1")
+    time.sleep(0.6)
+
+    async def two_replicas() -> int:
+        client = aioredis.Redis.from_url(settings.redis_url)
+        store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+        recorders = [_Recorder(kafka_log), _Recorder(kafka_log)]
+
+        async def states(ids: Sequence[str]) -> dict[str, Folded]:
+            return await store.folded(ids)
+
+        replicas = [Scheduler(states, store.due_work, r, Compactor()) for r in recorders]
+        for replica in replicas:
+            await replica.assign(range(settings.partitions))
+        await asyncio.gather(*(replica.tick() for replica in replicas))
+        await client.aclose()
+        return sum(len(r.sent) for r in recorders)
+
+    assert asyncio.run(two_replicas()) == 2
+    wait_until(lambda: _ended(projections, "dup-1"), timeout=30)
+    time.sleep(1)
+    session = projections.load("dup-1")
+    assert session is not None
+    assert len(session.decisions) == 1 and session.decisions[0].expired_at is not None
+    assert [e["kind"] for e in projections.timeline("dup-1")].count("expired") == 1
+    assert session.rejections == ()
