@@ -66,6 +66,7 @@ def _question_from(d: dict[str, Any] | None) -> Question | None:
         d["expires_at"],
         d["reason"],
         d["seq"],
+        _dt(d["asked_at"]),
     )
 
 

@@ -85,7 +85,7 @@ return {h[1], h[2], turns, ids}
 
 
 def commit_call(
-    keys: Keys, update: SessionUpdate, compact_after: int | None
+    keys: Keys, update: SessionUpdate, compact_after: int | None, count: bool = True
 ) -> tuple[list[str], list[str | int]]:
     """The KEYS and ARGV of one session's commit (state, appends, indexes, counters)."""
     k = keys.session(update.session_id)
@@ -94,9 +94,10 @@ def commit_call(
     timeline = [json.dumps(e, ensure_ascii=False, default=str) for e in update.timeline]
     ids = [s.event.event_id for s in update.steps]
     changes = index_changes(update, keys, compact_after)
+    counters = changes.counters if count else ()
     script_keys = [*k.all(), keys.deadlines(partition), keys.compaction_due(partition)]
     counter_args: list[str | int] = []
-    for key, field_, increment in changes.counters:
+    for key, field_, increment in counters:
         if key not in script_keys[6:]:
             script_keys.append(key)
         counter_args.extend((script_keys.index(key, 6) + 1, field_, increment))
@@ -114,7 +115,7 @@ def commit_call(
         *timeline,
         len(ids),
         *ids,
-        len(changes.counters),
+        len(counters),
         *counter_args,
     ]
     return script_keys, args
@@ -156,6 +157,7 @@ class RedisProjectionStore:
     keys: Keys = field(default_factory=Keys)
     poll_interval: float = 0.005
     compact_after: int | None = None
+    count_stats: bool = True
 
     def __post_init__(self) -> None:
         self._commit = self.client.register_script(COMMIT_SCRIPT)
@@ -187,7 +189,7 @@ class RedisProjectionStore:
         try:
             pipe = self.client.pipeline(transaction=False)
             for u in updates:
-                keys, args = commit_call(self.keys, u, self.compact_after)
+                keys, args = commit_call(self.keys, u, self.compact_after, self.count_stats)
                 self._commit(keys=keys, args=args, client=pipe)
             pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
             replies = pipe.execute()

@@ -7,6 +7,7 @@ partition up to the end offsets it found when it started, in batches, and publis
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,6 +52,10 @@ def replay(
 ) -> ReplayReport:
     """Drop and rebuild every projection (or one session's) from the topic."""
     codec = codec or EventCodec()
+    if session_id is not None:
+        # The session's pauses and outcomes are already in the global counters: rebuilding its
+        # projection must not count them a second time.
+        store = dataclasses.replace(store, count_stats=False)
     projector = Projector(store, BatchFolder(keys))
     try:
         consumer = KafkaConsumer(

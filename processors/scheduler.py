@@ -83,6 +83,7 @@ class Scheduler:
         self._heap: list[tuple[int, str]] = []
         self._compact: dict[str, int] = {}  # sid -> partition
         self._wake = asyncio.Event()
+        self._sleeping_until: int | None = None  # ms; None = until woken
 
     # -- fed by the projector --------------------------------------------------------------------
 
@@ -100,7 +101,7 @@ class Scheduler:
 
     def observe(self, updates: Sequence[SessionUpdate]) -> None:
         """Learn new deadlines and compaction work from a committed batch; wake if earlier."""
-        earliest = self._heap[0][0] if self._heap else None
+        earliest: int | None = None
         for u in updates:
             partition = _partition_of(u)
             if self.owned and partition not in self.owned:
@@ -110,13 +111,15 @@ class Scheduler:
             if deadline is None:
                 self._deadlines.pop(u.session_id, None)
             else:
-                self._schedule(u.session_id, ceil_ms(deadline), partition)
+                ms = ceil_ms(deadline)
+                self._schedule(u.session_id, ms, partition)
+                earliest = ms if earliest is None else min(earliest, ms)
             if compaction_due(u.state, self.compactor.max_turns):
                 self._compact[u.session_id] = partition
             else:
                 self._compact.pop(u.session_id, None)
-        head = self._heap[0][0] if self._heap else None
-        if self._compact or (head is not None and (earliest is None or head < earliest)):
+        sleeping = self._sleeping_until
+        if self._compact or (earliest is not None and (sleeping is None or earliest < sleeping)):
             self._wake.set()
 
     def _schedule(self, sid: str, ms: int, partition: int) -> None:
@@ -146,8 +149,10 @@ class Scheduler:
             self._wake.clear()
             if self._compact or (timeout is not None and timeout <= 0):
                 continue
+            self._sleeping_until = nxt
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
+            self._sleeping_until = None
             self.stats.wakeups += 1
 
     async def tick(self) -> None:
@@ -167,17 +172,25 @@ class Scheduler:
         for sid in due:
             folded = states.get(sid)
             if folded is not None:
-                await self._close_if_due(folded.state, now)
+                await self._close_if_due(folded.state, now, self._partition(folded))
         for sid in compact:
             folded = states.get(sid)
             if folded is not None:
                 await self._compact_if_due(folded.state, now)
 
-    async def _close_if_due(self, session: Session, now: datetime) -> None:
+    @staticmethod
+    def _partition(folded: Folded) -> int:
+        return folded.mark.partition if folded.mark is not None else 0
+
+    async def _close_if_due(self, session: Session, now: datetime, partition: int) -> None:
         question = session.question
-        if session.ended or question is None or not question.has_expired(now):
-            return  # answered (or re-asked) since it was scheduled
-        deadline = question.deadline()
+        deadline = question.deadline() if question is not None else None
+        if session.ended or question is None or deadline is None:
+            return  # answered (or re-asked without a deadline) since it was scheduled
+        if not question.has_expired(now):
+            # Due to the millisecond but not yet past it, or re-asked with a later deadline.
+            self._schedule(session.id, ceil_ms(deadline), partition)
+            return
         event = Event(
             event_id=str(uuid.uuid5(_NAMESPACE, f"{session.id}:window:{question.seq}")),
             session_id=session.id,
@@ -211,4 +224,5 @@ class Scheduler:
 
 
 def _epoch_ms(moment: datetime) -> int:
-    return ceil_ms(moment)
+    # Floor: "now" is never rounded past a deadline it has not reached.
+    return ceil_ms(moment) - (1 if moment.microsecond % 1000 else 0)

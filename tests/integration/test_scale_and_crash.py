@@ -1,0 +1,715 @@
+"""Scale and crashes on the real stack: many sessions, two workers, kill -9, redelivered batches.
+
+Every test compares what Redis holds with the pure fold of exactly the events appended (the
+reference in `expected.py`): state, full history and timeline, so anything applied twice or lost
+shows up as a difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import random
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import KafkaAdminClient
+
+from processors.keys import Keys
+from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from processors.worker import ProjectionWorker, RawRecord
+from producers.kafka_log import KafkaEventLog
+from producers.memory import InMemoryProjectionStore
+from producers.settings import Settings
+from producers.store import SessionStore, deadline_in
+from schemas import events as ev
+from schemas.codec import EventCodec
+from schemas.events import Event
+from session_model.policy import permission_question, signature_question, target_question
+from session_model.principal import Principal
+from session_model.projection import BatchFolder, Position
+from session_model.session import Question
+from session_model.signing import TrustedKeys
+from tests.integration.conftest import wait_until
+from tests.integration.expected import assert_projection_matches, expected_projections
+
+pytestmark = pytest.mark.integration
+
+BASE_TIME = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+FAR_FUTURE = 50 * 365 * 86400  # seconds
+# A worker killed with -9 leaves a dead member in the group until its session times out; Faust's
+# default (60 s) would make every restart wait a minute. Faust reads these from the environment.
+FAST_GROUP_ENV = {
+    "BROKER_SESSION_TIMEOUT": "6",
+    "BROKER_HEARTBEAT_INTERVAL": "1",
+    "BROKER_REBALANCE_TIMEOUT": "20",
+}
+
+
+# -- a deterministic generator of realistic sessions ---------------------------------------------
+
+
+class _Collecting:
+    """An EventLog that only collects: events are sent to Kafka later, without waiting per event."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def append(self, event: Event) -> Position:
+        self.events.append(event)
+        return Position(0, len(self.events) - 1)
+
+    def append_many(self, events: Sequence[Event]) -> list[Position]:
+        return [self.append(e) for e in events]
+
+
+def _question(rng: random.Random, n: int, now: datetime) -> Question:
+    # Far in the future: the worker's scheduler must not close these windows (it would append
+    # events of its own to the topic, beyond the reference this test folds).
+    expires = deadline_in(now, FAR_FUTURE)
+    kind = rng.randrange(4)
+    if kind == 0:
+        return permission_question(f"deploy-{n}", {"env": "prod", "n": n}, expires_at=expires)
+    if kind == 1:
+        return signature_question(f"sign-{n}", {"doc": f"d{n}"}, expires_at=expires)
+    if kind == 2:
+        return target_question(f"rm-{n}", f"/tmp/x{n}", f"Remove /tmp/x{n}?", expires_at=expires)
+    return Question(id=f"q{n}", question=f"Which way, {n}?", options=("left", "right"))
+
+
+def session_script(store: SessionStore, sid: str, i: int) -> None:
+    """About twenty events of session `sid`, every kind of event, a few of them rejected."""
+    rng = random.Random(i)
+    now = BASE_TIME
+    store.start(sid, f"goal of {sid}", mode=rng.choice(["ask", "acknowledge", "auto"]))
+    store.record_turn(sid, "user", f"please do task {i}")
+    store.set_plan(sid, f"plan {i}: look, change, check")
+    store.set_todo(sid, "t1", "look around", "in_progress")
+    store.record_tool_call(sid, "grep", {"pattern": f"p{i}"}, f"{i % 7} hits")
+    store.record_turn(sid, "assistant", f"found {i % 7} places")
+    first = _question(rng, i, now)
+    store.ask(sid, first)
+    variant = i % 10
+    if variant == 7:
+        # Nobody answered: the window closes and the session ends; a late answer is rejected.
+        closed = store.event(sid, ev.ANSWER_WINDOW_CLOSED, {"question_id": first.id, "at": now})
+        store.append(closed)
+        store.answer(sid, first.id, "yes", Principal("actor:late", verified=False))
+        store.record_turn(sid, "user", "anyone there?")  # rejected: session_ended
+        return
+    if i % 50 == 3:
+        store.ask(sid, _question(rng, i + 1, now))  # rejected: question_open
+    # Claims of `verified` without a signature are downgraded by the fold.
+    by = Principal(f"actor:member:{i % 13}", verified=variant in (2, 5))
+    answer = first.options[0] if first.options else "signed"
+    store.answer(sid, first.id, answer, by, executor="it-agent")
+    if i % 50 == 1:
+        store.answer(sid, first.id, "again", by)  # rejected: no_open_question
+    store.grant(sid, f"deploy-{i}")
+    store.record_tool_call(
+        sid, "make", {"target": f"t{i}"}, "ok", mutating=True, artifact=f"repo:{i}"
+    )
+    store.set_todo(sid, "t1", "look around", "done")
+    store.set_todo(sid, "t2", "change it", "in_progress")
+    store.record_turn(sid, "system", f"reminder {i}: keep it small")
+    store.record_tool_call(
+        sid, "sed", {"file": f"f{i}.py"}, "edited", mutating=True, ok=i % 11 != 0
+    )
+    store.record_turn(sid, "user", "thanks")
+    if variant in (1, 4):
+        store.message(sid, "lead", f"status of {i}?")
+        store.remove_option(sid, "force-push", "policy", "never on main")
+    if variant == 4:
+        # Hand the open card to a child session (its events go to the child's own stream).
+        child = f"{sid}c"
+        store.start(child, f"continue {sid}", mode="ask", parent_id=sid)
+        inherited = {"session": sid, "version": 1, "origin": "discovered"}
+        card = {"id": "t2", "text": "change it", "status": "in_progress"}
+        store.append(store.event(child, ev.TODO_CHANGED, {**card, "inherited_from": inherited}))
+        moved = {"to": child, "todos": [{"id": "t2", "version": 1}]}
+        store.append(store.event(sid, ev.TODOS_TRANSFERRED, moved))
+        store.end(child, "handed back")
+    if i % 50 == 5:
+        twice = store.event(sid, ev.TURN, {"role": "user", "content": "said twice"})
+        store.append(twice)
+        store.append(twice)  # the same event id again: a duplicate, no seq
+    store.revoke(sid, f"deploy-{i}")
+    store.set_mode(sid, rng.choice(["ask", "acknowledge", "auto"]))
+    if variant in (3, 8):
+        store.require_first(sid, ["plan"])
+        store.set_plan(sid, f"plan {i} v2")
+        observation = store.record_effect_observation(sid, known=True, artifacts=[f"repo:{i}"])
+        store.record_tool_call(
+            sid, "pytest", {}, "ok", verdict="pass", effect_observation_id=observation
+        )
+        store.record_execution(sid, "deploy", {"env": "prod"}, executor="it-agent")
+    if variant == 9:
+        store.compact(sid, f"summary of {sid}", through=3)
+    if i % 50 == 2:
+        store.start(sid, "again")  # rejected: already_started
+    if i % 50 == 4:
+        store.append(store.event(sid, ev.TURN, {"role": "tool", "content": "x"}))  # rejected
+    store.record_turn(sid, "assistant", "done")
+    if variant == 6:
+        store.ask(sid, _question(rng, i + 2, now))  # left open: the session stays paused
+    else:
+        store.end(sid, f"finished {i}")
+        if i % 50 == 0:
+            store.record_turn(sid, "user", "one more thing")  # rejected: session_ended
+
+
+def generate(
+    count: int, prefix: str = "s", group: int | None = None
+) -> tuple[list[str], list[Event]]:
+    """`count` scripted sessions' events (and their children's), interleaved round-robin.
+
+    Returns every session id (sorted) and the events in the order they are to be appended; each
+    session's own events keep their order.
+
+    With `group`, sessions are interleaved `group` at a time and the groups follow each other, so
+    sessions complete all along the stream instead of all at its end.
+    """
+    ticks = itertools.count()
+    ids = itertools.count()
+    collecting = _Collecting()
+    store = SessionStore(
+        collecting,
+        InMemoryProjectionStore(),
+        producer="it-agent",
+        checks=False,
+        clock=lambda: BASE_TIME + timedelta(milliseconds=next(ticks)),
+        new_id=lambda: f"e{next(ids):08d}",
+    )
+    per_session: list[list[Event]] = []
+    for i in range(count):
+        collecting.events = []
+        session_script(store, f"{prefix}{i:05d}", i)
+        per_session.append(collecting.events)
+    size = group or count
+    interleaved = [
+        e
+        for start in range(0, count, size)
+        for round_ in itertools.zip_longest(*per_session[start : start + size])
+        for e in round_
+        if e is not None
+    ]
+    return sorted({e.session_id for e in interleaved}), interleaved
+
+
+def send_all(log: KafkaEventLog, events: Sequence[Event]) -> dict[str, Position]:
+    """Queue every event without waiting per record, flush once; the last position per session."""
+    futures: dict[str, Any] = {}
+    for event in events:
+        futures[event.session_id] = log.send(event)
+    log.flush(timeout=60)
+    out: dict[str, Position] = {}
+    for sid, future in futures.items():
+        metadata = future.get(timeout=10)
+        out[sid] = Position(metadata.partition, metadata.offset)
+    return out
+
+
+# -- comparing with the fold ---------------------------------------------------------------------
+
+
+def assert_equals_the_fold(store: RedisProjectionStore, expected: dict[str, Any]) -> None:
+    """`assert_projection_matches`, and on failure which fields of which sessions differ."""
+    try:
+        assert_projection_matches(store, expected)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{explain(store, expected)}") from None
+
+
+def explain(store: RedisProjectionStore, expected: dict[str, Any], limit: int = 3) -> str:
+    """Where the state of the first `limit` differing sessions differs: path, Redis, fold."""
+    lines: list[str] = []
+    shown = 0
+    for sid, exp in expected.items():
+        actual = store.load(sid)
+        if actual is None or actual == exp.state or shown >= limit:
+            continue
+        shown += 1
+        lines.extend(
+            f"  {where}: redis {a!r} != fold {b!r}" for where, a, b in _diff(actual, exp.state, sid)
+        )
+    return "\n".join(lines)
+
+
+def _diff(a: Any, b: Any, where: str) -> Iterator[tuple[str, Any, Any]]:
+    """The innermost differing values of two (nested) dataclass values."""
+    if a == b:
+        return
+    if dataclasses.is_dataclass(a) and type(a) is type(b):
+        for f in dataclasses.fields(a):
+            yield from _diff(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _diff(x, y, f"{where}[{i}]")
+    else:
+        yield where, a, b
+
+
+# -- watching the marks --------------------------------------------------------------------------
+
+
+def reached(store: RedisProjectionStore, last: dict[str, Position]) -> int:
+    """How many sessions' stored marks reached their last position (one pipelined round trip)."""
+    sids = list(last)
+    pipe = store.client.pipeline(transaction=False)
+    for sid in sids:
+        pipe.hget(store.keys.session(sid).state, "mark")
+    done = 0
+    for sid, raw in zip(sids, pipe.execute(), strict=True):
+        if raw is None:
+            continue
+        mark = Position.parse(raw.decode())
+        want = last[sid]
+        if mark.partition == want.partition and mark.offset >= want.offset:
+            done += 1
+    return done
+
+
+def wait_for_all(
+    store: RedisProjectionStore,
+    last: dict[str, Position],
+    timeout: float,
+    why: str,
+    workers: Sequence[Any] = (),
+) -> None:
+    """Wait until every session's mark reached its last position; fail saying how far it got.
+
+    Fails at once, with its log, if one of `workers` died.
+    """
+    deadline = time.monotonic() + timeout
+    done = 0
+    while time.monotonic() < deadline:
+        done = reached(store, last)
+        if done == len(last):
+            return
+        for w in workers:
+            assert w.alive(), (
+                f"{why}: a worker died ({done} of {len(last)} done)\n{w.log()[-4000:]}"
+            )
+        time.sleep(0.2)
+    logs = "".join(w.log()[-2000:] for w in workers)
+    raise AssertionError(
+        f"{why}: only {done} of {len(last)} sessions reached their last position in {timeout}s"
+        f"\n{logs}"
+    )
+
+
+def records_in(settings: Settings, topic: str) -> int:
+    """How many records `topic` holds (sum of its partitions' end offsets)."""
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap.split(","), group_id=None)
+    try:
+        numbers = consumer.partitions_for_topic(topic)
+        assert numbers, f"topic {topic} does not exist"
+        return sum(consumer.end_offsets([TopicPartition(topic, n) for n in numbers]).values())
+    finally:
+        consumer.close()
+
+
+# -- the consumer group --------------------------------------------------------------------------
+
+
+def group_assignment(settings: Settings) -> dict[str, set[int]]:
+    """member id → partitions of the events topic, as the group coordinator reports them."""
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+    try:
+        group = admin.describe_groups([settings.consumer_group])[settings.consumer_group]
+    finally:
+        admin.close()
+    if group.get("group_state") != "Stable":
+        return {}
+    out: dict[str, set[int]] = {}
+    for member in group["members"]:
+        assignment = member.get("member_assignment") or {}
+        out[member["member_id"]] = {
+            p
+            for topic in assignment.get("assigned_partitions", [])
+            if topic["topic"] == settings.events_topic
+            for p in topic["partitions"]
+        }
+    return out
+
+
+_JOINED = re.compile(r"Joined group '[^']+' \(generation (\d+)\) with member_id (\S+)")
+
+
+def joins(log_text: str) -> list[tuple[int, str]]:
+    """(generation, member id) of every group join a worker logged."""
+    return [(int(g), m) for g, m in _JOINED.findall(log_text)]
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+def test_generator_covers_every_kind_of_event_and_some_rejections() -> None:
+    _, events = generate(100)
+    kinds = {e.type for e in events}
+    missing = set(ev.EVENT_TYPES) - kinds
+    assert not missing, f"the generator never emits {sorted(missing)}"
+    expected = expected_projections(events, TrustedKeys.none())
+    codes = {code for exp in expected.values() for code in exp.state.rejection_counts()}
+    assert codes >= {
+        "session_ended",
+        "question_open",
+        "no_open_question",
+        "already_started",
+        "late_answer",
+        "invalid",
+    }
+    assert sum(exp.state.downgrades for exp in expected.values()) > 0
+    assert {r for exp in expected.values() for r in exp.state.pauses} == {
+        "permission",
+        "signature",
+        "target_not_named",
+        "unspecified",
+    }
+    assert 18 <= len(events) / 100 <= 24
+    assert sum(1 for exp in expected.values() if exp.state.parent_id is not None) == 10
+    assert any(t.transferred_to for exp in expected.values() for t in exp.state.todos)
+    assert any(t.inherited_from for exp in expected.values() for t in exp.state.todos)
+    assert all(exp.state.started for exp in expected.values())
+
+
+def test_two_thousand_sessions_over_six_partitions_with_two_workers_equal_the_fold(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in FAST_GROUP_ENV.items():
+        monkeypatch.setenv(name, value)
+    first, second = start_worker(), start_worker()
+    sids, events = generate(2000)
+    expected = expected_projections(events, TrustedKeys.none())  # while the workers start
+    assert len(events) >= 2000 * 19
+
+    # Both workers in a stable group, sharing the six partitions, before anything is produced.
+    shared: dict[str, set[int]] = {}
+
+    def both_hold_partitions() -> bool:
+        shared.clear()
+        shared.update(group_assignment(settings))
+        owned = [p for parts in shared.values() for p in parts]
+        return len(shared) == 2 and all(shared.values()) and sorted(owned) == list(range(6))
+
+    def ready() -> bool:
+        assert first.alive() and second.alive(), first.log()[-3000:] + second.log()[-3000:]
+        return both_hold_partitions()
+
+    wait_until(ready, timeout=45, interval=0.5)
+    joins_before = (joins(first.log()), joins(second.log()))
+
+    started = time.monotonic()
+    last = send_all(kafka_log, events)
+    produced_in = time.monotonic() - started
+    assert produced_in < 30, f"producing {len(events)} events took {produced_in:.1f}s"
+    wait_for_all(projections, last, timeout=60, why="two workers", workers=(first, second))
+    assert first.alive() and second.alive(), first.log()[-3000:] + second.log()[-3000:]
+
+    # Nobody joined or left while the stream was processed: each member folded its own partitions.
+    assert (joins(first.log()), joins(second.log())) == joins_before
+    assert group_assignment(settings) == shared
+    member_of = {joins_before[0][-1][1]: first, joins_before[1][-1][1]: second}
+    assert set(member_of) == set(shared), (member_of, shared)
+    with_records = {p.partition for p in last.values()}
+    for member, partitions in shared.items():
+        assert partitions & with_records, f"{member} owned no partition with records"
+        projected = [sid for sid, p in last.items() if p.partition in partitions]
+        assert projected, f"{member} projected no session"
+
+    # Nobody else (the scheduler included) appended to the log: the reference is the whole log.
+    assert records_in(settings, settings.events_topic) == len(events)
+    assert sorted(projections.ids()) == sids
+    assert_equals_the_fold(projections, expected)
+
+
+def stats(store: RedisProjectionStore, name: str) -> dict[str, int]:
+    """An analytics counter hash (e.g. pauses by reason code)."""
+    raw = store.client.hgetall(store.keys.stat(name))
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+def committed_offsets(settings: Settings) -> dict[int, int]:
+    """partition → the group's committed offset on the events topic (next record to read)."""
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+    try:
+        offsets = admin.list_group_offsets({settings.consumer_group: None})
+    finally:
+        admin.close()
+    return {
+        tp.partition: meta.offset
+        for tp, meta in offsets[settings.consumer_group].items()
+        if tp.topic == settings.events_topic
+    }
+
+
+def highest_marks(store: RedisProjectionStore, sids: Sequence[str]) -> dict[int, int]:
+    """partition → the highest offset any session's stored mark reached."""
+    pipe = store.client.pipeline(transaction=False)
+    for sid in sids:
+        pipe.hget(store.keys.session(sid).state, "mark")
+    out: dict[int, int] = {}
+    for raw in pipe.execute():
+        if raw is not None:
+            mark = Position.parse(raw.decode())
+            out[mark.partition] = max(out.get(mark.partition, -1), mark.offset)
+    return out
+
+
+def test_kill_minus_nine_mid_stream_and_restart_still_equals_the_fold_and_counts_nothing_twice(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in FAST_GROUP_ENV.items():
+        monkeypatch.setenv(name, value)
+    sids, events = generate(3000, prefix="k", group=100)
+    last = send_all(kafka_log, events)  # the whole stream is in the log before any worker runs
+    expected = expected_projections(events, TrustedKeys.none())
+
+    worker = start_worker()
+    low, high = len(sids) // 20, len(sids) * 3 // 4
+    deadline = time.monotonic() + 60
+    done = 0
+    while time.monotonic() < deadline:
+        done = reached(projections, last)
+        if done >= low:
+            break
+        assert worker.alive(), f"the worker died before the kill\n{worker.log()[-4000:]}"
+        time.sleep(0.02)
+    assert low <= done < high, (
+        f"could not catch the worker mid-stream: {done} of {len(sids)} sessions done"
+        f"\n{worker.log()[-3000:]}"
+    )
+    worker.kill9()
+    assert not worker.alive()
+    done_at_kill = reached(projections, last)
+    assert done_at_kill < len(sids), "the worker finished before it was killed"
+    # Redis is ahead of the group's committed offsets: the restart re-reads applied records.
+    committed = committed_offsets(settings)
+    applied = highest_marks(projections, sids)
+    redelivered = {p for p, off in applied.items() if committed.get(p, 0) <= off}
+    assert redelivered, f"no uncommitted tail to redeliver: committed {committed}, marks {applied}"
+
+    restarted = start_worker()
+    wait_for_all(
+        projections, last, timeout=75, why="after kill -9 and restart", workers=(restarted,)
+    )
+    assert restarted.alive(), restarted.log()[-3000:]
+
+    assert records_in(settings, settings.events_topic) == len(events)
+    assert sorted(projections.ids()) == sids
+    assert_equals_the_fold(projections, expected)  # history and timeline: nothing twice
+    for sid in sids[:: len(sids) // 50]:
+        assert len(projections.history(sid)) == len(expected[sid].history), sid
+        assert len(projections.timeline(sid)) == len(expected[sid].timeline), sid
+    pauses: dict[str, int] = {}
+    rejections: dict[str, int] = {}
+    for exp in expected.values():
+        for reason, n in exp.state.pauses.items():
+            pauses[reason] = pauses.get(reason, 0) + n
+        for code, n in exp.state.rejection_counts().items():
+            rejections[code] = rejections.get(code, 0) + n
+    assert stats(projections, "pauses") == pauses
+    assert stats(projections, "rejections") == rejections
+
+
+# -- the batch step in-process: redelivery, restart, a stale owner -------------------------------
+
+
+@dataclass
+class RecordingSink:
+    """A Sink that keeps what was published (decisions or dead letters)."""
+
+    published: list[tuple[bytes | None, bytes, tuple[tuple[str, bytes], ...]]] = field(
+        default_factory=list
+    )
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        self.published.append((key, value, tuple(headers)))
+
+    def decisions(self) -> list[tuple[str, int, str]]:
+        """(session, seq, source event id) of every published decision."""
+        codec = EventCodec()
+        out = []
+        for _, value, _ in self.published:
+            d = codec.decode_decision(value)
+            out.append((d["session_id"], d["seq"], d["event_id"]))
+        return out
+
+
+@dataclass
+class CountingStore:
+    """The async Redis store, remembering what every commit returned."""
+
+    inner: AsyncRedisProjectionStore
+    results: list[Any] = field(default_factory=list)
+
+    async def folded(self, session_ids: Sequence[str]) -> Any:
+        return await self.inner.folded(session_ids)
+
+    async def commit(self, updates: Sequence[Any]) -> Any:
+        result = await self.inner.commit(updates)
+        self.results.append(result)
+        return result
+
+
+def raw_records(events: Sequence[Event], partitions: int = 6) -> list[RawRecord]:
+    """The records as Kafka would hand them over: keyed, encoded, at per-partition offsets."""
+    from processors.replay import partition_for  # noqa: PLC0415 - the producer's partitioner
+
+    codec = EventCodec()
+    next_offset = dict.fromkeys(range(partitions), 0)
+    out = []
+    for e in events:
+        p = partition_for(e.session_id, partitions)
+        out.append(RawRecord(e.session_id.encode(), codec.encode(e), p, next_offset[p], "events"))
+        next_offset[p] += 1
+    return out
+
+
+def dump(store: RedisProjectionStore) -> dict[str, Any]:
+    """Every key under the store's prefix with its whole value (state, lists, sets, counters)."""
+    c = store.client
+    out: dict[str, Any] = {}
+    for key in sorted(c.scan_iter(match=store.keys.pattern(), count=1000)):
+        kind = c.type(key).decode()
+        if kind == "hash":
+            out[key.decode()] = dict(sorted(c.hgetall(key).items()))
+        elif kind == "list":
+            out[key.decode()] = c.lrange(key, 0, -1)
+        elif kind == "set":
+            out[key.decode()] = sorted(c.smembers(key))
+        elif kind == "zset":
+            out[key.decode()] = c.zrange(key, 0, -1, withscores=True)
+        else:
+            out[key.decode()] = c.get(key)
+    return out
+
+
+def _decided(expected: dict[str, Any]) -> list[tuple[str, int, str]]:
+    return sorted(
+        (sid, d.seq, d.event_id) for sid, exp in expected.items() for d in exp.state.decisions
+    )
+
+
+async def _with_store(settings: Settings, body: Any) -> Any:
+    client = aioredis.Redis.from_url(settings.redis_url)
+    try:
+        return await body(AsyncRedisProjectionStore(client, Keys(settings.redis_prefix)))
+    finally:
+        await client.aclose()
+
+
+def _worker(store: Any, decisions: RecordingSink, deadletter: RecordingSink) -> ProjectionWorker:
+    return ProjectionWorker(store, BatchFolder(), deadletter, decisions)
+
+
+def test_a_redelivered_batch_changes_nothing(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    _, events = generate(40)
+    raws = raw_records(events)
+    expected = expected_projections(events, TrustedKeys.none())
+    first, again, fresh, dead = RecordingSink(), RecordingSink(), RecordingSink(), RecordingSink()
+
+    async def run(store: AsyncRedisProjectionStore) -> dict[str, Any]:
+        worker = _worker(store, first, dead)
+        applied = await worker.process(raws)
+        assert {u.session_id for u in applied} == set(expected)
+        before = dump(projections)
+        # The same batch again (Kafka redelivered it: the offsets were not committed yet).
+        worker.decisions = again
+        assert await worker.process(raws) == ()
+        assert worker.stats.redelivered == len(raws)
+        assert dump(projections) == before
+        # And to a fresh worker whose cache is empty, as after a restart: it reads the marks.
+        restarted = _worker(store, fresh, dead)
+        assert await restarted.process(raws) == ()
+        assert restarted.stats.redelivered == len(raws)
+        assert restarted.stats.conflicts == 0
+        assert dump(projections) == before
+        return before
+
+    asyncio.run(_with_store(settings, run))
+    assert not dead.published
+    assert sorted(first.decisions()) == _decided(expected)
+    assert again.published == [] and fresh.published == [], "a redelivery published decisions"
+    assert_equals_the_fold(projections, expected)
+
+
+def test_a_fresh_worker_continues_sessions_another_folded_with_an_overlapping_batch(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    """A restart mid-session: the new owner loads the state from Redis and gets the tail again."""
+    scripted = 40
+    _, events = generate(scripted)
+    raws = raw_records(events)
+    # Every scripted session asks its first question in its 7th event and answers (or closes) it
+    # later: the cut leaves every first question open for the next worker.
+    cut = 7 * scripted
+    assert all(e.type == ev.QUESTION_ASKED for e in events[cut - scripted : cut])
+    expected = expected_projections(events, TrustedKeys.none())
+    before_crash, after_restart, dead = RecordingSink(), RecordingSink(), RecordingSink()
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        await _worker(store, before_crash, dead).process(raws[:cut])
+        # Kafka redelivers from the last committed offset, which is behind what Redis holds.
+        await _worker(store, after_restart, dead).process(raws[cut - 3 * scripted :])
+
+    asyncio.run(_with_store(settings, run))
+    published = before_crash.decisions() + after_restart.decisions()
+    assert sorted(published) == _decided(expected), "a decision was lost or published twice"
+    assert_equals_the_fold(projections, expected)
+
+
+def test_a_stale_update_from_a_second_worker_is_refused_and_it_refolds(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    _, all_events = generate(10)
+    sid = "s00002"  # answered by a downgraded "verified" claim; a grant, a revoke, an end
+    events = [e for e in all_events if e.session_id == sid]
+    raws = raw_records(events)
+    assert len(raws) >= 18
+    expected = expected_projections(events, TrustedKeys.none())
+    from_a, from_b, dead = RecordingSink(), RecordingSink(), RecordingSink()
+    seen_by_b: list[Any] = []
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        a = _worker(CountingStore(store), from_a, dead)
+        b_store = CountingStore(store)
+        b = _worker(b_store, from_b, dead)
+        await a.process(raws[:5])
+        assert await b.process(raws[:5]) == ()  # b caches the session at a's mark (0:4)
+        await a.process(raws[5:10])  # a moves on; b's cache is now stale
+        b_store.results.clear()
+        # b still believes it owns the partition and folds 5.. onto its old state.
+        updates = await b.process(raws[5:])
+        seen_by_b.extend(updates)
+        assert [r.conflicts for r in b_store.results] == [(sid,), ()]
+        assert b.stats.conflicts == 1
+
+    asyncio.run(_with_store(settings, run))
+    (update,) = seen_by_b
+    assert update.base == Position(raws[9].partition, raws[9].offset)
+    assert [s.event.event_id for s in update.steps] == [e.event_id for e in events[10:]]
+    published = from_a.decisions() + from_b.decisions()
+    assert sorted(published) == _decided(expected), "a decision was lost or published twice"
+    assert_equals_the_fold(projections, expected)
+    assert [t.seq for t in projections.history(sid)] == [t.seq for t in expected[sid].history]

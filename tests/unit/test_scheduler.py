@@ -1,0 +1,128 @@
+"""The scheduler's decisions, with a fake clock and fake sinks (no Kafka, no Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from processors.scheduler import Scheduler
+from schemas import events as ev
+from schemas.codec import EventCodec
+from session_model.compaction import Compactor
+from session_model.deadlines import format_instant
+from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
+from tests.unit.builders import ask, started, turn
+
+DEADLINE = datetime(2026, 1, 1, 12, 0, 0, 500000, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list = []
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        self.events.append(EventCodec().decode(value))
+
+
+def _scheduler(states: dict[str, Folded], clock: Clock, sink: Sink, **kw: object) -> Scheduler:
+    async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
+        return {i: states[i] for i in ids if i in states}
+
+    async def no_index(parts: Iterable[int]) -> tuple[dict, dict]:
+        return {}, {}
+
+    return Scheduler(lookup, no_index, sink, Compactor(**kw), clock=clock)  # type: ignore[arg-type]
+
+
+def _update(events: list, partition: int = 0) -> SessionUpdate:
+    records = [Record(e, Position(partition, i)) for i, e in enumerate(events)]
+    return BatchFolder().fold({}, records)[0]
+
+
+def test_a_deadline_due_to_the_millisecond_but_not_yet_passed_is_kept_not_dropped() -> None:
+    u = _update([started(), ask("q1", expires_at=format_instant(DEADLINE))])
+    states = {"s1": Folded(u.state, u.mark)}
+    clock, sink = Clock(DEADLINE + timedelta(microseconds=0)), Sink()
+    scheduler = _scheduler(states, clock, sink)
+    scheduler.observe([u])
+    asyncio.run(scheduler.tick())
+    assert sink.events == []  # exactly at the deadline: not expired yet (now > deadline)
+    assert scheduler.next_deadline_ms() is not None
+    clock.now = DEADLINE + timedelta(microseconds=400)
+    asyncio.run(scheduler.tick())
+    assert [e.type for e in sink.events] == [ev.ANSWER_WINDOW_CLOSED]
+    assert sink.events[0].payload["question_id"] == "q1"
+
+
+def test_an_answered_question_is_not_closed() -> None:
+    u = _update([started(), ask("q1", expires_at=format_instant(DEADLINE))])
+    clock, sink = Clock(DEADLINE + timedelta(seconds=5)), Sink()
+    # The projection has moved on: the question was answered after it was scheduled.
+    states = {"s1": Folded(replace(u.state, question=None), u.mark)}
+    scheduler = _scheduler(states, clock, sink)
+    scheduler.observe([u])
+    asyncio.run(scheduler.tick())
+    assert sink.events == []
+    assert scheduler.next_deadline_ms() is None
+
+
+def test_two_replicas_emit_the_same_event_id_for_one_closing() -> None:
+    u = _update([started(), ask("q1", expires_at=format_instant(DEADLINE))])
+    states = {"s1": Folded(u.state, u.mark)}
+    sinks = [Sink(), Sink()]
+    for sink in sinks:
+        scheduler = _scheduler(states, Clock(DEADLINE + timedelta(seconds=1)), sink)
+        scheduler.observe([u])
+        asyncio.run(scheduler.tick())
+    ids = {e.event_id for sink in sinks for e in sink.events}
+    assert len(ids) == 1
+
+
+def test_a_session_over_the_threshold_is_compacted_once_per_cut() -> None:
+    events = [started(), *[turn("user", f"t{i}") for i in range(10)]]
+    u = _update(events)
+    states = {"s1": Folded(u.state, u.mark)}
+    sink = Sink()
+    scheduler = _scheduler(states, Clock(DEADLINE), sink, max_turns=6, keep_recent=2)
+    scheduler.observe([u])
+    asyncio.run(scheduler.tick())
+    assert [e.type for e in sink.events] == [ev.COMPACTED]
+    assert sink.events[0].payload["through"] == u.state.turns[-3].seq
+    asyncio.run(scheduler.tick())
+    assert len(sink.events) == 1  # nothing new observed: nothing more to do
+
+
+def test_observing_an_earlier_deadline_wakes_the_sleeping_loop() -> None:
+    async def scenario() -> int:
+        later = _update([started(), ask("q1", expires_at=format_instant(DEADLINE))])
+        clock, sink = Clock(DEADLINE - timedelta(hours=1)), Sink()
+        scheduler = _scheduler({}, clock, sink)
+        scheduler.observe([later])
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.05)  # asleep until DEADLINE, an hour away
+        woken = scheduler.stats.wakeups
+        sooner = DEADLINE - timedelta(minutes=30)
+        u2 = _update(
+            [
+                started(session_id="s2"),
+                ask("q2", session_id="s2", expires_at=format_instant(sooner)),
+            ]
+        )
+        scheduler.observe([u2])
+        await asyncio.sleep(0.05)
+        task.cancel()
+        return scheduler.stats.wakeups - woken
+
+    assert asyncio.run(scenario()) >= 1
