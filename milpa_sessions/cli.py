@@ -5,14 +5,9 @@ from __future__ import annotations
 import functools
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,8 +18,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from milpa_sessions import wiring
-from milpa_sessions.demo import run_scenario
-from processors.decisions import DecisionSubscriber, PublishedDecision
+from milpa_sessions.demo import run_demo
+from milpa_sessions.fleet import FleetConfig
+from milpa_sessions.render import out, render_session, render_timeline, session_summary
+from milpa_sessions.stats_cli import stats
 from processors.replay import replay
 from producers.settings import Settings
 from producers.store import SessionStore
@@ -32,10 +29,8 @@ from producers.topics import ensure_topics
 from schemas.errors import InvalidCall, MilpaError
 from session_model.deadlines import format_instant
 from session_model.principal import Principal
-from session_model.session import Session
 from session_model.signing import Signer
 
-out = Console()
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -175,28 +170,6 @@ def _store(ctx: Ctx) -> SessionStore:
     return wiring.session_store(ctx.settings, producer="cli")
 
 
-def session_summary(s: Session) -> dict[str, Any]:
-    """The fields `list` and `show` print."""
-    status = "ended" if s.ended else ("waiting" if s.question else "runnable")
-    return {
-        "id": s.id,
-        "status": status,
-        "mode": s.mode.value,
-        "goal": s.goal,
-        "seq": s.seq,
-        "turns": s.turn_count,
-        "plan_version": s.plan_version,
-        "open_todos": len(s.open_todos()),
-        "question": s.question.id if s.question else None,
-        "permissions": list(s.permissions),
-        "decisions": len(s.decisions),
-        "rejections": s.rejection_counts(),
-        "downgrades": s.downgrades,
-        "parent_id": s.parent_id,
-        "ended_because": s.ended_because,
-    }
-
-
 @main.command("list")
 @pass_ctx
 @_fail_cleanly
@@ -241,36 +214,6 @@ def show(ctx: Ctx, session_id: str) -> None:
     _emit(ctx, data, lambda: render_session(s))
 
 
-def render_session(s: Session) -> None:
-    """Print a session as an operator reads it."""
-    info = session_summary(s)
-    out.print(f"[bold]{s.id}[/bold]  {info['status']}  mode={s.mode.value}  seq={s.seq}")
-    out.print(f"goal: {s.goal}", markup=False)
-    if s.ended_because:
-        out.print(f"ended: {s.ended_because}", markup=False)
-    if s.todos:
-        todos = Table("todo", "status", "v", "origin", "disposition", "text", title="todos")
-        for t in s.todos:
-            todos.add_row(t.id, t.status, str(t.version), t.origin, t.disposition, t.text)
-        out.print(todos)
-    if s.decisions:
-        table = Table("question", "answer", "by", "verified", "reason", title="decisions")
-        for d in s.decisions:
-            table.add_row(
-                d.question,
-                d.answer or "(window closed)",
-                d.by.id if d.by else "-",
-                "yes" if d.by and d.by.verified else "no",
-                d.reason or "-",
-            )
-        out.print(table)
-    if s.rejections:
-        table = Table("seq", "type", "code", "producer", title="rejections")
-        for r in s.rejections:
-            table.add_row(str(r.seq), r.type, r.code, r.producer)
-        out.print(table)
-
-
 @main.command()
 @click.argument("session_id")
 @pass_ctx
@@ -286,15 +229,6 @@ def window(ctx: Ctx, session_id: str) -> None:
             out.print(m.content, markup=False, highlight=False)
 
     _emit(ctx, data, render)
-
-
-def render_timeline(entries: list[dict[str, Any]]) -> None:
-    """Print timeline entries as a table."""
-    table = Table("seq", "kind", "what")
-    for e in entries:
-        details = {k: v for k, v in e.items() if k not in ("session", "kind", "seq")}
-        table.add_row(str(e["seq"]), e["kind"], json.dumps(details, ensure_ascii=False)[:160])
-    out.print(table)
 
 
 @main.command()
@@ -397,107 +331,18 @@ def keys_generate(key_id: str, directory: Path) -> None:
 # -- the demo ------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _worker_process(settings: Settings, env: dict[str, str], logfile: Path) -> Iterator[None]:
-    with logfile.open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "milpa_sessions.cli", "worker"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 @main.command()
 @click.option("--in-memory", is_flag=True, help="Use the in-memory backend (no Kafka, no Redis).")
+@click.option("--agents", default=8, show_default=True, help="How many simulated agents.")
+@click.option("--seed", default=7, show_default=True, help="Seed of the simulated fleet.")
 @pass_ctx
 @_fail_cleanly
-def demo(ctx: Ctx, in_memory: bool) -> None:
-    """Run a session through the whole vocabulary and show window, timeline and decisions."""
-    prefix = f"demo-{uuid.uuid4().hex[:6]}"
-    with tempfile.TemporaryDirectory() as tmp:
-        signer = Signer.generate("demo-operator-console")
-        operator = Principal("actor:member:42", verified=True)
-        if in_memory:
-            store = SessionStore.in_memory(signer=signer)
-            sessions = run_scenario(store, prefix, operator)
-            _show_demo(store, sessions.main, sessions.child, sessions.forged, decisions=None)
-            return
-        trusted = Path(tmp) / "trusted"
-        trusted.mkdir()
-        from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
-
-        (trusted / f"{signer.key_id}.pem").write_bytes(
-            signer.private_key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
-        settings = ctx.settings
-        created = ensure_topics(settings)
-        err.print(f"topics: {created}")
-        env = {**os.environ, "MILPA_TRUSTED_KEYS_DIR": str(trusted)}
-        env["MILPA_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
-        env["MILPA_REDIS_URL"] = settings.redis_url
-        logfile = Path(tmp) / "worker.log"
-        with _worker_process(settings, env, logfile):
-            store = wiring.session_store(settings, producer="demo-agent")
-            store.signer = signer
-            err.print(f"worker started; driving sessions {prefix}-* through Kafka → Faust → Redis")
-            sessions = run_scenario(store, prefix, operator)
-            store.load(sessions.forged)  # read-your-writes: waits until the worker applied it
-            subscriber = DecisionSubscriber(
-                settings.kafka_bootstrap, settings.decisions_topic, f"demo-{prefix}"
-            )
-            wanted = {sessions.main, sessions.forged}
-            found: list[PublishedDecision] = []
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and {d.session_id for d in found} != wanted:
-                found.extend(d for d in subscriber.poll() if d.session_id in wanted)
-            subscriber.close()
-            _show_demo(store, sessions.main, sessions.child, sessions.forged, decisions=found)
+def demo(ctx: Ctx, in_memory: bool, agents: int, seed: int) -> None:
+    """Run a simulated fleet through the real pipeline and show what an operator sees."""
+    run_demo(ctx.settings, in_memory=in_memory, config=FleetConfig(agents=agents, seed=seed))
 
 
-def _show_demo(
-    store: SessionStore,
-    main_id: str,
-    child_id: str,
-    forged_id: str,
-    decisions: list[PublishedDecision] | None,
-) -> None:
-    main_session = store.load(main_id)
-    out.rule(f"session {main_id}")
-    render_session(main_session)
-    out.rule("window (what the model is sent)")
-    for m in main_session.window():
-        out.print(f"[bold]{m.role}[/bold]: ", end="")
-        out.print(m.content, markup=False, highlight=False)
-    out.rule("timeline")
-    render_timeline(store.timeline(main_id))
-    out.rule(f"child session {child_id} (inherited the open todos)")
-    render_session(store.load(child_id))
-    out.rule(f"session {forged_id}: an agent forged a verified answer")
-    render_session(store.load(forged_id))
-    if decisions is not None:
-        out.rule("decisions received by a downstream subscriber (sessions.decisions)")
-        table = Table("session", "question", "answer", "by", "verified", "seq")
-        for d in decisions:
-            table.add_row(
-                d.session_id,
-                d.question_id,
-                d.answer,
-                d.by.id if d.by else "-",
-                "yes" if d.by and d.by.verified else "no",
-                str(d.seq),
-            )
-        out.print(table)
+main.add_command(stats)
 
 
 if __name__ == "__main__":

@@ -1,73 +1,239 @@
-"""The demo: one agent session driven through the vocabulary, then shown as an operator sees it."""
+"""The demo an operator runs first: a simulated fleet through the real pipeline, then the facts.
+
+Against the local stack it starts a worker process (projector + scheduler), drives the fleet
+through Kafka, follows it live, and ends with what Redis and a downstream subscriber hold: every
+session, pauses by reason with their outcomes, decisions, expiries, and one session in full.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
-from producers.store import SessionStore, deadline_in
-from schemas import events as ev
-from session_model.policy import SessionPolicy, Verdict, permission_question
-from session_model.principal import Principal
+from cryptography.hazmat.primitives import serialization
+from rich.live import Live
+from rich.table import Table
+
+from milpa_sessions import wiring
+from milpa_sessions.fleet import FleetConfig, FleetProgress, run_fleet
+from milpa_sessions.render import out, render_session, render_timeline
+from processors.decisions import DecisionSubscriber, PublishedDecision
+from producers.memory import in_memory_backend
+from producers.ports import EventLog, ProjectionStore
+from producers.settings import Settings
+from producers.store import SessionStore
+from producers.topics import ensure_topics
+from session_model.session import Session
+from session_model.signing import Signer
+
+OPERATOR = "operator-console"
 
 
-@dataclass(frozen=True, slots=True)
-class DemoSessions:
-    """The ids the scenario created."""
+@contextmanager
+def worker_process(settings: Settings, logfile: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A `milpa-sessions worker` child process, stopped (SIGTERM) on exit."""
+    env = {**os.environ, **settings.to_env()}
+    with logfile.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "milpa_sessions.cli", "worker", "--loglevel", "info"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
-    main: str
-    child: str
-    forged: str
 
-
-def run_scenario(store: SessionStore, prefix: str, operator: Principal) -> DemoSessions:
-    """Drive a migration: plan, todos, tools, a permission pause, a human answer, a child."""
-    main, child, forged = f"{prefix}-migrate", f"{prefix}-followup", f"{prefix}-forged"
-    policy = SessionPolicy()
-    now = datetime.now(UTC)
-
-    store.start(main, "move the Inventario plugin to sqlite", mode="ask")
-    store.record_turn(main, "user", "start with the repository")
-    store.set_plan(main, "1. entity  2. repository  3. migration")
-    store.set_todo(main, "entity", "create the entity", "in_progress")
-    store.set_todo(main, "repo", "write the repository")
-    store.set_todo(main, "migrate", "run the migration")
-    store.record_tool_call(main, "read_file", {"path": "src/Inventario.php"}, "142 lines")
-    store.record_tool_call(
-        main, "make", {"what": "entity"}, "ok: created", mutating=True, artifact="src/Item.php"
+def _progress_table(progress: FleetProgress, agents: int, started_at: float) -> Table:
+    table = Table(title=f"fleet of {agents} agents — {time.monotonic() - started_at:4.1f}s")
+    for column in ("started", "finished", "expired", "questions", "answered", "events"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(progress.started),
+        str(progress.finished),
+        str(progress.expired),
+        str(progress.questions),
+        str(progress.answers),
+        str(progress.events),
     )
-    store.set_todo(main, "entity", "create the entity", "done")
+    return table
 
-    arguments = {"what": "migration", "target": "sqlite"}
-    session = store.load(main)
-    if policy.decide(session, "migrate", mutating=True, requires_signature=False) is (
-        Verdict.ASK_PERMISSION
-    ):
-        question = permission_question("migrate", arguments, expires_at=deadline_in(now, 3600))
-        store.ask(main, question)
-        store.answer(main, question.id, "yes", operator, executor="demo-operator-console")
-        store.grant(main, "migrate")
-    store.record_tool_call(
-        main, "migrate", arguments, "ok: 3 tables", mutating=True, artifact="db/inventory.sqlite"
-    )
-    store.record_execution(
-        main, "migrate", arguments, artifact="db/inventory.sqlite", executor="runner-1"
-    )
-    store.set_todo(main, "repo", "write the repository", "blocked")
 
-    store.start(child, "finish what the migration left open", mode="auto", parent_id=main)
-    moved = store.transfer_open_todos(main, child)
-    store.message(child, main, f"{moved} open todos are yours now")
-    store.end(main, "handed the rest to a follow-up session")
-
-    # An agent that claims a verified human answered, without the answering key: downgraded.
-    store.start(forged, "an agent that tries to approve itself")
-    question = permission_question("deploy", {"env": "prod"})
-    store.ask(forged, question)
-    fake = store.event(
-        forged,
-        ev.QUESTION_ANSWERED,
-        {"question_id": question.id, "answer": "yes", "by": {"id": "actor:boss", "verified": True}},
+def _drive(
+    make_store: Callable[[str], SessionStore],
+    prefix: str,
+    config: FleetConfig,
+    extra: Callable[[list[str], threading.Event], None] | None = None,
+) -> list[str]:
+    progress = FleetProgress()
+    result: list[str] = []
+    runner = threading.Thread(
+        target=lambda: result.extend(run_fleet(make_store, prefix, config, progress, extra)),
+        daemon=True,
     )
-    store.append(fake)
-    return DemoSessions(main, child, forged)
+    started_at = time.monotonic()
+    runner.start()
+    with Live(_progress_table(progress, config.agents, started_at), console=out) as live:
+        while runner.is_alive():
+            runner.join(0.25)
+            live.update(_progress_table(progress, config.agents, started_at))
+    return result
+
+
+def run_demo(settings: Settings, *, in_memory: bool, config: FleetConfig) -> None:
+    """Run the fleet on the in-memory backend or through Kafka, Faust and Redis."""
+    prefix = f"demo-{uuid.uuid4().hex[:6]}"
+    signer = Signer.generate(OPERATOR)
+    if in_memory:
+        log, store = in_memory_backend(signer.trusted_keys())
+        make = _factory(log, store, signer)
+        scheduler = make("milpa-scheduler")
+
+        def expire(ids: list[str], stop: threading.Event) -> None:
+            while not stop.is_set():  # the in-memory stand-in for the scheduler processor
+                for sid in ids:
+                    if (s := scheduler.find(sid)) is not None and s.question is not None:
+                        scheduler.expire_if_due(sid, datetime.now(UTC))
+                stop.wait(0.05)
+
+        ids = _drive(make, prefix, config, expire)
+        _report(make("reader"), ids, decisions=None)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        trusted = Path(tmp) / "trusted"
+        trusted.mkdir()
+        (trusted / f"{signer.key_id}.pem").write_bytes(
+            signer.private_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        worker_settings = replace(settings, trusted_keys_dir=trusted)
+        ensure_topics(settings)
+        logfile = Path(tmp) / "worker.log"
+        with worker_process(worker_settings, logfile):
+            out.print(
+                f"[bold]worker started[/bold] (projector + scheduler); agents write to "
+                f"{settings.events_topic} at {settings.kafka_bootstrap}, projections in Redis"
+            )
+            shared = wiring.session_store(settings, producer="demo")
+            make = _factory(shared.log, shared.projections, signer, settings.read_timeout)
+            ids = _drive(make, prefix, config)
+            reader = make("reader")
+            for sid in ids:  # read-your-writes: every agent's last event is projected
+                reader.load(sid)
+            decisions = _collect_decisions(settings, prefix, ids)
+            _report(reader, ids, decisions)
+
+
+def _factory(
+    log: EventLog, projections: ProjectionStore, signer: Signer, read_timeout: float = 10.0
+) -> Callable[[str], SessionStore]:
+    def make(producer: str) -> SessionStore:
+        # Only the operator's console holds the answering key.
+        key = signer if producer == OPERATOR else None
+        return SessionStore(
+            log, projections, producer=producer, signer=key, read_timeout=read_timeout
+        )
+
+    return make
+
+
+def _collect_decisions(settings: Settings, prefix: str, ids: list[str]) -> list[PublishedDecision]:
+    subscriber = DecisionSubscriber(
+        settings.kafka_bootstrap, settings.decisions_topic, f"{prefix}-subscriber"
+    )
+    wanted = set(ids)
+    found: list[PublishedDecision] = []
+    quiet_since = time.monotonic()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < 3:
+        batch = [d for d in subscriber.poll() if d.session_id in wanted]
+        if batch:
+            found.extend(batch)
+            quiet_since = time.monotonic()
+    subscriber.close()
+    return found
+
+
+def _status(s: Session) -> str:
+    if not s.ended:
+        return "waiting" if s.question else "running"
+    return "expired" if s.closed_question is not None else "finished"
+
+
+def _report(store: SessionStore, ids: list[str], decisions: list[PublishedDecision] | None) -> None:
+    sessions = [store.load(sid) for sid in ids]
+    out.rule(f"sessions ({ids[0].rsplit('-', 2)[0]}-*)")
+    table = Table("session", "status", "mode", "seq", "decisions", "open todos", "why it ended")
+    for s in sessions:
+        if s.closed_question is not None:
+            why = f"unanswered: {s.closed_question.id}"
+        else:
+            why = s.ended_because or ""
+        table.add_row(
+            s.id.rsplit("-", 2)[-2] + "-" + s.id.rsplit("-", 1)[-1],
+            _status(s),
+            s.mode.value,
+            str(s.seq),
+            str(len(s.decisions)),
+            str(len(s.open_todos())),
+            why,
+        )
+    out.print(table)
+
+    out.rule("pauses by reason")
+    asked: Counter[str] = Counter()
+    outcome: Counter[tuple[str, str]] = Counter()
+    for s in sessions:
+        asked.update(s.pauses)
+        for d in s.decisions:
+            kind = "expired" if d.expired_at is not None else "answered"
+            outcome[(d.reason or "unspecified", kind)] += 1
+    pauses = Table("reason", "pauses", "answered", "expired", "still open")
+    for reason, n in sorted(asked.items()):
+        answered, expired = outcome[(reason, "answered")], outcome[(reason, "expired")]
+        pauses.add_row(reason, str(n), str(answered), str(expired), str(n - answered - expired))
+    out.print(pauses)
+
+    expired_sessions = [s for s in sessions if _status(s) == "expired"]
+    late = sum(s.rejection_counts().get("late_answer", 0) for s in sessions)
+    out.print(
+        f"expiries: {len(expired_sessions)} sessions ended because nobody answered in time; "
+        f"late answers on record: {late}"
+    )
+    if decisions is not None:
+        out.rule("decisions received by a downstream subscriber (sessions.decisions)")
+        verified = sum(1 for d in decisions if d.by is not None and d.by.verified)
+        windows = sum(1 for d in decisions if d.expired)
+        folded = sum(len(s.decisions) for s in sessions)
+        out.print(
+            f"{len(decisions)} decisions received ({verified} by a verified operator, "
+            f"{windows} closed windows); the projections hold {folded}"
+        )
+    example = expired_sessions[0] if expired_sessions else sessions[0]
+    out.rule(f"one session in full: {example.id}")
+    render_session(example)
+    out.rule("its window (what the model is sent)")
+    for m in example.window():
+        out.print(f"[bold]{m.role}[/bold]: ", end="")
+        out.print(m.content, markup=False, highlight=False)
+    out.rule("its timeline")
+    render_timeline(store.timeline(example.id))

@@ -8,6 +8,7 @@ mode is not used; at-least-once delivery plus the marks in Redis make redeliveri
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,11 +16,13 @@ from typing import Any
 
 import faust
 import redis.asyncio as aioredis
+from faust.exceptions import ConsumerNotStarted
 
 from processors.keys import Keys
+from processors.metrics import Metrics
 from processors.redis_store import AsyncRedisProjectionStore
-from processors.scheduler import Scheduler
-from processors.worker import ProjectionWorker, RawRecord
+from processors.scheduler import Scheduler, SchedulerStats
+from processors.worker import ProjectionWorker, RawRecord, WorkerStats
 from producers.settings import Settings
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
@@ -137,9 +140,49 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         worker().forget()
+        worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         await scheduler().assign(owned_partitions())
+        holder["assigned"] = True
+
+    if settings.metrics_port > 0:
+        _serve_metrics(app, settings.metrics_port, holder, events.get_topic_name())
 
     return ProjectorApp(app, worker, scheduler)
+
+
+def _serve_metrics(app: Any, port: int, holder: dict[str, Any], topic: str) -> None:
+    """Expose the worker's stats on `127.0.0.1:port/metrics` while the app runs."""
+
+    def worker_stats() -> WorkerStats | None:
+        w: ProjectionWorker | None = holder.get("worker")
+        return w.stats if w is not None else None
+
+    def scheduler_stats() -> SchedulerStats | None:
+        s: Scheduler | None = holder.get("scheduler")
+        return s.stats if s is not None else None
+
+    def highwaters() -> dict[int, int]:
+        # Called from the metrics thread: only once the consumer exists and has an assignment.
+        if not holder.get("assigned"):
+            return {}
+        found: dict[int, int] = {}
+        try:
+            for tp in app.consumer.assignment():
+                if tp.topic == topic and (hw := app.consumer.highwater(tp)) is not None:
+                    found[tp.partition] = hw
+        except (ConsumerNotStarted, AssertionError, AttributeError, KeyError) as e:
+            log.debug("highwaters unavailable (rebalancing?): %s", e)  # next scrape retries
+        return found
+
+    metrics = Metrics(worker_stats, scheduler_stats, highwaters)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def serve_metrics() -> None:
+        metrics.serve(port)
+        try:
+            await asyncio.Event().wait()  # until the app stops and cancels this task
+        finally:
+            await asyncio.to_thread(metrics.stop)

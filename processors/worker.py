@@ -70,6 +70,7 @@ class WorkerStats:
     pauses: Counter[str] = field(default_factory=Counter)
     downgrades: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    last_offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset processed
 
 
 class ProjectionWorker:
@@ -115,6 +116,7 @@ class ProjectionWorker:
         for listener in self.listeners:
             listener(updates)
         await self._publish_decisions(updates)
+        self.stats.last_offsets.update({r.partition: r.offset for r in raws})
         return updates
 
     async def states(self, session_ids: Sequence[str]) -> dict[str, Folded]:

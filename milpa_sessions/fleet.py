@@ -1,0 +1,204 @@
+"""A simulated fleet for the demo: agents that work, pause, wait; an operator who answers some.
+
+Every agent drives its own session through `SessionStore` and the policy, exactly as a real agent
+would; questions it cannot resolve itself carry a reason code and a deadline. A simulated operator
+answers most permission and target questions (signed, so verified); the rest are left to the
+scheduler, which closes their answer windows and so ends those sessions.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from producers.store import SessionStore, deadline_in
+from schemas.errors import MilpaError
+from session_model.policy import (
+    SessionPolicy,
+    Verdict,
+    permission_question,
+    signature_question,
+    target_question,
+)
+from session_model.principal import Principal
+from session_model.session import Question, Session
+
+GOALS = (
+    "move the Inventario plugin to sqlite",
+    "upgrade the billing service to the new API",
+    "fix the flaky checkout test",
+    "split the monolith's user module",
+    "add rate limiting to the public API",
+    "migrate the CI from Jenkins to the new runner",
+)
+MUTATING = ("make", "migrate", "write_file", "git_commit")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """How big and how patient the simulated fleet is."""
+
+    agents: int = 8
+    seed: int = 7
+    answer_ratio: float = 0.8
+    deadline_seconds: float = 4.0
+    operator_delay: float = 0.6
+    step_pause: float = 0.05
+
+
+@dataclass
+class FleetProgress:
+    """Live counters the demo renders."""
+
+    started: int = 0
+    finished: int = 0
+    expired: int = 0
+    questions: int = 0
+    answers: int = 0
+    events: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, **counts: int) -> None:
+        """Add to some counters."""
+        with self.lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+
+def _ask(store: SessionStore, sid: str, q: Question, progress: FleetProgress) -> Session:
+    store.ask(sid, q)
+    progress.add(questions=1, events=1)
+    while True:  # wait for the human or the window to close
+        session = store.load(sid)
+        if session.ended or session.question is None:
+            return session
+        time.sleep(0.1)
+
+
+def run_agent(
+    store: SessionStore, sid: str, index: int, config: FleetConfig, progress: FleetProgress
+) -> None:
+    """One agent's working day, as a sequence of appends and policy decisions."""
+    rng = random.Random(config.seed * 1000 + index)
+    policy = SessionPolicy()
+    mode = rng.choice(("ask", "ask", "acknowledge", "auto"))
+    store.start(sid, GOALS[index % len(GOALS)], mode=mode)
+    store.set_plan(sid, "read, change, verify")
+    for t in ("read", "change", "verify"):
+        store.set_todo(sid, t, f"{t} the code")
+    progress.add(started=1, events=5)
+    for step in range(rng.randint(3, 6)):
+        time.sleep(config.step_pause)
+        store.record_turn(sid, "assistant", f"step {step}: looking at module {rng.randint(1, 9)}")
+        store.record_tool_call(sid, "read_file", {"path": f"src/m{step}.py"}, "120 lines")
+        progress.add(events=2)
+        op = rng.choice(MUTATING)
+        arguments = {"step": step, "target": f"module-{step}"}
+        needs_signature = rng.random() < 0.04
+        roll = rng.random()
+        session = store.load(sid)
+        deadline = deadline_in(datetime.now(UTC), config.deadline_seconds)
+        verdict = policy.decide(session, op, mutating=True, requires_signature=needs_signature)
+        if roll < 0.12:
+            question = target_question(
+                op, f"module-{step}", f"Did you mean module-{step}?", deadline
+            )
+        elif roll < 0.2:
+            question = Question(f"free:{step}", "Which style guide applies?", ("pep8", "black"))
+            question = Question(question.id, question.question, question.options, None, deadline)
+        elif verdict is Verdict.REQUIRE_SIGNATURE:
+            question = signature_question(op, arguments, deadline)
+        elif verdict is Verdict.ASK_PERMISSION:
+            question = permission_question(op, arguments, deadline)
+        else:
+            question = None
+        if question is not None:
+            session = _ask(store, sid, question, progress)
+            if session.ended:
+                progress.add(expired=1)
+                return
+            decision = session.decisions[-1]
+            if question.reason == "permission" and decision.affirmative:
+                store.grant(sid, op)
+                progress.add(events=1)
+            elif question.reason == "permission":
+                continue
+        store.record_tool_call(sid, op, arguments, "ok", mutating=True, artifact=f"src/m{step}.py")
+        store.set_todo(sid, "change", "change the code", "in_progress")
+        progress.add(events=2)
+    store.set_todo(sid, "read", "read the code", "done")
+    store.end(sid, "work finished")
+    progress.add(finished=1, events=2)
+
+
+def run_operator(
+    store: SessionStore,
+    session_ids: list[str],
+    config: FleetConfig,
+    progress: FleetProgress,
+    stop: threading.Event,
+) -> None:
+    """Answer most open questions after a delay; never signature ones (a click cannot sign)."""
+    rng = random.Random(config.seed)
+    operator = Principal("actor:member:42", verified=True)
+    seen: dict[tuple[str, str, int], float] = {}
+    while not stop.is_set():
+        for sid in session_ids:
+            session = store.find(sid)
+            q = session.question if session is not None else None
+            if session is None or q is None or session.ended:
+                continue
+            key = (sid, q.id, q.seq)
+            first_seen = seen.setdefault(key, time.monotonic())
+            if time.monotonic() - first_seen < config.operator_delay or q.reason == "signature":
+                continue
+            if rng.random() > config.answer_ratio:
+                seen[key] = float("inf")  # left to expire
+                continue
+            answer = q.options[0] if q.options and rng.random() < 0.85 else (q.options or ("",))[-1]
+            try:
+                store.answer(sid, q.id, answer, operator, executor="operator-console")
+                progress.add(answers=1, events=1)
+            except MilpaError:
+                pass  # the window closed first: the late attempt is on record
+            seen[key] = float("inf")
+        stop.wait(0.15)
+
+
+def run_fleet(
+    make_store: Callable[[str], SessionStore],
+    prefix: str,
+    config: FleetConfig,
+    progress: FleetProgress,
+    extra: Callable[[list[str], threading.Event], None] | None = None,
+) -> list[str]:
+    """Run every agent and the operator to completion; returns the session ids."""
+    ids = [f"{prefix}-agent-{i:02d}" for i in range(config.agents)]
+    stop = threading.Event()
+    helpers = [
+        threading.Thread(
+            target=run_operator,
+            args=(make_store("operator-console"), ids, config, progress, stop),
+            daemon=True,
+        )
+    ]
+    if extra is not None:
+        helpers.append(threading.Thread(target=extra, args=(ids, stop), daemon=True))
+    agents = [
+        threading.Thread(
+            target=run_agent, args=(make_store(f"agent-{i}"), sid, i, config, progress), daemon=True
+        )
+        for i, sid in enumerate(ids)
+    ]
+    for t in (*helpers, *agents):
+        t.start()
+    for t in agents:
+        t.join()
+    stop.set()
+    for t in helpers:
+        t.join(timeout=5)
+    return ids

@@ -1,0 +1,74 @@
+"""Rendering sessions for people: tables on the terminal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from session_model.session import Session
+
+out = Console()
+
+
+def session_summary(s: Session) -> dict[str, Any]:
+    """The fields `list` and `show` print."""
+    status = "ended" if s.ended else ("waiting" if s.question else "runnable")
+    return {
+        "id": s.id,
+        "status": status,
+        "mode": s.mode.value,
+        "goal": s.goal,
+        "seq": s.seq,
+        "turns": s.turn_count,
+        "plan_version": s.plan_version,
+        "open_todos": len(s.open_todos()),
+        "question": s.question.id if s.question else None,
+        "permissions": list(s.permissions),
+        "decisions": len(s.decisions),
+        "rejections": s.rejection_counts(),
+        "downgrades": s.downgrades,
+        "parent_id": s.parent_id,
+        "ended_because": s.ended_because,
+    }
+
+
+def render_session(s: Session) -> None:
+    """Print a session as an operator reads it."""
+    info = session_summary(s)
+    out.print(f"[bold]{s.id}[/bold]  {info['status']}  mode={s.mode.value}  seq={s.seq}")
+    out.print(f"goal: {s.goal}", markup=False)
+    if s.ended_because:
+        out.print(f"ended: {s.ended_because}", markup=False)
+    if s.todos:
+        todos = Table("todo", "status", "v", "origin", "disposition", "text", title="todos")
+        for t in s.todos:
+            todos.add_row(t.id, t.status, str(t.version), t.origin, t.disposition, t.text)
+        out.print(todos)
+    if s.decisions:
+        table = Table("question", "answer", "by", "verified", "reason", title="decisions")
+        for d in s.decisions:
+            table.add_row(
+                d.question,
+                d.answer or "(window closed)",
+                d.by.id if d.by else "-",
+                "yes" if d.by and d.by.verified else "no",
+                d.reason or "-",
+            )
+        out.print(table)
+    if s.rejections:
+        table = Table("seq", "type", "code", "producer", title="rejections")
+        for r in s.rejections:
+            table.add_row(str(r.seq), r.type, r.code, r.producer)
+        out.print(table)
+
+
+def render_timeline(entries: list[dict[str, Any]]) -> None:
+    """Print timeline entries as a table."""
+    table = Table("seq", "kind", "what")
+    for e in entries:
+        details = {k: v for k, v in e.items() if k not in ("session", "kind", "seq")}
+        table.add_row(str(e["seq"]), e["kind"], json.dumps(details, ensure_ascii=False)[:160])
+    out.print(table)

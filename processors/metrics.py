@@ -1,0 +1,235 @@
+"""Prometheus metrics of a worker, read from its `WorkerStats` and `SchedulerStats` when scraped.
+
+The batch path only bumps the plain counters it already keeps; this collector turns them into
+metric families when `/metrics` is scraped (in the HTTP server's thread), so serving metrics adds
+no work per event. Histograms are fed incrementally from the stats' sample lists: each scrape folds
+in only the samples appended since the previous one. The registry is dedicated (never the global
+one), so several apps in one process, or tests, do not collide.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from processors.scheduler import SchedulerStats
+from processors.worker import WorkerStats
+from schemas.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+K = TypeVar("K")
+
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+# Lateness of a closing after its deadline; fine around the 10 ms target.
+LATENESS_MS_BUCKETS: tuple[float, ...] = (
+    1,
+    2,
+    5,
+    7.5,
+    10,
+    15,
+    20,
+    30,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10000,
+)
+
+
+def consumer_lag(highwaters: Mapping[int, int], last_offsets: Mapping[int, int]) -> dict[int, int]:
+    """Records behind per partition: highwater − last processed offset − 1 (never below zero).
+
+    Only partitions with both a known highwater and a processed record are reported.
+    """
+    return {
+        p: max(hw - last_offsets[p] - 1, 0)
+        for p, hw in sorted(highwaters.items())
+        if p in last_offsets
+    }
+
+
+def _snapshot(counts: Mapping[K, int]) -> list[tuple[K, int]]:
+    """A consistent copy of a dict the event loop may be growing concurrently."""
+    while True:
+        try:
+            return sorted(counts.items(), key=lambda kv: str(kv[0]))
+        except RuntimeError:  # "dictionary changed size during iteration": copy again
+            continue
+
+
+@dataclass
+class Buckets:
+    """Cumulative histogram state, fed by the new tail of an append-only sample list."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    seen: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def feed(self, samples: Sequence[float]) -> None:
+        """Fold in the samples appended since the last call."""
+        if len(samples) < self.seen:  # the list was replaced: start over from it
+            self.counts = [0] * (len(self.bounds) + 1)
+            self.total = 0.0
+            self.seen = 0
+        new = samples[self.seen :]
+        self.seen += len(new)
+        for value in new:
+            self.counts[bisect.bisect_left(self.bounds, value)] += 1
+            self.total += value
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        """The histogram as a metric family (cumulative `le` buckets, `+Inf` last)."""
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            cumulative.append((_le(bound), running))
+        return HistogramMetricFamily(name, documentation, buckets=cumulative, sum_value=self.total)
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as client libraries write `le` (`2.0`, `7.5`, `+Inf`)."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+def _labelled(
+    name: str, documentation: str, label: str, counts: Mapping[str, int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, n in _snapshot(counts):
+        family.add_metric([key], n)
+    return family
+
+
+class StatsCollector(Collector):
+    """Builds the metric families from the live stats objects when scraped."""
+
+    def __init__(
+        self,
+        worker: Callable[[], WorkerStats | None],
+        scheduler: Callable[[], SchedulerStats | None],
+        highwaters: Callable[[], Mapping[int, int]],
+    ) -> None:
+        self._worker = worker
+        self._scheduler = scheduler
+        self._highwaters = highwaters
+        self._lock = threading.Lock()  # scrapes may run concurrently (threaded HTTP server)
+        self._batch_sizes = Buckets(BATCH_SIZE_BUCKETS)
+        self._lateness = Buckets(LATENESS_MS_BUCKETS)
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric, read now."""
+        with self._lock:
+            yield from self._worker_metrics(self._worker() or WorkerStats())
+            yield from self._scheduler_metrics(self._scheduler() or SchedulerStats())
+
+    def _worker_metrics(self, w: WorkerStats) -> Iterator[Metric]:
+        yield _labelled("milpa_events", "Events folded, by outcome kind.", "outcome", w.outcomes)
+        yield _counter("milpa_records", "Records consumed from the events topic.", w.records)
+        yield _counter(
+            "milpa_redelivered",
+            "Records skipped as already applied (at or below the mark).",
+            w.redelivered,
+        )
+        yield _counter("milpa_batches", "Batches processed.", w.batches)
+        self._batch_sizes.feed(w.batch_sizes)
+        yield self._batch_sizes.family("milpa_batch_size", "Records per batch.")
+        yield _counter("milpa_redis_round_trips", "Redis round trips.", w.redis_round_trips)
+        yield _counter(
+            "milpa_redis_retries", "Redis calls retried after a failure.", w.redis_retries
+        )
+        yield _counter(
+            "milpa_dead_lettered", "Records sent to the dead-letter topic.", w.dead_lettered
+        )
+        yield _counter("milpa_decisions_published", "Decisions published.", w.decisions)
+        yield _labelled("milpa_rejections", "Rejected events, by code.", "code", w.rejections)
+        yield _labelled("milpa_pauses", "Questions asked, by reason code.", "reason", w.pauses)
+        yield _counter(
+            "milpa_principal_downgrades", "Verified claims downgraded by the fold.", w.downgrades
+        )
+        yield _counter(
+            "milpa_commit_conflicts", "Commits refused: the mark had moved.", w.conflicts
+        )
+        lag = GaugeMetricFamily(
+            "milpa_consumer_lag",
+            "Records behind the highwater, per partition.",
+            labels=["partition"],
+        )
+        for partition, behind in consumer_lag(
+            self._highwaters(), dict(_snapshot(w.last_offsets))
+        ).items():
+            lag.add_metric([str(partition)], behind)
+        yield lag
+
+    def _scheduler_metrics(self, s: SchedulerStats) -> Iterator[Metric]:
+        yield _counter("milpa_scheduler_closings", "Answer windows closed.", s.closings)
+        yield _counter("milpa_scheduler_compactions", "Compactions emitted.", s.compactions)
+        self._lateness.feed(s.lateness_ms)
+        yield self._lateness.family(
+            "milpa_expiry_lateness_ms", "Milliseconds from a deadline to its closing being emitted."
+        )
+
+
+class Metrics:
+    """A dedicated registry holding the stats collector, and its HTTP endpoint."""
+
+    def __init__(
+        self,
+        worker: Callable[[], WorkerStats | None],
+        scheduler: Callable[[], SchedulerStats | None],
+        highwaters: Callable[[], Mapping[int, int]] = dict,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = StatsCollector(worker, scheduler, highwaters)
+        self.registry.register(self.collector)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve `/metrics` on `addr:port` in a daemon thread; returns the bound port."""
+        try:
+            server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as e:
+            raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {e}") from e
+        self._server, self._thread = server, thread
+        bound: int = server.server_port
+        log.info("metrics on http://%s:%d/metrics", addr, bound)
+        return bound
+
+    def stop(self) -> None:
+        """Stop the HTTP endpoint (blocks up to the server's poll interval)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
