@@ -105,9 +105,9 @@ def step(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Step:
     if event.event_id in state.event_ids:
         return Step(state, event, Outcome(Kind.DUPLICATE, None))
     seq = state.seq + 1
-    base = replace(state, seq=seq, event_ids=state.event_ids | {event.event_id})
+    base = state.evolve(seq=seq, event_ids=state.event_ids | {event.event_id})
     if event.type not in _KNOWN_TYPES or not event.payload_readable:
-        return Step(replace(base, skipped=base.skipped + 1), event, Outcome(Kind.SKIPPED, seq))
+        return Step(base.evolve(skipped=base.skipped + 1), event, Outcome(Kind.SKIPPED, seq))
     try:
         new_state, outcome = _apply_known(state, base, event, seq, keys)
     except _Reject as rejected:
@@ -120,7 +120,7 @@ def step(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Step:
             occurred_at=event.occurred_at,
             by=rejected.by,
         )
-        new_state = replace(base, rejections=(*base.rejections, rejection))
+        new_state = base.evolve(rejections=(*base.rejections, rejection))
         outcome = Outcome(Kind.REJECTED, seq, rejection=rejection)
     return Step(new_state, event, outcome)
 
@@ -204,7 +204,7 @@ def _strings(value: object) -> tuple[str, ...]:
 
 def _add_turn(s: Session, role: str, content: str, seq: int) -> tuple[Session, Turn]:
     turn = Turn(role, content, seq)
-    return replace(s, turns=(*s.turns, turn), turn_count=s.turn_count + 1), turn
+    return s.evolve(turns=(*s.turns, turn), turn_count=s.turn_count + 1), turn
 
 
 def _without(items: tuple[str, ...], name: str) -> tuple[str, ...]:
@@ -217,9 +217,7 @@ def _without(items: tuple[str, ...], name: str) -> tuple[str, ...]:
 def _started(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
     p = e.payload
     return _applied(
-        replace(
-            s,
-            started=True,
+        s.evolve(started=True,
             goal=_text(p, "goal"),
             mode=parse_mode(p.get("mode")) or Mode.ASK,
             parent_id=_optional_text(p, "parent_id") or None,
@@ -252,9 +250,7 @@ def _tool_called(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Ses
         effect_observation_id=_optional_text(p, "effect_observation_id"),
     )
     state, turn = _add_turn(s, "tool", f"{tool} → {result}", seq)
-    state = replace(
-        state,
-        tool_calls=s.tool_calls + 1,
+    state = state.evolve(tool_calls=s.tool_calls + 1,
         mutations=s.mutations + (1 if mutating else 0),
         run_first=_without(s.run_first, tool),
         calls=(*s.calls, call),
@@ -273,9 +269,9 @@ def _plan_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Sessio
     plan = _text(e.payload, "plan")
     run_first = _without(s.run_first, "plan")
     if plan == s.plan:
-        return _applied(replace(s, run_first=run_first), seq, plan_supersedes=None)
+        return _applied(s.evolve(run_first=run_first), seq, plan_supersedes=None)
     supersedes = s.plan_version if s.plan_version > 0 else None
-    state = replace(s, plan=plan, plan_version=s.plan_version + 1, run_first=run_first)
+    state = s.evolve(plan=plan, plan_version=s.plan_version + 1, run_first=run_first)
     return _applied(state, seq, plan_supersedes=supersedes)
 
 
@@ -335,7 +331,7 @@ def _todo_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Se
             replaces=replaces if replaces is not None else current.replaces,
         )
         todos = tuple(card if t.id == todo_id else t for t in s.todos)
-    state = replace(s, todos=todos, run_first=_without(s.run_first, "todo"))
+    state = s.evolve(todos=todos, run_first=_without(s.run_first, "todo"))
     return _applied(state, seq, card=card)
 
 
@@ -356,7 +352,7 @@ def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[
     reason = question.reason or UNSPECIFIED_REASON
     pauses = dict(s.pauses)
     pauses[reason] = pauses.get(reason, 0) + 1
-    return _applied(replace(s, question=question, pauses=pauses), seq, pause_reason=reason)
+    return _applied(s.evolve(question=question, pauses=pauses), seq, pause_reason=reason)
 
 
 def _question_answered(
@@ -385,9 +381,7 @@ def _question_answered(
         asked_at=question.asked_at,
     )
     state, turn = _add_turn(s, "user", answer, seq)
-    state = replace(
-        state,
-        question=None,
+    state = state.evolve(question=None,
         decisions=(*s.decisions, decision),
         downgrades=s.downgrades + (1 if downgraded else 0),
     )
@@ -415,7 +409,7 @@ def _window_closed(s: Session, e: Event, seq: int) -> tuple[Session, Outcome]:
         asked_at=question.asked_at,
     )
     because = f"the window to answer «{question.question}» closed at {at_text} and nobody answered"
-    state = replace(s, question=None, closed_question=question, decisions=(*s.decisions, decision))
+    state = s.evolve(question=None, closed_question=question, decisions=(*s.decisions, decision))
     return _applied(_end(state, because), seq, decision=decision, ended=True)
 
 
@@ -432,7 +426,7 @@ def _end(s: Session, because: str) -> Session:
         for t in s.todos
         if t.status != "done"
     )
-    return replace(s, ended_because=because, open_work=open_work)
+    return s.evolve(ended_because=because, open_work=open_work)
 
 
 def _permission_granted(
@@ -441,21 +435,21 @@ def _permission_granted(
     operation = _required(e.payload, "operation")
     if operation in s.permissions:
         return _applied(s, seq)
-    return _applied(replace(s, permissions=(*s.permissions, operation)), seq)
+    return _applied(s.evolve(permissions=(*s.permissions, operation)), seq)
 
 
 def _permission_revoked(
     s: Session, e: Event, seq: int, keys: TrustedKeys
 ) -> tuple[Session, Outcome]:
     operation = _required(e.payload, "operation")
-    return _applied(replace(s, permissions=_without(s.permissions, operation)), seq)
+    return _applied(s.evolve(permissions=_without(s.permissions, operation)), seq)
 
 
 def _mode_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
     mode = parse_mode(e.payload.get("mode"))
     if mode is None:
         raise _Reject("invalid")
-    return _applied(replace(s, mode=mode), seq)
+    return _applied(s.evolve(mode=mode), seq)
 
 
 def _option_removed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
@@ -466,12 +460,12 @@ def _option_removed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[
         raise _Reject("invalid")
     if option in s.removed_options:
         return _applied(s, seq)
-    return _applied(replace(s, removed_options=(*s.removed_options, option)), seq)
+    return _applied(s.evolve(removed_options=(*s.removed_options, option)), seq)
 
 
 def _prerequisite_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
     tools = tuple(t for t in _strings(e.payload.get("tools")) if t.strip())
-    return _applied(replace(s, run_first=tools, obligation_declared=bool(tools)), seq)
+    return _applied(s.evolve(run_first=tools, obligation_declared=bool(tools)), seq)
 
 
 def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
@@ -482,9 +476,7 @@ def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Sessi
         return s, Outcome(Kind.NOOP, seq)
     if through >= seq:
         raise _Reject("invalid")
-    state = replace(
-        s,
-        summary=_text(e.payload, "summary"),
+    state = s.evolve(summary=_text(e.payload, "summary"),
         compacted_through=through,
         turns=tuple(t for t in s.turns if t.seq > through),
     )
@@ -501,7 +493,7 @@ def _todos_transferred(
         if isinstance(item, Mapping) and isinstance(item.get("id"), str):
             moved.add(item["id"])
     todos = tuple(replace(t, transferred_to=target) if t.id in moved else t for t in s.todos)
-    return _applied(replace(s, todos=todos), seq)
+    return _applied(s.evolve(todos=todos), seq)
 
 
 def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
@@ -514,7 +506,7 @@ def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple
         evidence=_strings(p.get("evidence")),
         observer=_optional_text(p, "observer"),
     )
-    return _applied(replace(s, observations=(*s.observations, observation)), seq)
+    return _applied(s.evolve(observations=(*s.observations, observation)), seq)
 
 
 def _execution_recorded(
@@ -528,7 +520,7 @@ def _execution_recorded(
         artifact=_optional_text(p, "artifact"),
         executor=_optional_text(p, "executor"),
     )
-    return _applied(replace(s, executions=(*s.executions, receipt)), seq)
+    return _applied(s.evolve(executions=(*s.executions, receipt)), seq)
 
 
 def _ended(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Final
 
@@ -171,7 +171,7 @@ class OpenCard:
     to: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Session:
     """Everything the fold knows about one session after its last event.
 
@@ -212,6 +212,19 @@ class Session:
     executions: tuple[ExecutionFact, ...] = ()
     observations: tuple[Observation, ...] = ()
     event_ids: frozenset[str] = frozenset()
+
+    def evolve(self, **changes: Any) -> Session:
+        """A copy with some fields changed: the fold's one way of making the next state.
+
+        `dataclasses.replace` re-runs `__init__` over every field and dominated the fold's cost;
+        copying the instance dictionary keeps the value immutable to everyone else for a fraction
+        of it. (Session has no `__slots__` for this reason.)
+        """
+        assert changes.keys() <= _SESSION_FIELDS, changes.keys() - _SESSION_FIELDS
+        new = object.__new__(Session)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     # -- reading the state ---------------------------------------------------------------------
 
@@ -288,6 +301,9 @@ class Session:
             if named.get("operation") == operation and named.get("target") == target:
                 return True
         return False
+
+
+_SESSION_FIELDS = frozenset(f.name for f in fields(Session))
 
 
 def _json_object(text: str | None) -> dict[str, Any]:
