@@ -56,7 +56,9 @@ def index_changes(update: SessionUpdate, keys: Keys, max_turns: int | None) -> I
     """Everything the update does to global indexes and counters."""
     state = update.state
     deadline = state.question.deadline() if state.question is not None else None
-    counters: list[tuple[str, str, int]] = []
+    # Events folded (every step: applied, no-op, rejected, skipped); what benchmarks and
+    # operators watch to see a projector keep up.
+    counters: list[tuple[str, str, int]] = [(keys.stat("events"), "folded", len(update.steps))]
     for s in update.steps:
         o = s.outcome
         if o.pause_reason is not None:
