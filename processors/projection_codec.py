@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import orjson
 
 from session_model.modes import Mode
 from session_model.principal import Principal
@@ -70,20 +71,20 @@ def _question_from(d: dict[str, Any] | None) -> Question | None:
     )
 
 
-def turn_to_json(t: Turn) -> str:
+def turn_to_json(t: Turn) -> bytes:
     """One history entry."""
-    return json.dumps([t.role, t.content, t.seq], ensure_ascii=False)
+    return orjson.dumps([t.role, t.content, t.seq])
 
 
 def turn_from_json(raw: str | bytes) -> Turn:
     """Read one history entry."""
-    role, content, seq = json.loads(raw)
+    role, content, seq = orjson.loads(raw)
     return Turn(role, content, seq)
 
 
-def session_to_json(s: Session) -> str:
+def session_to_json(s: Session) -> bytes:
     """Everything but `turns` and `event_ids`, which have their own keys."""
-    return json.dumps(
+    return orjson.dumps(
         {
             "v": STATE_VERSION,
             "id": s.id,
@@ -188,9 +189,7 @@ def session_to_json(s: Session) -> str:
                 [o.event_id, o.seq, o.known, list(o.artifacts), list(o.evidence), o.observer]
                 for o in s.observations
             ],
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
+        }
     )
 
 
@@ -198,7 +197,7 @@ def session_from_json(
     raw: str | bytes, turns: tuple[Turn, ...], event_ids: frozenset[str]
 ) -> Session:
     """Rebuild the `Session` from its stored form plus its unsummarised turns and event ids."""
-    d = json.loads(raw)
+    d = orjson.loads(raw)
     return Session(
         id=d["id"],
         started=d["started"],

@@ -9,14 +9,16 @@ folder skips records at or below the mark. Global indexes are updated after, ide
 
 from __future__ import annotations
 
-import json
+import hashlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from processors.indexes import index_changes
 from processors.keys import Keys
@@ -84,24 +86,28 @@ return {h[1], h[2], turns, ids}
 """
 
 
+COMMIT_SHA = hashlib.sha1(COMMIT_SCRIPT.encode()).hexdigest()
+READ_SHA = hashlib.sha1(READ_SCRIPT.encode()).hexdigest()
+
+
 def commit_call(
     keys: Keys, update: SessionUpdate, compact_after: int | None, count: bool = True
-) -> tuple[list[str], list[str | int]]:
+) -> tuple[list[str], list[str | int | bytes]]:
     """The KEYS and ARGV of one session's commit (state, appends, indexes, counters)."""
     k = keys.session(update.session_id)
     partition = update.mark.partition
     turns = [turn_to_json(t) for t in update.turns]
-    timeline = [json.dumps(e, ensure_ascii=False, default=str) for e in update.timeline]
+    timeline = [orjson.dumps(e, default=str) for e in update.timeline]
     ids = [s.event.event_id for s in update.steps]
     changes = index_changes(update, keys, compact_after)
     counters = changes.counters if count else ()
     script_keys = [*k.all(), keys.deadlines(partition), keys.compaction_due(partition)]
-    counter_args: list[str | int] = []
+    counter_args: list[str | int | bytes] = []
     for key, field_, increment in counters:
         if key not in script_keys[6:]:
             script_keys.append(key)
         counter_args.extend((script_keys.index(key, 6) + 1, field_, increment))
-    args: list[str | int] = [
+    args: list[str | int | bytes] = [
         "" if update.base is None else str(update.base),
         str(update.mark),
         session_to_json(update.state),
@@ -159,10 +165,6 @@ class RedisProjectionStore:
     compact_after: int | None = None
     count_stats: bool = True
 
-    def __post_init__(self) -> None:
-        self._commit = self.client.register_script(COMMIT_SCRIPT)
-        self._read = self.client.register_script(READ_SCRIPT)
-
     @classmethod
     def from_url(
         cls, url: str, keys: Keys | None = None, compact_after: int | None = None
@@ -172,11 +174,14 @@ class RedisProjectionStore:
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip."""
-        try:
-            pipe = self.client.pipeline(transaction=False)
+
+        def queue(pipe: Any) -> None:
             for sid in session_ids:
-                self._read(keys=read_keys(self.keys, sid), args=["1"], client=pipe)
-            replies = pipe.execute()
+                keys = read_keys(self.keys, sid)
+                pipe.evalsha(READ_SHA, len(keys), *keys, "1")
+
+        try:
+            replies = self._execute(queue)
         except redis.RedisError as e:
             raise ProjectionError(f"reading projections failed: {e}") from e
         found = {sid: parse_read(raw) for sid, raw in zip(session_ids, replies, strict=True)}
@@ -186,16 +191,33 @@ class RedisProjectionStore:
         """Apply every update (compare-and-set on its mark) in one pipelined round trip."""
         if not updates:
             return CommitResult()
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for u in updates:
-                keys, args = commit_call(self.keys, u, self.compact_after, self.count_stats)
-                self._commit(keys=keys, args=args, client=pipe)
+        calls = [commit_call(self.keys, u, self.compact_after, self.count_stats) for u in updates]
+
+        def queue(pipe: Any) -> None:
+            for keys, args in calls:
+                pipe.evalsha(COMMIT_SHA, len(keys), *keys, *args)
             pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
-            replies = pipe.execute()
+
+        try:
+            replies = self._execute(queue)
         except redis.RedisError as e:
             raise ProjectionError(f"committing projections failed: {e}") from e
         return _result(updates, replies)
+
+    def _execute(self, queue: Callable[[Any], None]) -> list[Any]:
+        """Run a pipeline of EVALSHA calls; load the scripts once if the server lost them."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            queue(pipe)
+            try:
+                replies: list[Any] = pipe.execute()
+                return replies
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                self.client.script_load(COMMIT_SCRIPT)
+                self.client.script_load(READ_SCRIPT)
+        raise AssertionError("unreachable")
 
     def load(
         self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
@@ -246,7 +268,7 @@ class RedisProjectionStore:
             raw = self.client.lrange(self.keys.session(session_id).timeline, 0, -1)
         except redis.RedisError as e:
             raise ProjectionError(f"reading the timeline failed: {e}") from e
-        entries: list[TimelineEntry] = [json.loads(r) for r in raw]
+        entries: list[TimelineEntry] = [orjson.loads(r) for r in raw]
         return [e for e in entries if e["seq"] > since]
 
     def drop(self, session_id: str) -> None:
@@ -288,17 +310,16 @@ class AsyncRedisProjectionStore:
     keys: Keys = field(default_factory=Keys)
     compact_after: int | None = None
 
-    def __post_init__(self) -> None:
-        self._commit = self.client.register_script(COMMIT_SCRIPT)
-        self._read = self.client.register_script(READ_SCRIPT)
-
     async def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip."""
-        try:
-            pipe = self.client.pipeline(transaction=False)
+
+        def queue(pipe: Any) -> None:
             for sid in session_ids:
-                await self._read(keys=read_keys(self.keys, sid), args=["1"], client=pipe)
-            replies = await pipe.execute()
+                keys = read_keys(self.keys, sid)
+                pipe.evalsha(READ_SHA, len(keys), *keys, "1")
+
+        try:
+            replies = await self._execute(queue)
         except redis.RedisError as e:
             raise ProjectionError(f"reading projections failed: {e}") from e
         found = {sid: parse_read(raw) for sid, raw in zip(session_ids, replies, strict=True)}
@@ -308,16 +329,33 @@ class AsyncRedisProjectionStore:
         """Apply every update (compare-and-set on its mark) in one pipelined round trip."""
         if not updates:
             return CommitResult()
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for u in updates:
-                keys, args = commit_call(self.keys, u, self.compact_after)
-                await self._commit(keys=keys, args=args, client=pipe)
+        calls = [commit_call(self.keys, u, self.compact_after) for u in updates]
+
+        def queue(pipe: Any) -> None:
+            for keys, args in calls:
+                pipe.evalsha(COMMIT_SHA, len(keys), *keys, *args)
             pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
-            replies = await pipe.execute()
+
+        try:
+            replies = await self._execute(queue)
         except redis.RedisError as e:
             raise ProjectionError(f"committing projections failed: {e}") from e
         return _result(updates, replies)
+
+    async def _execute(self, queue: Callable[[Any], None]) -> list[Any]:
+        """Run a pipeline of EVALSHA calls; load the scripts once if the server lost them."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            queue(pipe)
+            try:
+                replies: list[Any] = await pipe.execute()
+                return replies
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                await self.client.script_load(COMMIT_SCRIPT)
+                await self.client.script_load(READ_SCRIPT)
+        raise AssertionError("unreachable")
 
     async def due_work(
         self, partitions: Iterable[int]
