@@ -22,7 +22,7 @@ from processors.keys import Keys
 from processors.metrics import Metrics
 from processors.redis_store import AsyncRedisProjectionStore
 from processors.scheduler import Scheduler, SchedulerStats
-from processors.worker import ProjectionWorker, RawRecord, WorkerStats
+from processors.worker import OutRecord, ProjectionWorker, RawRecord, WorkerStats
 from producers.settings import Settings
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
@@ -43,6 +43,14 @@ class TopicSink:
         """Send now (not attached to the current event) and wait until acknowledged."""
         pending = await self.topic.send(key=key, value=value, headers=list(headers), force=True)
         await pending
+
+    async def publish_many(self, records: Sequence[OutRecord]) -> None:
+        """Queue all in order (per-key order is kept), then wait for every acknowledgement."""
+        pending = [
+            await self.topic.send(key=key, value=value, headers=list(headers), force=True)
+            for key, value, headers in records
+        ]
+        await asyncio.gather(*pending)
 
 
 def _raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:

@@ -42,13 +42,20 @@ class RawRecord:
     topic: str = ""
 
 
+OutRecord = tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]
+
+
 class Sink(Protocol):
-    """Somewhere to publish a record and wait until it is acknowledged."""
+    """Somewhere to publish records and wait until they are acknowledged."""
 
     async def publish(
         self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
     ) -> None:
         """Publish and wait for the acknowledgement."""
+        ...
+
+    async def publish_many(self, records: Sequence[OutRecord]) -> None:
+        """Queue every record in order, then wait for all acknowledgements together."""
         ...
 
 
@@ -212,8 +219,16 @@ class ProjectionWorker:
                 self.stats.downgrades += 1
 
     async def _publish_decisions(self, updates: Sequence[SessionUpdate]) -> None:
-        for u in updates:
-            for decision, _ in u.decisions:
-                value = self.codec.encode_decision(decision_record(u.session_id, decision))
-                await self.decisions.publish(u.session_id.encode(), value, ())
-                self.stats.decisions += 1
+        # One wait for the whole batch, not one broker round trip per decision.
+        records: list[OutRecord] = [
+            (
+                u.session_id.encode(),
+                self.codec.encode_decision(decision_record(u.session_id, d)),
+                (),
+            )
+            for u in updates
+            for d, _ in u.decisions
+        ]
+        if records:
+            await self.decisions.publish_many(records)
+            self.stats.decisions += len(records)

@@ -544,6 +544,12 @@ class RecordingSink:
     ) -> None:
         self.published.append((key, value, tuple(headers)))
 
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        for key, value, headers in records:
+            await self.publish(key, value, headers)
+
     def decisions(self) -> list[tuple[str, int, str]]:
         """(session, seq, source event id) of every published decision."""
         codec = EventCodec()

@@ -160,6 +160,12 @@ class _Recorder:
         self.sent.append(value)
         await asyncio.to_thread(self.log.append, EventCodec().decode(value))
 
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        for key, value, headers in records:
+            await self.publish(key, value, headers)
+
 
 def test_two_schedulers_closing_the_same_question_make_one_effective_closing(
     settings: Settings,

@@ -35,6 +35,12 @@ class Sink:
     ) -> None:
         self.events.append(EventCodec().decode(value))
 
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        for key, value, headers in records:
+            await self.publish(key, value, headers)
+
 
 def _scheduler(states: dict[str, Folded], clock: Clock, sink: Sink, **kw: object) -> Scheduler:
     async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
