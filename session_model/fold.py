@@ -217,7 +217,8 @@ def _without(items: tuple[str, ...], name: str) -> tuple[str, ...]:
 def _started(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
     p = e.payload
     return _applied(
-        s.evolve(started=True,
+        s.evolve(
+            started=True,
             goal=_text(p, "goal"),
             mode=parse_mode(p.get("mode")) or Mode.ASK,
             parent_id=_optional_text(p, "parent_id") or None,
@@ -250,7 +251,8 @@ def _tool_called(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Ses
         effect_observation_id=_optional_text(p, "effect_observation_id"),
     )
     state, turn = _add_turn(s, "tool", f"{tool} → {result}", seq)
-    state = state.evolve(tool_calls=s.tool_calls + 1,
+    state = state.evolve(
+        tool_calls=s.tool_calls + 1,
         mutations=s.mutations + (1 if mutating else 0),
         run_first=_without(s.run_first, tool),
         calls=(*s.calls, call),
@@ -381,7 +383,8 @@ def _question_answered(
         asked_at=question.asked_at,
     )
     state, turn = _add_turn(s, "user", answer, seq)
-    state = state.evolve(question=None,
+    state = state.evolve(
+        question=None,
         decisions=(*s.decisions, decision),
         downgrades=s.downgrades + (1 if downgraded else 0),
     )
@@ -476,7 +479,8 @@ def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Sessi
         return s, Outcome(Kind.NOOP, seq)
     if through >= seq:
         raise _Reject("invalid")
-    state = s.evolve(summary=_text(e.payload, "summary"),
+    state = s.evolve(
+        summary=_text(e.payload, "summary"),
         compacted_through=through,
         turns=tuple(t for t in s.turns if t.seq > through),
     )
