@@ -86,7 +86,8 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
         topic_replication_factor=settings.replication_factor,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
-        broker_commit_interval=0.5,
+        broker_commit_interval=settings.commit_interval,
+        broker_commit_every=settings.commit_every,
         stream_wait_empty=False,
         broker_max_poll_records=max(settings.batch_max_records, 500),
     )

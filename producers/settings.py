@@ -28,6 +28,8 @@ class Settings:
     producer_id: str = "milpa-sessions"
     batch_max_records: int = 500
     batch_max_wait: float = 0.05
+    commit_interval: float = 0.5
+    commit_every: int = 10_000
     compactor_max_turns: int = 40
     compactor_keep_recent: int = 12
     scheduler_enabled: bool = True
