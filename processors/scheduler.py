@@ -169,28 +169,43 @@ class Scheduler:
         if not due and not compact:
             return
         states = await self._states(list(dict.fromkeys([*due, *compact])))
+        closings: list[tuple[Event, datetime]] = []
         for sid in due:
             folded = states.get(sid)
             if folded is not None:
-                await self._close_if_due(folded.state, now, self._partition(folded))
-        for sid in compact:
-            folded = states.get(sid)
-            if folded is not None:
-                await self._compact_if_due(folded.state, now)
+                closing = self._closing(folded.state, now, self._partition(folded))
+                if closing is not None:
+                    closings.append(closing)
+        compactions = [
+            event
+            for sid in compact
+            if (folded := states.get(sid)) is not None
+            and (event := self._compaction(folded.state, now)) is not None
+        ]
+        # Everything due goes out together and is acknowledged together: one broker wait per
+        # tick, not one per closing (10k deadlines in a few seconds would otherwise queue up).
+        await self._emit([event for event, _ in closings] + compactions)
+        acked_ms = time.time() * 1000
+        self.stats.closings += len(closings)
+        self.stats.compactions += len(compactions)
+        self.stats.lateness_ms.extend(acked_ms - d.timestamp() * 1000 for _, d in closings)
 
     @staticmethod
     def _partition(folded: Folded) -> int:
         return folded.mark.partition if folded.mark is not None else 0
 
-    async def _close_if_due(self, session: Session, now: datetime, partition: int) -> None:
+    def _closing(
+        self, session: Session, now: datetime, partition: int
+    ) -> tuple[Event, datetime] | None:
+        """The `answer_window_closed` to append and its deadline, or None if nothing is due."""
         question = session.question
         deadline = question.deadline() if question is not None else None
         if session.ended or question is None or deadline is None:
-            return  # answered (or re-asked without a deadline) since it was scheduled
+            return None  # answered (or re-asked without a deadline) since it was scheduled
         if not question.has_expired(now):
             # Due to the millisecond but not yet past it, or re-asked with a later deadline.
             self._schedule(session.id, ceil_ms(deadline), partition)
-            return
+            return None
         event = Event(
             event_id=str(uuid.uuid5(_NAMESPACE, f"{session.id}:window:{question.seq}")),
             session_id=session.id,
@@ -199,16 +214,14 @@ class Scheduler:
             producer=self.producer,
             payload={"question_id": question.id, "at": utc_millis(now)},
         )
-        await self._emit(event)
-        self.stats.closings += 1
-        if deadline is not None:
-            self.stats.lateness_ms.append(time.time() * 1000 - deadline.timestamp() * 1000)
+        return event, deadline
 
-    async def _compact_if_due(self, session: Session, now: datetime) -> None:
+    def _compaction(self, session: Session, now: datetime) -> Event | None:
+        """The `compacted` event to append, or None when nothing is due."""
         plan = self.compactor.plan(session)
         if plan is None:
-            return
-        event = Event(
+            return None
+        return Event(
             event_id=str(uuid.uuid5(_NAMESPACE, f"{session.id}:compact:{plan.through}")),
             session_id=session.id,
             type=ev.COMPACTED,
@@ -216,11 +229,12 @@ class Scheduler:
             producer=self.producer,
             payload={"summary": plan.summary, "through": plan.through},
         )
-        await self._emit(event)
-        self.stats.compactions += 1
 
-    async def _emit(self, event: Event) -> None:
-        await self._events.publish(event.session_id.encode(), self.codec.encode(event), ())
+    async def _emit(self, events: Sequence[Event]) -> None:
+        if events:
+            await self._events.publish_many(
+                [(e.session_id.encode(), self.codec.encode(e), ()) for e in events]
+            )
 
 
 def _epoch_ms(moment: datetime) -> int:
