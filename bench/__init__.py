@@ -1,0 +1,4 @@
+"""The benchmark harness: `python -m bench.run [--quick] [--only NAME,...]`.
+
+See docs/PERFORMANCE.md.
+"""

@@ -1,0 +1,265 @@
+"""`python -m bench.run [--quick] [--only NAME,...] [--out FILE] [--profile DIR]`
+
+Starts or reuses the local stack (`deploy/stack.py up`; never stops it), measures every figure on
+it, prints one JSON line per figure on stdout as soon as it is measured, then a table. Progress goes
+to stderr. Figures: producer, projector (1 and 2 workers, naive baseline, Redis ceiling), replay,
+e2e, expiry, memory. Exit status: 0 when every figure was measured (targets met or not), 1 when a
+figure failed, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from bench import infra
+from bench.figures import FIGURES, Run, Sizes
+from bench.stats import Figure, table
+from producers.settings import ENV_PREFIX, Settings
+
+
+def git_state() -> dict[str, object]:
+    """The commit measured and the product files changed on top of it (uncommitted)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
+        )
+        return done.stdout.strip()
+
+    try:
+        changed = git("status", "--porcelain", "--", *PRODUCT_DIRS).splitlines()
+        return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": changed}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+PRODUCT_DIRS = ("schemas", "session_model", "producers", "processors", "milpa_sessions")
+
+
+def machine() -> dict[str, object]:
+    """nproc, CPU model, memory, versions: what the figures were measured on."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gib = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    versions: dict[str, str] = {"python": platform.python_version()}
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    for dist in (
+        "faust-streaming",
+        "mode-streaming",
+        "aiokafka",
+        "kafka-python",
+        "redis",
+        "hiredis",
+        "fastavro",
+    ):
+        with contextlib.suppress(PackageNotFoundError):
+            versions[dist] = version(dist)
+    return {
+        "git": git_state(),
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "mem_gib": mem_gib,
+        "kernel": platform.release(),
+        "versions": versions,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+PROTECTED = {
+    "kafka_bootstrap",
+    "redis_url",
+    "redis_prefix",
+    "events_topic",
+    "decisions_topic",
+    "deadletter_topic",
+    "consumer_group",
+    "metrics_port",
+}
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`FIELD=VALUE` items as typed Settings fields (names and addresses stay the harness's)."""
+    known = {f.name for f in fields(Settings)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in known:
+            raise ValueError(
+                f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}"
+            )
+        if name in PROTECTED:
+            raise ValueError(f"--set {name}: the harness chooses it (per figure)")
+        parsed = Settings.from_env({f"{ENV_PREFIX}{name.upper()}": raw.strip()})
+        out[name] = getattr(parsed, name)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__.split("\n\n")[1]
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (about 3 minutes)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated figures to run, of: {','.join(FIGURES)} (default: all)",
+    )
+    parser.add_argument("--out", type=Path, help="also write the JSON lines to this file")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="py-spy the 1-worker projector while it folds, the harness during replay and the "
+        "expiry worker while it closes windows; raw stacks and summaries go to DIR (profiled "
+        "figures are perturbed a little and say so in their params)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a producers.settings.Settings field for every figure, e.g. "
+        "--set batch_max_wait=0.01 (repeatable; the default is the product's defaults)",
+    )
+    parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs")
+    args = parser.parse_args(argv)
+
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as e:
+        parser.error(str(e))
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(FIGURES)
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        parser.error(f"unknown figure(s) {unknown}; known: {', '.join(FIGURES)}")
+
+    def log(message: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    out_file = args.out.open("w") if args.out else None
+    figures: list[Figure] = []
+
+    def emit(figure: Figure) -> None:
+        figures.append(figure)
+        line = figure.json_line()
+        print(line, flush=True)
+        if out_file is not None:
+            out_file.write(line + "\n")
+            out_file.flush()
+
+    infra.interrupt_on_sigterm()
+    cleanup = infra.Cleanup(log)
+    status = 0
+    started = time.monotonic()
+    try:
+        stack = infra.ensure_stack(log)
+        tag = uuid.uuid4().hex[:8]
+        host = machine()
+        host["servers"] = infra.server_versions(stack)
+        log(f"run {tag}: kafka {stack.kafka_bootstrap}, redis {stack.redis_url}; {host}")
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        workdir = infra.scratch_dir(cleanup, keep=args.keep_logs)
+        if args.keep_logs:
+            log(f"worker logs in {workdir}")
+        run = Run(
+            stack=stack,
+            tag=tag,
+            sizes=Sizes.quick() if args.quick else Sizes.full(),
+            cleanup=cleanup,
+            root=cleanup,
+            procs=infra.Procs(cleanup, workdir),
+            log=log,
+            emit=emit,
+            profile_dir=args.profile,
+            overrides=overrides,
+        )
+        ordered = [n for n in FIGURES if n in names]
+        for name in ordered:
+            log(f"== {name}")
+            t = time.monotonic()
+            try:
+                with cleanup.scope() as scope:
+                    run.cleanup, run.procs = scope, infra.Procs(scope, workdir)
+                    FIGURES[name](run)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:
+                status = 1
+                log(f"{name} FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                emit(Figure(f"{name}_failed", None, "", error=f"{type(e).__name__}: {e}"))
+            finally:
+                run.cleanup, run.procs = cleanup, infra.Procs(cleanup, workdir)
+            log(f"   {name} took {time.monotonic() - t:.0f}s")
+        summary_line = {
+            "figure": "_run",
+            "value": round(time.monotonic() - started, 1),
+            "unit": "s",
+            "baseline": None,
+            "ratio": None,
+            "target": None,
+            "met": None,
+            "params": {
+                "tag": tag,
+                "quick": args.quick,
+                "figures": ordered,
+                "machine": host,
+                "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+                "settings_overrides": {k: str(v) for k, v in overrides.items()},
+                "stack": stack.source,
+            },
+        }
+        print(json.dumps(summary_line), flush=True)
+        if out_file is not None:
+            out_file.write(json.dumps(summary_line) + "\n")
+    except KeyboardInterrupt:
+        log("interrupted: stopping workers and cleaning up")
+        status = 130
+    finally:
+        cleanup.run()
+        if out_file is not None:
+            out_file.close()
+    if figures:
+        print()
+        print(table(figures))
+        unmet = [f.figure for f in figures if f.met is False]
+        if unmet:
+            print(f"\ntargets not met: {', '.join(unmet)}")
+        disturbed = [f.figure for f in figures if "disturbed" in f.params]
+        if disturbed:
+            print(
+                "disturbed (other processes used >= 20% of a core while measuring; see their "
+                f"params): {', '.join(disturbed)}"
+            )
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

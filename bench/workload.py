@@ -1,0 +1,222 @@
+"""Deterministic, realistic session workloads built with the product's own writer API.
+
+Events are made by a `SessionStore` over a collecting log with `checks=False` (no reads), so every
+payload is exactly what an agent would append; nothing is sent while generating. Event ids are
+UUID4 strings like production's; sessions are staggered like a fleet's (about `concurrency` live
+at once), so any window of the stream holds every kind of event and a batch holds few events of
+any one session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from processors.replay import partition_for
+from producers.memory import InMemoryProjectionStore
+from producers.store import SessionStore, deadline_in
+from schemas.events import Event
+from session_model.deadlines import format_instant
+from session_model.policy import permission_question, signature_question, target_question
+from session_model.principal import Principal
+from session_model.projection import Position
+from session_model.session import Question
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+FAR_FUTURE_S = 50 * 365 * 86400  # questions left open must never be closed by the scheduler
+
+
+class Collecting:
+    """An EventLog that only collects (the harness sends the events later, its own way)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def append(self, event: Event) -> Position:
+        self.events.append(event)
+        return Position(0, len(self.events) - 1)
+
+    def append_many(self, events: Sequence[Event]) -> list[Position]:
+        return [self.append(e) for e in events]
+
+
+def writer(
+    collecting: Collecting, base: datetime | None = None, producer: str = "bench-agent"
+) -> SessionStore:
+    """A SessionStore that only collects, with a clock that advances 1 ms per event."""
+    start = base or datetime.now(UTC)
+    ticks = itertools.count()
+    return SessionStore(
+        collecting,
+        InMemoryProjectionStore(),
+        producer=producer,
+        checks=False,
+        clock=lambda: start + timedelta(milliseconds=next(ticks)),
+    )
+
+
+def _question(rng: random.Random, n: int, now: datetime) -> Question:
+    expires = deadline_in(now, FAR_FUTURE_S)
+    kind = rng.randrange(4)
+    if kind == 0:
+        return permission_question(f"deploy-{n}", {"env": "prod", "n": n}, expires_at=expires)
+    if kind == 1:
+        return signature_question(f"sign-{n}", {"doc": f"d{n}"}, expires_at=expires)
+    if kind == 2:
+        return target_question(f"rm-{n}", f"/tmp/x{n}", f"Remove /tmp/x{n}?", expires_at=expires)
+    return Question(id=f"q{n}", question=f"Which way, {n}?", options=("left", "right"))
+
+
+def session_script(store: SessionStore, sid: str, i: int, now: datetime) -> None:
+    """Nineteen events of an agent session: turns, tools, plan, todos, a question and its answer.
+
+    One session in ten is left paused on a question (deadline 50 years out), the rest end.
+    """
+    rng = random.Random(i)
+    store.start(sid, f"goal of {sid}: migrate module {i % 97} to the new API", mode="ask")
+    store.record_turn(sid, "user", f"please migrate module {i % 97}; keep the public API stable")
+    store.set_plan(sid, f"plan {i}: read the module, change the calls, run the tests, report")
+    store.set_todo(sid, "t1", "read the module", "in_progress")
+    store.record_tool_call(
+        sid, "grep", {"pattern": f"old_api_{i % 13}"}, f"{i % 7} hits in 3 files"
+    )
+    store.record_turn(sid, "assistant", f"found {i % 7} call sites; the plan is to change them")
+    first = _question(rng, i, now)
+    store.ask(sid, first)
+    answer = first.options[0] if first.options else "yes"
+    by = Principal(f"actor:member:{i % 13}", verified=False)
+    store.answer(sid, first.id, answer, by, executor="bench-agent")
+    store.grant(sid, f"deploy-{i}")
+    store.record_tool_call(
+        sid, "make", {"target": f"t{i}"}, "ok: 3 files changed", mutating=True, artifact=f"repo:{i}"
+    )
+    store.set_todo(sid, "t1", "read the module", "done")
+    store.set_todo(sid, "t2", "change the call sites", "in_progress")
+    store.record_turn(sid, "system", f"reminder {i}: keep the change small")
+    store.record_tool_call(sid, "pytest", {"path": f"tests/m{i % 97}"}, "42 passed", ok=True)
+    store.record_turn(sid, "user", "thanks, looks good")
+    store.revoke(sid, f"deploy-{i}")
+    store.set_mode(sid, rng.choice(["ask", "acknowledge", "auto"]))
+    store.record_turn(sid, "assistant", "done: all call sites migrated, tests pass")
+    if i % 10 == 6:
+        store.ask(sid, _question(rng, i + 1, now))  # left open: the session stays paused
+    else:
+        store.end(sid, f"finished {i}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Events in send order and their sessions."""
+
+    sessions: list[str]
+    events: list[Event]
+
+
+def staggered(per_session: Sequence[Sequence[Event]], concurrency: int) -> list[Event]:
+    """Merge sessions as a fleet produces them: starts staggered, about `concurrency` live at once.
+
+    Session i's j-th event is placed at i + j * concurrency / (events − 1): each session spans
+    `concurrency` session starts, so any stretch of the stream longer than that holds every kind of
+    event (no phase made only of `started`), and a session's events keep their order.
+    """
+    keyed: list[tuple[float, int, int, Event]] = []
+    for i, events in enumerate(per_session):
+        span = max(len(events) - 1, 1)
+        for j, e in enumerate(events):
+            keyed.append((i + j * concurrency / span, i, j, e))
+    keyed.sort(key=lambda k: (k[0], k[1], k[2]))
+    return [k[3] for k in keyed]
+
+
+def balanced_ids(count: int, tag: str, partitions: int) -> list[str]:
+    """`count` session ids spread evenly over the partitions by the producer's partitioner.
+
+    With a few thousand random keys murmur2 leaves partitions a few percent apart, which skews a
+    short run with several workers; the ids are picked so every partition gets its share.
+    """
+    share = -(-count // partitions)
+    filled = dict.fromkeys(range(partitions), 0)
+    out: list[str] = []
+    k = 0
+    while len(out) < count:
+        sid = f"{tag}-{k:07d}"
+        k += 1
+        p = partition_for(sid, partitions)
+        if filled[p] < share:
+            filled[p] += 1
+            out.append(sid)
+    return out
+
+
+def sessions_workload(
+    count: int,
+    tag: str,
+    concurrency: int = 1000,
+    base: datetime | None = None,
+    partitions: int | None = None,
+) -> Workload:
+    """`count` sessions of nineteen events each, about `concurrency` of them live at any point.
+
+    With `partitions`, the sessions are spread evenly over that many partitions.
+    """
+    collecting = Collecting()
+    now = base or datetime.now(UTC)
+    store = writer(collecting, now)
+    per_session: list[list[Event]] = []
+    if partitions:
+        sids = balanced_ids(count, tag, partitions)
+    else:
+        sids = [f"{tag}-{i:07d}" for i in range(count)]
+    for i, sid in enumerate(sids):
+        collecting.events = []
+        session_script(store, sid, i, now)
+        per_session.append(collecting.events)
+    return Workload(sids, staggered(per_session, concurrency))
+
+
+def idle_sessions(count: int, tag: str) -> Workload:
+    """Idle sessions: started, a plan and one todo; no turns, no question (the memory figure).
+
+    Session ids are UUID-sized (36 characters) like an agent platform's, since every key name
+    repeats the id.
+    """
+    collecting = Collecting()
+    store = writer(collecting)
+    sids = [str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tag}/{i}")) for i in range(count)]
+    for i, sid in enumerate(sids):
+        store.start(sid, f"goal of session {i}: migrate module {i % 97}", mode="ask")
+        store.set_plan(sid, f"plan {i}: read, change, test")
+        store.set_todo(sid, "t1", "read the module", "pending")
+    return Workload(sids, collecting.events)
+
+
+def questions(
+    sids: Sequence[str], deadlines_ms: Sequence[int], producer: str = "bench-agent"
+) -> list[Event]:
+    """One `question_asked` per session with the given deadline (epoch ms) each."""
+    collecting = Collecting()
+    store = writer(collecting, producer=producer)
+    for sid, ms in zip(sids, deadlines_ms, strict=True):
+        expires = format_instant(_EPOCH + timedelta(milliseconds=ms))
+        question = Question(
+            id=f"q-{sid}",
+            question="proceed?",
+            options=("yes", "no"),
+            expires_at=expires,
+            reason="permission",
+        )
+        store.ask(sid, question)
+    return collecting.events
+
+
+def starts(sids: Sequence[str], producer: str = "bench-agent") -> list[Event]:
+    """One `started` per session."""
+    collecting = Collecting()
+    store = writer(collecting, producer=producer)
+    for sid in sids:
+        store.start(sid, f"goal of {sid}", mode="ask")
+    return collecting.events
