@@ -56,7 +56,8 @@ def replay(
         # The session's pauses and outcomes are already in the global counters: rebuilding its
         # projection must not count them a second time.
         store = dataclasses.replace(store, count_stats=False)
-    projector = Projector(store, BatchFolder(keys))
+    # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
+    projector = Projector(store, BatchFolder(keys), cache=True)
     try:
         consumer = KafkaConsumer(
             bootstrap_servers=bootstrap.split(","),

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from producers.ports import ProjectionStore
 from schemas.errors import ProjectionError
-from session_model.projection import BatchFolder, Record, SessionUpdate
+from session_model.projection import BatchFolder, Folded, Record, SessionUpdate
 
 MAX_CONFLICT_RETRIES = 5
 
 
 @dataclass
 class Projector:
-    """Folds batches of records into a projection store (the same loop the Faust agent runs)."""
+    """Folds batches of records into a projection store (the same loop the Faust agent runs).
+
+    With `cache=True` it keeps the states it committed and reads the store only for sessions it
+    has not seen (a rebuild that owns the store); a conflict drops the cached state and reloads.
+    """
 
     store: ProjectionStore
     folder: BatchFolder
+    cache: bool = False
+    _states: dict[str, Folded] = field(default_factory=dict, repr=False)
 
     def project(self, records: Sequence[Record]) -> tuple[SessionUpdate, ...]:
         """Fold and commit one batch; on a conflict reload those sessions and fold again."""
@@ -25,11 +31,26 @@ class Projector:
         pending = list(records)
         for _ in range(MAX_CONFLICT_RETRIES):
             ids = list(dict.fromkeys(r.event.session_id for r in pending))
-            updates = self.folder.fold(self.store.folded(ids), pending)
+            known = self._known(ids)
+            updates = self.folder.fold(known, pending)
             result = self.store.commit(updates)
-            done.extend(u for u in updates if u.session_id not in result.conflicts)
-            if not result.conflicts:
-                return tuple(done)
             conflicted = set(result.conflicts)
+            for u in updates:
+                if u.session_id in conflicted:
+                    self._states.pop(u.session_id, None)
+                else:
+                    done.append(u)
+                    if self.cache:
+                        self._states[u.session_id] = Folded(u.state, u.mark)
+            if not conflicted:
+                return tuple(done)
             pending = [r for r in pending if r.event.session_id in conflicted]
         raise ProjectionError(f"sessions kept conflicting: {sorted(conflicted)}")
+
+    def _known(self, ids: Sequence[str]) -> dict[str, Folded]:
+        if not self.cache:
+            return self.store.folded(ids)
+        misses = [sid for sid in ids if sid not in self._states]
+        if misses:
+            self._states.update(self.store.folded(misses))
+        return {sid: self._states[sid] for sid in ids if sid in self._states}
