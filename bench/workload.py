@@ -17,35 +17,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from processors.replay import partition_for
-from producers.memory import InMemoryProjectionStore
+from producers.memory import InMemoryEventLog, InMemoryProjectionStore
 from producers.store import SessionStore, deadline_in
 from schemas.events import Event
 from session_model.deadlines import format_instant
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
-from session_model.projection import Position
 from session_model.session import Question
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FAR_FUTURE_S = 50 * 365 * 86400  # questions left open must never be closed by the scheduler
 
 
-class Collecting:
-    """An EventLog that only collects (the harness sends the events later, its own way)."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def append(self, event: Event) -> Position:
-        self.events.append(event)
-        return Position(0, len(self.events) - 1)
-
-    def append_many(self, events: Sequence[Event]) -> list[Position]:
-        return [self.append(e) for e in events]
-
-
 def writer(
-    collecting: Collecting, base: datetime | None = None, producer: str = "bench-agent"
+    collecting: InMemoryEventLog, base: datetime | None = None, producer: str = "bench-agent"
 ) -> SessionStore:
     """A SessionStore that only collects, with a clock that advances 1 ms per event."""
     start = base or datetime.now(UTC)
@@ -163,7 +148,7 @@ def sessions_workload(
 
     With `partitions`, the sessions are spread evenly over that many partitions.
     """
-    collecting = Collecting()
+    collecting = InMemoryEventLog()  # no subscribers: it only records
     now = base or datetime.now(UTC)
     store = writer(collecting, now)
     per_session: list[list[Event]] = []
@@ -172,9 +157,9 @@ def sessions_workload(
     else:
         sids = [f"{tag}-{i:07d}" for i in range(count)]
     for i, sid in enumerate(sids):
-        collecting.events = []
+        first = len(collecting.records)
         session_script(store, sid, i, now)
-        per_session.append(collecting.events)
+        per_session.append([r.event for r in collecting.records[first:]])
     return Workload(sids, staggered(per_session, concurrency))
 
 
@@ -184,21 +169,21 @@ def idle_sessions(count: int, tag: str) -> Workload:
     Session ids are UUID-sized (36 characters) like an agent platform's, since every key name
     repeats the id.
     """
-    collecting = Collecting()
+    collecting = InMemoryEventLog()  # no subscribers: it only records
     store = writer(collecting)
     sids = [str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tag}/{i}")) for i in range(count)]
     for i, sid in enumerate(sids):
         store.start(sid, f"goal of session {i}: migrate module {i % 97}", mode="ask")
         store.set_plan(sid, f"plan {i}: read, change, test")
         store.set_todo(sid, "t1", "read the module", "pending")
-    return Workload(sids, collecting.events)
+    return Workload(sids, [r.event for r in collecting.records])
 
 
 def questions(
     sids: Sequence[str], deadlines_ms: Sequence[int], producer: str = "bench-agent"
 ) -> list[Event]:
     """One `question_asked` per session with the given deadline (epoch ms) each."""
-    collecting = Collecting()
+    collecting = InMemoryEventLog()  # no subscribers: it only records
     store = writer(collecting, producer=producer)
     for sid, ms in zip(sids, deadlines_ms, strict=True):
         expires = format_instant(_EPOCH + timedelta(milliseconds=ms))
@@ -210,13 +195,13 @@ def questions(
             reason="permission",
         )
         store.ask(sid, question)
-    return collecting.events
+    return [r.event for r in collecting.records]
 
 
 def starts(sids: Sequence[str], producer: str = "bench-agent") -> list[Event]:
     """One `started` per session."""
-    collecting = Collecting()
+    collecting = InMemoryEventLog()  # no subscribers: it only records
     store = writer(collecting, producer=producer)
     for sid in sids:
         store.start(sid, f"goal of {sid}", mode="ask")
-    return collecting.events
+    return [r.event for r in collecting.records]

@@ -27,7 +27,7 @@ from processors.keys import Keys
 from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from processors.worker import ProjectionWorker, RawRecord
 from producers.kafka_log import KafkaEventLog
-from producers.memory import InMemoryProjectionStore
+from producers.memory import InMemoryEventLog, InMemoryProjectionStore
 from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
 from schemas import events as ev
@@ -55,20 +55,6 @@ FAST_GROUP_ENV = {
 
 
 # -- a deterministic generator of realistic sessions ---------------------------------------------
-
-
-class _Collecting:
-    """An EventLog that only collects: events are sent to Kafka later, without waiting per event."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def append(self, event: Event) -> Position:
-        self.events.append(event)
-        return Position(0, len(self.events) - 1)
-
-    def append_many(self, events: Sequence[Event]) -> list[Position]:
-        return [self.append(e) for e in events]
 
 
 def _question(rng: random.Random, n: int, now: datetime) -> Question:
@@ -179,7 +165,7 @@ def generate(
     """
     ticks = itertools.count()
     ids = itertools.count()
-    collecting = _Collecting()
+    collecting = InMemoryEventLog()  # no subscribers: it only records
     store = SessionStore(
         collecting,
         InMemoryProjectionStore(),
@@ -190,9 +176,9 @@ def generate(
     )
     per_session: list[list[Event]] = []
     for i in range(count):
-        collecting.events = []
+        first = len(collecting.records)
         session_script(store, f"{prefix}{i:05d}", i)
-        per_session.append(collecting.events)
+        per_session.append([r.event for r in collecting.records[first:]])
     size = group or count
     interleaved = [
         e
