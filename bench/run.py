@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="FIELD=VALUE",
         help="override a producers.settings.Settings field for every figure, e.g. "
-        "--set batch_max_wait=0.01 (repeatable; the default is the product's defaults)",
+        "--set batch_max_records=1000 (repeatable; the default is the product's defaults)",
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs")
     args = parser.parse_args(argv)

@@ -27,7 +27,6 @@ class Settings:
     consumer_group: str = "milpa-projector"
     producer_id: str = "milpa-sessions"
     batch_max_records: int = 500
-    batch_max_wait: float = 0.005
     commit_interval: float = 0.5
     commit_every: int = 10_000
     compactor_max_turns: int = 40

@@ -118,7 +118,6 @@ def settings(stack: Stack) -> Settings:
         deadletter_topic=f"it-{tag}-deadletter",
         consumer_group=f"it-{tag}-projector",
         partitions=6,
-        batch_max_wait=0.02,
         read_timeout=60.0,
     )
     ensure_topics(s)

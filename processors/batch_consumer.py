@@ -1,0 +1,155 @@
+"""Batch delivery inside Faust: every fetched batch of a topic goes to one handler, in one call.
+
+Why: Faust streams deliver record by record. Its fetch loop awaits each record's callback (wrapped
+in `wait_first`, i.e. futures per record), builds an `Event`, queues it and iterates it through the
+stream; measured here, a Faust agent that does nothing but ack peaks at ~11.7k records/s on one
+core, below the projector's 15k target before any decoding or folding. The projector works on
+whole batches anyway, so this consumer hands it what the fetch returned, as it came.
+
+What stays Faust's: the app and its services, group membership and partition assignment (its
+rebalance signals reach the projector as before), the fetcher thread, the producer, offset commits
+on Faust's cadence (`broker_commit_interval` / `broker_commit_every`). What changes: for a topic
+registered with `BatchApp.batch_topic`, offsets are committed from what the handler finished — an
+offset becomes committable only after the handler returned for the batch that held it, which the
+projector does only after Redis applied the batch. Topics not registered take Faust's own path.
+
+This subclasses private parts of faust-streaming's consumer (`_drain_messages`, `_new_offset`,
+`_filter_tps_with_pending_acks`): the version is pinned below 0.16 in pyproject.toml, and the
+integration tests check commits, redelivery and rebalances against a real broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from processors.worker import RawRecord
+
+log = logging.getLogger(__name__)
+
+BatchHandler = Callable[[Sequence[RawRecord]], Awaitable[None]]
+
+
+class BatchConsumer(faust_aiokafka.Consumer):
+    """Faust's aiokafka consumer; registered topics go to their handler a batch at a time."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # tp -> the offset after the last record whose batch the handler finished.
+        self._finished: dict[TP, int] = {}
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - needs a broker
+        handlers: dict[str, BatchHandler] = getattr(self.app, "batch_handlers", {})
+        consumer_stopped = self._stopped.is_set
+        fetcher_stopped = fetcher._stopped.is_set
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                records, _ = await self._wait_next_records(1.0)
+                await asyncio.sleep(0)  # a fetch that returns at once must not starve the loop
+                if not records or self.should_stop:
+                    continue
+                await self._deliver(records, handlers)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+
+    async def _deliver(self, records: Any, handlers: dict[str, BatchHandler]) -> None:
+        batches: dict[str, list[RawRecord]] = {}
+        ends: dict[TP, int] = {}
+        read_offset = self._read_offset
+        for tp, fetched in records.items():
+            handler = handlers.get(tp.topic)
+            if handler is None:
+                for record in fetched:  # Faust's own per-record route for any other topic
+                    await self.callback(self._to_message(tp, record))
+                continue
+            # Faust's rule: after a seek the read offset is the next record to read.
+            after = read_offset[tp]
+            fresh = fetched if after is None else [r for r in fetched if r.offset >= after]
+            if not fresh:
+                continue
+            batches.setdefault(tp.topic, []).extend(
+                RawRecord(r.key, r.value, r.partition, r.offset, r.topic) for r in fresh
+            )
+            ends[tp] = fresh[-1].offset
+        for topic, raws in batches.items():
+            await _finish(handlers[topic](raws))
+        # A partition revoked meanwhile belongs to another worker now: it commits from there on.
+        assigned = self.assignment()
+        for tp, last in ends.items():
+            if tp in assigned:
+                read_offset[tp] = last
+                self._finished[tp] = last + 1
+        n = sum(len(raws) for raws in batches.values())
+        self._n_acked += n
+        if self._commit_every is not None and self._n_acked >= self._commit_every:
+            self._n_acked = 0
+            await self.commit()
+
+    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
+        seen = set()
+        for tp in [*super()._filter_tps_with_pending_acks(topics), *self._finished]:
+            if tp not in seen and (topics is None or tp in topics or tp.topic in topics):
+                seen.add(tp)
+                yield tp
+
+    def _new_offset(self, tp: TP) -> int | None:
+        finished = self._finished.get(tp)
+        if finished is not None:
+            return finished
+        result: int | None = super()._new_offset(tp)
+        return result
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """Forget what was finished on revoked partitions (their new owner commits from now)."""
+        for tp in revoked:
+            self._finished.pop(tp, None)
+        await super().on_partitions_revoked(revoked)
+
+
+async def _finish(work: Awaitable[None]) -> None:
+    """Run the handler to its end even if the fetch loop is cancelled meanwhile (app stopping).
+
+    A batch cut in the middle could have committed to Redis but not published its decisions; the
+    fetch loop's cancellation waits for the batch instead, then goes on.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
+
+
+class BatchTransport(faust_aiokafka.Transport):
+    """The aiokafka transport with the batch-delivering consumer."""
+
+    Consumer = BatchConsumer
+
+
+class BatchApp(faust.App):
+    """A Faust app whose registered topics are consumed a fetched batch at a time."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batch_handlers: dict[str, BatchHandler] = {}
+
+    def batch_topic(self, topic: Any, handler: BatchHandler) -> None:
+        """Subscribe to `topic` and give every fetched batch of it to `handler`."""
+        for name in topic.topics:
+            self.batch_handlers[name] = handler
+        self.topics.add(topic)
+
+    def _new_transport(self) -> Any:
+        return BatchTransport(self.conf.broker_consumer, self)

@@ -1,0 +1,224 @@
+"""Batch delivery inside Faust: one handler call per fetch, offsets committable only after it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.types import TP
+
+from processors.batch_consumer import BatchApp, BatchConsumer, _finish
+from processors.worker import RawRecord
+
+EV0 = TP("ev", 0)
+EV1 = TP("ev", 1)
+
+
+def record(tp: TP, offset: int) -> Any:
+    """What aiokafka's getmany returns per record (the fields the consumer reads)."""
+    return SimpleNamespace(
+        key=b"s1", value=b"v%d" % offset, partition=tp.partition, offset=offset, topic=tp.topic
+    )
+
+
+_made: list[Harness] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_harnesses() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().close()
+
+
+class Harness:
+    """A BatchApp with one registered topic; nothing connects to a broker."""
+
+    def __init__(self, fail: bool = False) -> None:
+        _made.append(self)
+        self.app = BatchApp(
+            "test-batch", broker="kafka://127.0.0.1:1", autodiscover=False, web_enabled=False
+        )
+        self.calls: list[list[RawRecord]] = []
+        self.offsets_seen_during_call: list[int | None] = []
+        self.fail = fail
+        topic = self.app.topic("ev", key_serializer="raw", value_serializer="raw")
+        self.app.batch_topic(topic, self.handler)
+        self.consumer: BatchConsumer = self.app.consumer
+        self.assigned = {EV0, EV1}
+        self.consumer.assignment = lambda: self.assigned  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        """Close the event loop Faust made for its consumer thread (it never started)."""
+        self.consumer._thread.thread_loop.close()
+
+    async def handler(self, raws: Sequence[RawRecord]) -> None:
+        self.offsets_seen_during_call.append(self.consumer._new_offset(EV0))
+        self.calls.append(list(raws))
+        if self.fail:
+            raise RuntimeError("redis down")
+
+    async def deliver(self, fetched: dict[TP, list[Any]]) -> None:
+        await self.consumer._deliver(fetched, self.app.batch_handlers)
+
+
+def test_registering_a_topic_subscribes_it_and_names_its_handler() -> None:
+    async def main() -> None:
+        h = Harness()
+        assert set(h.app.batch_handlers) == {"ev"}
+        assert any("ev" in t.topics for t in h.app.topics)
+        assert isinstance(h.consumer, BatchConsumer)
+
+    asyncio.run(main())
+
+
+def test_a_fetch_reaches_the_handler_in_one_call_with_every_partition() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)], EV1: [record(EV1, 7)]})
+        assert len(h.calls) == 1
+        assert [(r.partition, r.offset, r.value) for r in h.calls[0]] == [
+            (0, 0, b"v0"),
+            (0, 1, b"v1"),
+            (1, 7, b"v7"),
+        ]
+        assert h.calls[0][0].topic == "ev" and h.calls[0][0].key == b"s1"
+
+    asyncio.run(main())
+
+
+def test_offsets_become_committable_only_after_the_handler_returned() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)], EV1: [record(EV1, 7)]})
+        assert h.offsets_seen_during_call == [
+            None
+        ]  # nothing committable while the batch is applied
+        assert h.consumer._new_offset(EV0) == 2
+        assert h.consumer._new_offset(EV1) == 8
+        assert set(h.consumer._filter_tps_with_pending_acks()) == {EV0, EV1}
+        assert set(h.consumer._filter_tps_with_pending_acks({"other"})) == set()
+
+    asyncio.run(main())
+
+
+def test_a_failing_handler_leaves_its_offsets_uncommitted() -> None:
+    async def main() -> None:
+        h = Harness(fail=True)
+        with pytest.raises(RuntimeError):
+            await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)]})
+        assert h.consumer._new_offset(EV0) is None
+        assert h.consumer._read_offset[EV0] is None
+
+    asyncio.run(main())
+
+
+def test_records_before_the_read_offset_are_not_delivered_again() -> None:
+    async def main() -> None:
+        h = Harness()
+        h.consumer._read_offset[EV0] = 5  # after a seek: the next record to read
+        await h.deliver({EV0: [record(EV0, 3), record(EV0, 4), record(EV0, 5), record(EV0, 6)]})
+        assert [r.offset for r in h.calls[0]] == [5, 6]
+        assert h.consumer._read_offset[EV0] == 6
+        assert h.consumer._new_offset(EV0) == 7
+
+    asyncio.run(main())
+
+
+def test_a_fetch_of_only_old_records_calls_nothing() -> None:
+    async def main() -> None:
+        h = Harness()
+        h.consumer._read_offset[EV0] = 10
+        await h.deliver({EV0: [record(EV0, 3)]})
+        assert h.calls == []
+        assert h.consumer._new_offset(EV0) is None
+
+    asyncio.run(main())
+
+
+def test_a_partition_revoked_during_the_batch_is_not_marked() -> None:
+    async def main() -> None:
+        h = Harness()
+
+        async def revoke_meanwhile(raws: Sequence[RawRecord]) -> None:
+            h.assigned = {EV1}
+
+        h.app.batch_handlers["ev"] = revoke_meanwhile
+        await h.deliver({EV0: [record(EV0, 0)], EV1: [record(EV1, 3)]})
+        assert h.consumer._new_offset(EV0) is None
+        assert h.consumer._new_offset(EV1) == 4
+
+    asyncio.run(main())
+
+
+def test_commit_every_commits_once_enough_records_were_finished() -> None:
+    async def main() -> None:
+        h = Harness()
+        commits: list[int] = []
+
+        async def commit(*args: Any, **kwargs: Any) -> bool:
+            commits.append(h.consumer._n_acked)
+            return True
+
+        h.consumer.commit = commit  # type: ignore[method-assign]
+        h.consumer._commit_every = 3
+        await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)]})
+        assert commits == []
+        await h.deliver({EV0: [record(EV0, 2), record(EV0, 3)]})
+        assert len(commits) == 1 and h.consumer._n_acked == 0
+
+    asyncio.run(main())
+
+
+def test_topics_without_a_handler_take_fausts_per_record_route() -> None:
+    async def main() -> None:
+        h = Harness()
+        seen: list[int] = []
+
+        async def callback(message: Any) -> None:
+            seen.append(message.offset)
+
+        h.consumer.callback = callback
+        other = TP("other", 0)
+        fetched = [
+            SimpleNamespace(
+                key=None,
+                value=b"x",
+                partition=0,
+                offset=o,
+                topic="other",
+                timestamp=None,
+                timestamp_type=0,
+                headers=[],
+                checksum=None,
+                serialized_key_size=0,
+                serialized_value_size=1,
+            )
+            for o in (0, 1)
+        ]
+        await h.deliver({other: fetched})
+        assert seen == [0, 1]
+        assert h.calls == []
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_fetch_loop_waits_for_the_batch_in_flight() -> None:
+    finished: list[str] = []
+
+    async def batch() -> None:
+        await asyncio.sleep(0.05)
+        finished.append("redis and decisions done")
+
+    async def main() -> None:
+        loop_task = asyncio.ensure_future(_finish(batch()))
+        await asyncio.sleep(0.01)
+        loop_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop_task
+        assert finished == ["redis and decisions done"]
+
+    asyncio.run(main())
