@@ -346,11 +346,13 @@ class Procs:
         self,
         name: str,
         settings: Settings,
+        *,
         module: str = "milpa_sessions.cli",
         loglevel: str = "info",
         metrics: bool = True,
+        command: str = "worker",
     ) -> Proc:
-        """Start `python -m <module> worker` with the settings in its environment.
+        """Start `python -m <module> <command>` with the settings in its environment.
 
         The working directory is a scratch directory, so Faust's `<app>-data` directory does not
         land in the repository.
@@ -371,7 +373,7 @@ class Procs:
         log_path = cwd / "worker.log"
         with log_path.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", module, "worker", "--loglevel", loglevel],
+                [sys.executable, "-m", module, command, "--loglevel", loglevel],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -115,6 +115,28 @@ def worker(ctx: Ctx, loglevel: str) -> None:
     faust.Worker(projector.app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
 
+@main.command()
+@click.option("--loglevel", default="warning", show_default=True)
+@click.option(
+    "--poll-interval",
+    default=0.2,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Seconds between reads of the due-work indexes.",
+)
+@pass_ctx
+@_fail_cleanly
+def scheduler(ctx: Ctx, loglevel: str, poll_interval: float) -> None:
+    """Run the scheduler on its own (run workers with MILPA_SCHEDULER_ENABLED=false)."""
+    import faust  # noqa: PLC0415
+
+    from processors.scheduler_app import create_scheduler_app  # noqa: PLC0415
+
+    ensure_topics(ctx.settings)
+    app = create_scheduler_app(ctx.settings, poll_interval=poll_interval)
+    faust.Worker(app.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+
+
 @main.group()
 def topics() -> None:
     """Kafka topics."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,8 @@ class TopicSink:
         await asyncio.gather(*pending)
 
 
-def _raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:
+def raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:
+    """A Faust topic of raw bytes (the codec lives in the worker, not in Faust)."""
     return app.topic(
         name,
         key_type=bytes,
@@ -93,9 +94,9 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
         stream_wait_empty=False,
         broker_max_poll_records=settings.batch_max_records,
     )
-    events = _raw_topic(app, settings.events_topic, settings.partitions)
-    deadletter = TopicSink(_raw_topic(app, settings.deadletter_topic))
-    decisions = TopicSink(_raw_topic(app, settings.decisions_topic))
+    events = raw_topic(app, settings.events_topic, settings.partitions)
+    deadletter = TopicSink(raw_topic(app, settings.deadletter_topic))
+    decisions = TopicSink(raw_topic(app, settings.decisions_topic))
     events_sink = TopicSink(events)
     holder: dict[str, Any] = {}
 
@@ -150,12 +151,12 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
         holder["assigned"] = True
 
     if settings.metrics_port > 0:
-        _serve_metrics(app, settings.metrics_port, holder, events.get_topic_name())
+        _serve_worker_metrics(app, settings.metrics_port, holder, events.get_topic_name())
 
     return ProjectorApp(app, worker, scheduler)
 
 
-def _serve_metrics(app: Any, port: int, holder: dict[str, Any], topic: str) -> None:
+def _serve_worker_metrics(app: Any, port: int, holder: dict[str, Any], topic: str) -> None:
     """Expose the worker's stats on `127.0.0.1:port/metrics` while the app runs."""
 
     def worker_stats() -> WorkerStats | None:
@@ -179,10 +180,21 @@ def _serve_metrics(app: Any, port: int, holder: dict[str, Any], topic: str) -> N
             log.debug("highwaters unavailable (rebalancing?): %s", e)  # next scrape retries
         return found
 
+    serve_metrics(app, port, worker_stats, scheduler_stats, highwaters)
+
+
+def serve_metrics(
+    app: Any,
+    port: int,
+    worker_stats: Callable[[], WorkerStats | None],
+    scheduler_stats: Callable[[], SchedulerStats | None],
+    highwaters: Callable[[], Mapping[int, int]],
+) -> None:
+    """Expose these stats on `127.0.0.1:port/metrics` while the app runs."""
     metrics = Metrics(worker_stats, scheduler_stats, highwaters)
 
     @app.task  # type: ignore[untyped-decorator]
-    async def serve_metrics() -> None:
+    async def metrics_server() -> None:
         metrics.serve(port)
         try:
             await asyncio.Event().wait()  # until the app stops and cancels this task

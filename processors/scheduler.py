@@ -17,7 +17,7 @@ import heapq
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -69,6 +69,7 @@ class Scheduler:
         codec: EventCodec | None = None,
         producer: str = "milpa-scheduler",
         clock: Callable[[], datetime] = _now,
+        prepare_chunk: int = 32,
     ) -> None:
         self._states = states
         self._due_index = due_index
@@ -77,11 +78,19 @@ class Scheduler:
         self.codec = codec or EventCodec()
         self.producer = producer
         self._clock = clock
+        self.prepare_chunk = prepare_chunk
         self.stats = SchedulerStats()
         self.owned: set[int] = set()
         self._deadlines: dict[str, tuple[int, int]] = {}  # sid -> (deadline ms, partition)
         self._heap: list[tuple[int, str]] = []
         self._compact: dict[str, int] = {}  # sid -> partition
+        # sid -> `through` of the last compaction emitted: not emitted again while the projector
+        # has not folded it yet (the index still says "due" until it has).
+        self._compacted: dict[str, int] = {}
+        # Standalone mode: sid -> (deadline, question id, question seq) checked ahead of time,
+        # and sid -> deadline ms of the closings already sent.
+        self._prepared: dict[str, tuple[datetime, str, int]] = {}
+        self._closed: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._sleeping_until: int | None = None  # ms; None = until woken
 
@@ -118,6 +127,52 @@ class Scheduler:
                 self._compact[u.session_id] = partition
             else:
                 self._compact.pop(u.session_id, None)
+                self._compacted.pop(u.session_id, None)
+        self._wake_if_earlier(earliest)
+
+    async def prepare(
+        self, deadlines: Mapping[str, tuple[int, int]], due: Mapping[str, int]
+    ) -> None:
+        """Learn due work read from the indexes (the standalone scheduler polls them).
+
+        New deadlines are checked against their sessions' states now, ahead of time (one read for
+        all of them), so that when one comes due the closing goes out without reading anything.
+        An answer that arrives in between wins the race in the fold, which makes the closing a
+        no-op. A deadline already closed is not offered again while the projector catches up.
+        """
+        self._closed = {sid: ms for sid, ms in self._closed.items() if sid in deadlines}
+        for sid in [sid for sid in self._prepared if sid not in deadlines]:
+            # Gone from the index within the horizon: answered (or closed) meanwhile.
+            del self._prepared[sid]
+            self._deadlines.pop(sid, None)
+        fresh = [
+            sid
+            for sid, (ms, _) in deadlines.items()
+            if self._closed.get(sid) != ms and self._deadlines.get(sid, (None,))[0] != ms
+        ]
+        earliest: int | None = None
+        fresh.sort(key=lambda sid: deadlines[sid][0])
+        for at in range(0, len(fresh), self.prepare_chunk):
+            # In small reads, earliest first: the loop stays free to send what is due meanwhile.
+            chunk = fresh[at : at + self.prepare_chunk]
+            states = await self._states(chunk)
+            for sid in chunk:
+                ms, partition = deadlines[sid]
+                folded = states.get(sid)
+                question = folded.state.question if folded is not None else None
+                deadline = question.deadline() if question is not None else None
+                if folded is None or folded.state.ended or question is None or deadline is None:
+                    continue
+                if ceil_ms(deadline) != ms:
+                    continue  # the index is behind the state; the next poll sees the new one
+                self._prepared[sid] = (deadline, question.id, question.seq)
+                self._schedule(sid, ms, partition)
+                earliest = ms if earliest is None else min(earliest, ms)
+            self._wake_if_earlier(earliest)
+        self._compact.update(due)
+        self._wake_if_earlier(None)
+
+    def _wake_if_earlier(self, earliest: int | None) -> None:
         sleeping = self._sleeping_until
         if self._compact or (earliest is not None and (sleeping is None or earliest < sleeping)):
             self._wake.set()
@@ -168,9 +223,17 @@ class Scheduler:
         self._compact.clear()
         if not due and not compact:
             return
-        states = await self._states(list(dict.fromkeys([*due, *compact])))
         closings: list[tuple[Event, datetime]] = []
+        unprepared: list[str] = []
         for sid in due:
+            prepared = self._prepared.pop(sid, None)
+            if prepared is None:
+                unprepared.append(sid)
+            else:
+                closings.append(self._prepared_closing(sid, prepared, now))
+        to_read = list(dict.fromkeys([*unprepared, *compact]))
+        states = await self._states(to_read) if to_read else {}
+        for sid in unprepared:
             folded = states.get(sid)
             if folded is not None:
                 closing = self._closing(folded.state, now, self._partition(folded))
@@ -181,11 +244,18 @@ class Scheduler:
             for sid in compact
             if (folded := states.get(sid)) is not None
             and (event := self._compaction(folded.state, now)) is not None
+            and self._compacted.get(sid) != event.payload["through"]
         ]
         # Everything due goes out together and is acknowledged together: one broker wait per
         # tick, not one per closing (10k deadlines in a few seconds would otherwise queue up).
         await self._emit([event for event, _ in closings] + compactions)
         acked_ms = time.time() * 1000
+        if len(self._compacted) > 100_000:  # only ever a guard against waste: forget freely
+            self._compacted.clear()
+        self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
+        if len(self._closed) > 100_000:
+            self._closed.clear()
+        self._closed.update((e.session_id, ceil_ms(d)) for e, d in closings)
         self.stats.closings += len(closings)
         self.stats.compactions += len(compactions)
         self.stats.lateness_ms.extend(acked_ms - d.timestamp() * 1000 for _, d in closings)
@@ -206,15 +276,23 @@ class Scheduler:
             # Due to the millisecond but not yet past it, or re-asked with a later deadline.
             self._schedule(session.id, ceil_ms(deadline), partition)
             return None
-        event = Event(
-            event_id=str(uuid.uuid5(_NAMESPACE, f"{session.id}:window:{question.seq}")),
-            session_id=session.id,
+        return self._closing_event(session.id, question.id, question.seq, now), deadline
+
+    def _prepared_closing(
+        self, sid: str, prepared: tuple[datetime, str, int], now: datetime
+    ) -> tuple[Event, datetime]:
+        deadline, question_id, seq = prepared
+        return self._closing_event(sid, question_id, seq, now), deadline
+
+    def _closing_event(self, sid: str, question_id: str, seq: int, now: datetime) -> Event:
+        return Event(
+            event_id=str(uuid.uuid5(_NAMESPACE, f"{sid}:window:{seq}")),
+            session_id=sid,
             type=ev.ANSWER_WINDOW_CLOSED,
             occurred_at=utc_millis(now),
             producer=self.producer,
-            payload={"question_id": question.id, "at": utc_millis(now)},
+            payload={"question_id": question_id, "at": utc_millis(now)},
         )
-        return event, deadline
 
     def _compaction(self, session: Session, now: datetime) -> Event | None:
         """The `compacted` event to append, or None when nothing is due."""

@@ -180,16 +180,16 @@ class WorkerProcess:
 
 @pytest.fixture
 def start_worker(settings: Settings, tmp_path: Path) -> Iterator[object]:
-    """Start worker processes for this test's settings; all are stopped at teardown."""
+    """Start worker (or scheduler) processes for this test's settings; stopped at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(extra: Settings | None = None) -> WorkerProcess:
+    def start(extra: Settings | None = None, command: str = "worker") -> WorkerProcess:
         s = extra or settings
         env = {**os.environ, **s.to_env()}
-        log_path = tmp_path / f"worker-{len(started)}.log"
+        log_path = tmp_path / f"{command}-{len(started)}.log"
         with log_path.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "milpa_sessions.cli", "worker", "--loglevel", "info"],
+                [sys.executable, "-m", "milpa_sessions.cli", command, "--loglevel", "info"],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -31,6 +32,21 @@ def _agent(kafka_log: KafkaEventLog, projections: RedisProjectionStore) -> Sessi
     return SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60)
 
 
+@pytest.fixture(params=["scheduler in the worker", "standalone scheduler"])
+def pipeline(request: pytest.FixtureRequest, settings: Settings, start_worker: Any) -> Any:
+    """Starts the projector with the scheduler in either deployment (the tests run for both)."""
+
+    def start(s: Settings = settings) -> None:
+        if request.param == "standalone scheduler":
+            s = with_keys(s, scheduler_enabled=False)
+            start_worker(s)
+            start_worker(s, command="scheduler")
+        else:
+            start_worker(s)
+
+    return start
+
+
 def _ended(projections: RedisProjectionStore, sid: str) -> bool:
     session = projections.load(sid)
     return session is not None and session.ended
@@ -40,9 +56,9 @@ def test_a_question_with_a_one_second_deadline_closes_the_window_and_ends_the_se
     settings: Settings,
     kafka_log: KafkaEventLog,
     projections: RedisProjectionStore,
-    start_worker: object,
+    pipeline: Any,
 ) -> None:
-    start_worker()  # type: ignore[operator]
+    pipeline()
     agent = _agent(kafka_log, projections)
     agent.start("exp-1", "wait for a human")
     agent.load("exp-1")
@@ -71,9 +87,9 @@ def test_a_question_answered_before_its_deadline_never_expires(
     settings: Settings,
     kafka_log: KafkaEventLog,
     projections: RedisProjectionStore,
-    start_worker: object,
+    pipeline: Any,
 ) -> None:
-    start_worker()  # type: ignore[operator]
+    pipeline()
     agent = _agent(kafka_log, projections)
     agent.start("exp-2", "answered in time")
     agent.load("exp-2")  # the worker is up and projecting
@@ -92,9 +108,9 @@ def test_answer_racing_the_expiry_yields_exactly_one_decision(
     settings: Settings,
     kafka_log: KafkaEventLog,
     projections: RedisProjectionStore,
-    start_worker: object,
+    pipeline: Any,
 ) -> None:
-    start_worker()  # type: ignore[operator]
+    pipeline()
     agent = SessionStore(kafka_log, projections, producer="it-agent", checks=False)
     sessions = [f"race-{i}" for i in range(20)]
     for sid in sessions:
@@ -125,10 +141,10 @@ def test_a_hundred_turn_session_is_compacted_and_keeps_every_turn_in_history(
     settings: Settings,
     kafka_log: KafkaEventLog,
     projections: RedisProjectionStore,
-    start_worker: object,
+    pipeline: Any,
 ) -> None:
     settings = with_keys(settings, compactor_max_turns=40, compactor_keep_recent=12)
-    start_worker(settings)  # type: ignore[operator]
+    pipeline(settings)
     agent = SessionStore(kafka_log, projections, producer="it-agent", checks=False)
     agent.start("long-1", "a long conversation")
     for i in range(100):

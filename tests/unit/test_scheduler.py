@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from processors.indexes import ceil_ms
 from processors.scheduler import Scheduler
 from schemas import events as ev
 from schemas.codec import EventCodec
@@ -132,3 +133,126 @@ def test_observing_an_earlier_deadline_wakes_the_sleeping_loop() -> None:
         return scheduler.stats.wakeups - woken
 
     assert asyncio.run(scenario()) >= 1
+
+
+def test_a_compaction_is_not_sent_again_while_the_projector_has_not_folded_it() -> None:
+    events = [started(), *[turn("user", f"t{i}") for i in range(10)]]
+    u = _update(events)
+    sink = Sink()
+    scheduler = _scheduler(
+        {"s1": Folded(u.state, u.mark)}, Clock(DEADLINE), sink, max_turns=6, keep_recent=2
+    )
+    scheduler.observe([u])
+    asyncio.run(scheduler.tick())
+    scheduler.observe([u])  # another batch touched s1 before the compaction was folded
+    asyncio.run(scheduler.tick())
+    assert [e.type for e in sink.events] == [ev.COMPACTED]
+
+
+# -- the standalone scheduler: due work polled from the indexes, prepared ahead of time ----------
+
+
+def _polled(scheduler: Scheduler, deadlines: dict, due: dict | None = None) -> None:
+    asyncio.run(scheduler.prepare(deadlines, due or {}))
+
+
+def _counting(states: dict[str, Folded], clock: Clock, sink: Sink) -> tuple[Scheduler, list]:
+    reads: list[list[str]] = []
+
+    async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
+        reads.append(list(ids))
+        return {i: states[i] for i in ids if i in states}
+
+    async def no_index(parts: Iterable[int]) -> tuple[dict, dict]:
+        return {}, {}
+
+    return Scheduler(lookup, no_index, sink, Compactor(), clock=clock, prepare_chunk=2), reads
+
+
+def _asked(sid: str, qid: str, deadline: datetime) -> SessionUpdate:
+    return _update(
+        [started(session_id=sid), ask(qid, session_id=sid, expires_at=format_instant(deadline))]
+    )
+
+
+def test_a_polled_deadline_is_prepared_ahead_and_closed_without_reading_the_state_again() -> None:
+    u = _asked("s1", "q1", DEADLINE)
+    clock, sink = Clock(DEADLINE - timedelta(seconds=1)), Sink()
+    scheduler, reads = _counting({"s1": Folded(u.state, u.mark)}, clock, sink)
+    _polled(scheduler, {"s1": (ceil_ms(DEADLINE), 3)})
+    assert reads == [["s1"]]
+    asyncio.run(scheduler.tick())
+    assert sink.events == []  # not due yet
+    clock.now = DEADLINE + timedelta(milliseconds=2)
+    asyncio.run(scheduler.tick())
+    assert reads == [["s1"]]  # no read at the deadline
+    [closing] = sink.events
+    assert closing.type == ev.ANSWER_WINDOW_CLOSED
+    assert closing.payload["question_id"] == "q1"
+    assert closing.payload["at"] == clock.now  # when it noticed, not the deadline
+    assert scheduler.stats.closings == 1 and len(scheduler.stats.lateness_ms) == 1
+
+
+def test_polled_deadlines_are_read_in_small_chunks_earliest_first() -> None:
+    updates = {f"s{i}": _asked(f"s{i}", "q", DEADLINE + timedelta(seconds=5 - i)) for i in range(5)}
+    states = {sid: Folded(u.state, u.mark) for sid, u in updates.items()}
+    scheduler, reads = _counting(states, Clock(DEADLINE - timedelta(seconds=1)), Sink())
+    deadlines = {sid: (ceil_ms(u.state.question.deadline()), 0) for sid, u in updates.items()}  # type: ignore[union-attr]
+    _polled(scheduler, deadlines)
+    assert reads == [["s4", "s3"], ["s2", "s1"], ["s0"]]
+    assert scheduler.next_deadline_ms() == ceil_ms(DEADLINE + timedelta(seconds=1))
+
+
+def test_the_same_polled_deadline_is_read_once_and_closed_once() -> None:
+    u = _asked("s1", "q1", DEADLINE)
+    clock, sink = Clock(DEADLINE - timedelta(seconds=1)), Sink()
+    scheduler, reads = _counting({"s1": Folded(u.state, u.mark)}, clock, sink)
+    index = {"s1": (ceil_ms(DEADLINE), 0)}
+    _polled(scheduler, index)
+    _polled(scheduler, index)
+    assert reads == [["s1"]]
+    clock.now = DEADLINE + timedelta(seconds=1)
+    asyncio.run(scheduler.tick())
+    _polled(scheduler, index)  # the projector has not folded the closing yet
+    asyncio.run(scheduler.tick())
+    assert len(sink.events) == 1
+
+
+def test_a_polled_deadline_whose_question_was_answered_is_not_prepared() -> None:
+    u = _asked("s1", "q1", DEADLINE)
+    clock, sink = Clock(DEADLINE + timedelta(seconds=1)), Sink()
+    answered = Folded(replace(u.state, question=None), u.mark)
+    scheduler, _ = _counting({"s1": answered}, clock, sink)
+    _polled(scheduler, {"s1": (ceil_ms(DEADLINE), 0)})
+    asyncio.run(scheduler.tick())
+    assert sink.events == [] and scheduler.next_deadline_ms() is None
+
+
+def test_a_prepared_deadline_that_leaves_the_index_is_dropped() -> None:
+    u = _asked("s1", "q1", DEADLINE)
+    clock, sink = Clock(DEADLINE - timedelta(seconds=1)), Sink()
+    scheduler, _ = _counting({"s1": Folded(u.state, u.mark)}, clock, sink)
+    _polled(scheduler, {"s1": (ceil_ms(DEADLINE), 0)})
+    _polled(scheduler, {})  # answered: the projector removed it from the deadlines index
+    clock.now = DEADLINE + timedelta(seconds=1)
+    asyncio.run(scheduler.tick())
+    assert sink.events == [] and scheduler.next_deadline_ms() is None
+
+
+def test_an_index_entry_behind_the_state_waits_for_the_next_poll() -> None:
+    u = _asked("s1", "q2", DEADLINE + timedelta(minutes=5))  # re-asked with a later deadline
+    scheduler, _ = _counting({"s1": Folded(u.state, u.mark)}, Clock(DEADLINE), Sink())
+    _polled(scheduler, {"s1": (ceil_ms(DEADLINE), 0)})
+    assert scheduler.next_deadline_ms() is None
+
+
+def test_polled_compaction_work_is_emitted() -> None:
+    u = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
+    sink = Sink()
+    states = {"s1": Folded(u.state, u.mark)}
+    scheduler = _scheduler(states, Clock(DEADLINE), sink, max_turns=6, keep_recent=2)
+    _polled(scheduler, {}, {"s1": 0})
+    asyncio.run(scheduler.tick())
+    _polled(scheduler, {}, {"s1": 0})  # still in the index until the compaction is folded
+    asyncio.run(scheduler.tick())
+    assert [e.type for e in sink.events] == [ev.COMPACTED]
