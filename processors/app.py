@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from faust.exceptions import ConsumerNotStarted
 
 from processors.batch_consumer import BatchApp
 from processors.keys import Keys
 from processors.metrics import Metrics
+from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore
 from processors.scheduler import Scheduler, SchedulerStats
 from processors.worker import OutRecord, ProjectionWorker, RawRecord, WorkerStats
@@ -103,7 +103,7 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
         if "worker" not in holder:
-            client = aioredis.Redis.from_url(settings.redis_url)
+            client = async_client(settings.redis_url)
             store = AsyncRedisProjectionStore(
                 client, Keys(settings.redis_prefix), settings.compactor_max_turns
             )

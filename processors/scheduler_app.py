@@ -29,6 +29,7 @@ from faust.app.base import BootStrategy
 
 from processors.app import TopicSink, raw_topic, serve_metrics
 from processors.keys import Keys
+from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore
 from processors.scheduler import Scheduler
 from producers.settings import Settings
@@ -94,7 +95,7 @@ def create_scheduler_app(
     def client() -> aioredis.Redis:
         # redis.asyncio clients belong to the loop they were created in: create it in the app's.
         if "client" not in holder:
-            holder["client"] = aioredis.Redis.from_url(settings.redis_url)
+            holder["client"] = async_client(settings.redis_url)
         result: aioredis.Redis = holder["client"]
         return result
 
