@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from schemas.frozen import fast_init
+
 STARTED: Final = "session.started"
 TURN: Final = "session.turn"
 TOOL_CALLED: Final = "session.tool_called"
@@ -58,6 +60,7 @@ def utc_millis(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Event:
     """One session event: the envelope plus its type's payload (a plain mapping).

@@ -8,11 +8,17 @@ Checks run in the order of the model (first match wins): duplicate id (no seq) �
 (skipped) → `expected_seq` → not started / second start → after the end → question state →
 payload invariants. The order matters: a stale writer must learn `seq_conflict` before anything
 else, and a late answer is told apart from any other write to an ended session.
+
+How it is made cheap (it runs once per event in the worker and the rebuild): every handler reads
+the state before the event and returns only the fields it changes; `step` adds `seq` and
+`event_ids` and makes the next `Session` once, with one dictionary copy (`Session._derive`), instead
+of one copy per helper. Lists only ever grow by one element (`t + (x,)`), and are only rebuilt when
+the event changes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
@@ -20,6 +26,7 @@ from typing import Any
 
 from schemas import events as ev
 from schemas.events import Event
+from schemas.frozen import fast_init
 from session_model.deadlines import format_instant
 from session_model.modes import Mode, parse_mode
 from session_model.principal import Principal
@@ -40,7 +47,6 @@ from session_model.session import (
 )
 from session_model.signing import TrustedKeys, verify_answer_claim
 
-_KNOWN_TYPES = frozenset(ev.EVENT_TYPES)
 _NO_KEYS = TrustedKeys.none()
 UNSPECIFIED_REASON = "unspecified"
 
@@ -55,6 +61,7 @@ class Kind(StrEnum):
     SKIPPED = "skipped"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one event did, as derived by the fold."""
@@ -71,6 +78,7 @@ class Outcome:
     ended: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Step:
     """The state after one event, with the event and its outcome."""
@@ -85,6 +93,25 @@ class _Reject(Exception):  # noqa: N818 - internal control flow, never escapes t
         super().__init__(code)
         self.code = code
         self.by = by
+
+
+Changes = dict[str, Any]
+"""The fields of `Session` an event changes (besides `seq` and `event_ids`), by name."""
+
+_Handler = Callable[[Session, Event, int, TrustedKeys], tuple[Changes, Outcome]]
+
+# The outcomes that carry nothing but their kind and seq, made once for the first seqs of every
+# session (values, so sharing them is invisible) instead of once per event.
+_SHARED_SEQS = 1024
+_PLAIN: dict[Kind, tuple[Outcome, ...]] = {
+    kind: tuple(Outcome(kind, seq) for seq in range(_SHARED_SEQS))
+    for kind in (Kind.APPLIED, Kind.NOOP, Kind.SKIPPED)
+}
+_DUPLICATE = Outcome(Kind.DUPLICATE, None)
+
+
+def _plain(kind: Kind, seq: int) -> Outcome:
+    return _PLAIN[kind][seq] if seq < _SHARED_SEQS else Outcome(kind, seq)
 
 
 def apply(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Session:
@@ -102,51 +129,60 @@ def fold(session_id: str, events: Iterable[Event], keys: TrustedKeys = _NO_KEYS)
 
 def step(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Step:
     """Fold one event and report what it did."""
-    if event.event_id in state.event_ids:
-        return Step(state, event, Outcome(Kind.DUPLICATE, None))
+    event_id = event.event_id
+    event_ids = state.event_ids
+    if event_id in event_ids:
+        return Step(state, event, _DUPLICATE)
     seq = state.seq + 1
-    base = state.evolve(seq=seq, event_ids=state.event_ids | {event.event_id})
-    if event.type not in _KNOWN_TYPES or not event.payload_readable:
-        return Step(base.evolve(skipped=base.skipped + 1), event, Outcome(Kind.SKIPPED, seq))
-    try:
-        new_state, outcome = _apply_known(state, base, event, seq, keys)
-    except _Reject as rejected:
-        rejection = Rejection(
-            seq=seq,
-            event_id=event.event_id,
-            type=event.type,
-            code=rejected.code,
-            producer=event.producer,
-            occurred_at=event.occurred_at,
-            by=rejected.by,
-        )
-        new_state = base.evolve(rejections=(*base.rejections, rejection))
-        outcome = Outcome(Kind.REJECTED, seq, rejection=rejection)
-    return Step(new_state, event, outcome)
+    handler = _HANDLERS.get(event.type)
+    changes: Changes
+    if handler is None or not event.payload_readable:
+        changes = {"skipped": state.skipped + 1}
+        outcome = _plain(Kind.SKIPPED, seq)
+    else:
+        try:
+            changes, outcome = _apply_known(state, event, seq, keys, handler)
+        except _Reject as rejected:
+            rejection = Rejection(
+                seq=seq,
+                event_id=event_id,
+                type=event.type,
+                code=rejected.code,
+                producer=event.producer,
+                occurred_at=event.occurred_at,
+                by=rejected.by,
+            )
+            changes = {"rejections": (*state.rejections, rejection)}
+            outcome = Outcome(Kind.REJECTED, seq, rejection=rejection)
+    changes["seq"] = seq
+    changes["event_ids"] = event_ids | {event_id}
+    return Step(state._derive(changes), event, outcome)
 
 
 def _apply_known(
-    before: Session, s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Session, Outcome]:
-    p = e.payload
-    if e.expected_seq is not None and e.expected_seq != before.seq:
+    s: Session, e: Event, seq: int, keys: TrustedKeys, handler: _Handler
+) -> tuple[Changes, Outcome]:
+    """The checks every known event passes, in the model's order, then its handler."""
+    if e.expected_seq is not None and e.expected_seq != s.seq:
         raise _Reject("seq_conflict")
-    if not before.started:
-        if e.type != ev.STARTED:
+    event_type = e.type
+    if not s.started:
+        if event_type != ev.STARTED:
             raise _Reject("unknown_session")
-    elif e.type == ev.STARTED:
+    elif event_type == ev.STARTED:
         raise _Reject("already_started")
-    if e.type == ev.ANSWER_WINDOW_CLOSED and (
-        not before.ended or _already_decided(before, p.get("question_id"))
-    ):
-        return _window_closed(s, e, seq)
-    if before.ended:
-        if e.type == ev.QUESTION_ANSWERED and _is_closed_question(before, p):
-            by, _ = _principal(e, before.closed_question.id if before.closed_question else "", keys)
+    if s.ended_because is not None or event_type == ev.ANSWER_WINDOW_CLOSED:
+        p = e.payload
+        if event_type == ev.ANSWER_WINDOW_CLOSED and (
+            s.ended_because is None or _already_decided(s, p.get("question_id"))
+        ):
+            return _window_closed(s, e, seq, keys)
+        if event_type == ev.QUESTION_ANSWERED and _is_closed_question(s, p):
+            by, _ = _principal(e, s.closed_question.id if s.closed_question else "", keys)
             raise _Reject("late_answer", by=by)
         raise _Reject("session_ended")
-    handler = _HANDLERS[e.type]
-    return handler(s, e, seq, keys)
+    result: tuple[Changes, Outcome] = handler(s, e, seq, keys)
+    return result
 
 
 def _is_closed_question(s: Session, p: Mapping[str, Any]) -> bool:
@@ -175,10 +211,6 @@ def _principal(e: Event, question_id: str, keys: TrustedKeys) -> tuple[Principal
     return (claimed, False) if trusted else (Principal(claimed.id, verified=False), True)
 
 
-def _applied(state: Session, seq: int, **details: Any) -> tuple[Session, Outcome]:
-    return state, Outcome(Kind.APPLIED, seq, **details)
-
-
 def _text(p: Mapping[str, Any], name: str, default: str = "") -> str:
     value = p.get(name)
     return value if isinstance(value, str) else default
@@ -190,8 +222,8 @@ def _optional_text(p: Mapping[str, Any], name: str) -> str | None:
 
 
 def _required(p: Mapping[str, Any], name: str) -> str:
-    value = _text(p, name)
-    if not value.strip():
+    value = p.get(name)
+    if not isinstance(value, str) or not value.strip():
         raise _Reject("invalid")
     return value
 
@@ -202,79 +234,78 @@ def _strings(value: object) -> tuple[str, ...]:
     return tuple(v for v in value if isinstance(v, str))
 
 
-def _add_turn(s: Session, role: str, content: str, seq: int) -> tuple[Session, Turn]:
-    turn = Turn(role, content, seq)
-    return s.evolve(turns=(*s.turns, turn), turn_count=s.turn_count + 1), turn
-
-
 def _without(items: tuple[str, ...], name: str) -> tuple[str, ...]:
-    return tuple(i for i in items if i != name)
+    # Most events remove nothing (an obligation is rare): keep the same tuple then.
+    return tuple(i for i in items if i != name) if name in items else items
 
 
-# -- one handler per event type ------------------------------------------------------------------
+# -- one handler per event type: (state before, event, seq) -> (changed fields, outcome) --------
 
 
-def _started(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _started(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     p = e.payload
-    return _applied(
-        s.evolve(
-            started=True,
-            goal=_text(p, "goal"),
-            mode=parse_mode(p.get("mode")) or Mode.ASK,
-            parent_id=_optional_text(p, "parent_id") or None,
-        ),
-        seq,
-    )
+    changes = {
+        "started": True,
+        "goal": _text(p, "goal"),
+        "mode": parse_mode(p.get("mode")) or Mode.ASK,
+        "parent_id": _optional_text(p, "parent_id") or None,
+    }
+    return changes, _plain(Kind.APPLIED, seq)
 
 
-def _turn(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
-    role = _text(e.payload, "role")
+def _turn(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+    p = e.payload
+    role = _text(p, "role")
     if role not in ROLES:
         raise _Reject("invalid")
-    state, turn = _add_turn(s, role, _text(e.payload, "content"), seq)
-    return _applied(state, seq, turn=turn)
+    turn = Turn(role, _text(p, "content"), seq)
+    changes = {"turns": (*s.turns, turn), "turn_count": s.turn_count + 1}
+    return changes, Outcome(Kind.APPLIED, seq, turn=turn)
 
 
-def _tool_called(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _tool_called(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     p = e.payload
     tool = _required(p, "tool")
     result = _text(p, "result")
     mutating = p.get("mutating") is True
     call = CallFact(
-        seq=seq,
-        tool=tool,
-        result=result,
-        ok=p.get("ok", True) is True,
-        mutating=mutating,
-        artifact=_optional_text(p, "artifact"),
-        verdict=_optional_text(p, "verdict"),
-        effect_observation_id=_optional_text(p, "effect_observation_id"),
+        seq,
+        tool,
+        result,
+        p.get("ok", True) is True,
+        mutating,
+        _optional_text(p, "artifact"),
+        _optional_text(p, "verdict"),
+        _optional_text(p, "effect_observation_id"),
     )
-    state, turn = _add_turn(s, "tool", f"{tool} → {result}", seq)
-    state = state.evolve(
-        tool_calls=s.tool_calls + 1,
-        mutations=s.mutations + (1 if mutating else 0),
-        run_first=_without(s.run_first, tool),
-        calls=(*s.calls, call),
-    )
-    return _applied(state, seq, turn=turn)
+    turn = Turn("tool", f"{tool} → {result}", seq)
+    changes = {
+        "turns": (*s.turns, turn),
+        "turn_count": s.turn_count + 1,
+        "tool_calls": s.tool_calls + 1,
+        "mutations": s.mutations + 1 if mutating else s.mutations,
+        "run_first": _without(s.run_first, tool),
+        "calls": (*s.calls, call),
+    }
+    return changes, Outcome(Kind.APPLIED, seq, turn=turn)
 
 
-def _message_sent(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _message_sent(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     sender = _required(e.payload, "from")
     content = _text(e.payload, "content")
-    state, turn = _add_turn(s, "user", f"■ message from «{sender}»: {content}", seq)
-    return _applied(state, seq, turn=turn)
+    turn = Turn("user", f"■ message from «{sender}»: {content}", seq)
+    changes = {"turns": (*s.turns, turn), "turn_count": s.turn_count + 1}
+    return changes, Outcome(Kind.APPLIED, seq, turn=turn)
 
 
-def _plan_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _plan_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     plan = _text(e.payload, "plan")
     run_first = _without(s.run_first, "plan")
     if plan == s.plan:
-        return _applied(s.evolve(run_first=run_first), seq, plan_supersedes=None)
+        return {"run_first": run_first}, _plain(Kind.APPLIED, seq)
     supersedes = s.plan_version if s.plan_version > 0 else None
-    state = s.evolve(plan=plan, plan_version=s.plan_version + 1, run_first=run_first)
-    return _applied(state, seq, plan_supersedes=supersedes)
+    changes = {"plan": plan, "plan_version": s.plan_version + 1, "run_first": run_first}
+    return changes, Outcome(Kind.APPLIED, seq, plan_supersedes=supersedes)
 
 
 def _origin(status: str, tool_calls: int) -> str:
@@ -293,7 +324,7 @@ def _inherited(value: object) -> InheritedFrom | None:
     return InheritedFrom(session, version, origin)
 
 
-def _todo_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _todo_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     p = e.payload
     todo_id = _required(p, "id")
     text = _text(p, "text")
@@ -301,43 +332,49 @@ def _todo_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Se
     if status not in TODO_STATUSES:
         raise _Reject("invalid")
     replaces = _optional_text(p, "replaces") or None
-    current = s.todo(todo_id)
-    if current is None:
+    todos = s.todos
+    index = next((i for i, t in enumerate(todos) if t.id == todo_id), None)
+    if index is None:
         inherited = _inherited(p.get("inherited_from"))
         card = Todo(
-            id=todo_id,
-            text=text,
-            status=status,
-            version=1,
-            supersedes=None,
-            from_status=None,
-            origin=inherited.origin if inherited else _origin(status, s.tool_calls),
-            mutations_at=s.mutations,
-            plan_version=s.plan_version,
-            born_in_plan=s.plan_version,
-            replaces=replaces,
-            inherited_from=inherited,
+            todo_id,
+            text,
+            status,
+            1,
+            None,
+            None,
+            inherited.origin if inherited else _origin(status, s.tool_calls),
+            s.mutations,
+            s.plan_version,
+            s.plan_version,
+            replaces,
+            inherited,
         )
-        todos = (*s.todos, card)
+        todos = (*todos, card)
     else:
+        current = todos[index]
         changed = current.text != text or current.status != status
-        card = replace(
-            current,
-            text=text,
-            status=status,
-            version=current.version + 1 if changed else current.version,
-            supersedes=current.version if changed else None,
-            from_status=current.status if changed else None,
-            mutations_at=s.mutations,
-            plan_version=s.plan_version,
-            replaces=replaces if replaces is not None else current.replaces,
+        card = Todo(
+            current.id,
+            text,
+            status,
+            current.version + 1 if changed else current.version,
+            current.version if changed else None,
+            current.status if changed else None,
+            current.origin,
+            s.mutations,
+            s.plan_version,
+            current.born_in_plan,
+            replaces if replaces is not None else current.replaces,
+            current.inherited_from,
+            current.transferred_to,
         )
-        todos = tuple(card if t.id == todo_id else t for t in s.todos)
-    state = s.evolve(todos=todos, run_first=_without(s.run_first, "todo"))
-    return _applied(state, seq, card=card)
+        todos = (*todos[:index], card, *todos[index + 1 :])
+    changes = {"todos": todos, "run_first": _without(s.run_first, "todo")}
+    return changes, Outcome(Kind.APPLIED, seq, card=card)
 
 
-def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     if s.question is not None:
         raise _Reject("question_open")
     p = e.payload
@@ -354,12 +391,13 @@ def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[
     reason = question.reason or UNSPECIFIED_REASON
     pauses = dict(s.pauses)
     pauses[reason] = pauses.get(reason, 0) + 1
-    return _applied(s.evolve(question=question, pauses=pauses), seq, pause_reason=reason)
+    changes = {"question": question, "pauses": pauses}
+    return changes, Outcome(Kind.APPLIED, seq, pause_reason=reason)
 
 
 def _question_answered(
     s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Session, Outcome]:
+) -> tuple[Changes, Outcome]:
     p = e.payload
     question = s.question
     if question is None:
@@ -382,20 +420,23 @@ def _question_answered(
         decided_at=e.occurred_at,
         asked_at=question.asked_at,
     )
-    state, turn = _add_turn(s, "user", answer, seq)
-    state = state.evolve(
-        question=None,
-        decisions=(*s.decisions, decision),
-        downgrades=s.downgrades + (1 if downgraded else 0),
-    )
-    return _applied(state, seq, turn=turn, decision=decision, downgraded=downgraded)
+    turn = Turn("user", answer, seq)
+    changes = {
+        "turns": (*s.turns, turn),
+        "turn_count": s.turn_count + 1,
+        "question": None,
+        "decisions": (*s.decisions, decision),
+        "downgrades": s.downgrades + 1 if downgraded else s.downgrades,
+    }
+    outcome = Outcome(Kind.APPLIED, seq, turn=turn, decision=decision, downgraded=downgraded)
+    return changes, outcome
 
 
-def _window_closed(s: Session, e: Event, seq: int) -> tuple[Session, Outcome]:
+def _window_closed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     question = s.question
     if question is None or e.payload.get("question_id") != question.id:
         # The answer (or an earlier closing) won the race: nothing left to close.
-        return s, Outcome(Kind.NOOP, seq)
+        return {}, _plain(Kind.NOOP, seq)
     at = e.payload.get("at")
     at_text = format_instant(at) if isinstance(at, datetime) else str(at)
     decision = Decision(
@@ -412,11 +453,16 @@ def _window_closed(s: Session, e: Event, seq: int) -> tuple[Session, Outcome]:
         asked_at=question.asked_at,
     )
     because = f"the window to answer «{question.question}» closed at {at_text} and nobody answered"
-    state = s.evolve(question=None, closed_question=question, decisions=(*s.decisions, decision))
-    return _applied(_end(state, because), seq, decision=decision, ended=True)
+    changes = {
+        "question": None,
+        "closed_question": question,
+        "decisions": (*s.decisions, decision),
+        **_end(s, because),
+    }
+    return changes, Outcome(Kind.APPLIED, seq, decision=decision, ended=True)
 
 
-def _end(s: Session, because: str) -> Session:
+def _end(s: Session, because: str) -> Changes:
     open_work = tuple(
         OpenCard(
             id=t.id,
@@ -429,67 +475,67 @@ def _end(s: Session, because: str) -> Session:
         for t in s.todos
         if t.status != "done"
     )
-    return s.evolve(ended_because=because, open_work=open_work)
+    return {"ended_because": because, "open_work": open_work}
 
 
 def _permission_granted(
     s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Session, Outcome]:
+) -> tuple[Changes, Outcome]:
     operation = _required(e.payload, "operation")
     if operation in s.permissions:
-        return _applied(s, seq)
-    return _applied(s.evolve(permissions=(*s.permissions, operation)), seq)
+        return {}, _plain(Kind.APPLIED, seq)
+    return {"permissions": (*s.permissions, operation)}, _plain(Kind.APPLIED, seq)
 
 
 def _permission_revoked(
     s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Session, Outcome]:
+) -> tuple[Changes, Outcome]:
     operation = _required(e.payload, "operation")
-    return _applied(s.evolve(permissions=_without(s.permissions, operation)), seq)
+    return {"permissions": _without(s.permissions, operation)}, _plain(Kind.APPLIED, seq)
 
 
-def _mode_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _mode_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     mode = parse_mode(e.payload.get("mode"))
     if mode is None:
         raise _Reject("invalid")
-    return _applied(s.evolve(mode=mode), seq)
+    return {"mode": mode}, _plain(Kind.APPLIED, seq)
 
 
-def _option_removed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _option_removed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     option = _required(e.payload, "option")
     reason = e.payload.get("reason")
     code = reason.get("code") if isinstance(reason, Mapping) else None
     if not isinstance(code, str) or not code.strip():
         raise _Reject("invalid")
     if option in s.removed_options:
-        return _applied(s, seq)
-    return _applied(s.evolve(removed_options=(*s.removed_options, option)), seq)
+        return {}, _plain(Kind.APPLIED, seq)
+    return {"removed_options": (*s.removed_options, option)}, _plain(Kind.APPLIED, seq)
 
 
-def _prerequisite_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _prerequisite_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     tools = tuple(t for t in _strings(e.payload.get("tools")) if t.strip())
-    return _applied(s.evolve(run_first=tools, obligation_declared=bool(tools)), seq)
+    return {"run_first": tools, "obligation_declared": bool(tools)}, _plain(Kind.APPLIED, seq)
 
 
-def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     through = e.payload.get("through")
     if not isinstance(through, int) or isinstance(through, bool):
         raise _Reject("invalid")
     if through <= s.compacted_through:
-        return s, Outcome(Kind.NOOP, seq)
+        return {}, _plain(Kind.NOOP, seq)
     if through >= seq:
         raise _Reject("invalid")
-    state = s.evolve(
-        summary=_text(e.payload, "summary"),
-        compacted_through=through,
-        turns=tuple(t for t in s.turns if t.seq > through),
-    )
-    return _applied(state, seq)
+    changes = {
+        "summary": _text(e.payload, "summary"),
+        "compacted_through": through,
+        "turns": tuple(t for t in s.turns if t.seq > through),
+    }
+    return changes, _plain(Kind.APPLIED, seq)
 
 
 def _todos_transferred(
     s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Session, Outcome]:
+) -> tuple[Changes, Outcome]:
     target = _required(e.payload, "to")
     moved = set()
     raw = e.payload.get("todos")
@@ -497,10 +543,10 @@ def _todos_transferred(
         if isinstance(item, Mapping) and isinstance(item.get("id"), str):
             moved.add(item["id"])
     todos = tuple(replace(t, transferred_to=target) if t.id in moved else t for t in s.todos)
-    return _applied(s.evolve(todos=todos), seq)
+    return {"todos": todos}, _plain(Kind.APPLIED, seq)
 
 
-def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
+def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     p = e.payload
     observation = Observation(
         event_id=e.event_id,
@@ -510,12 +556,12 @@ def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple
         evidence=_strings(p.get("evidence")),
         observer=_optional_text(p, "observer"),
     )
-    return _applied(s.evolve(observations=(*s.observations, observation)), seq)
+    return {"observations": (*s.observations, observation)}, _plain(Kind.APPLIED, seq)
 
 
 def _execution_recorded(
     s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Session, Outcome]:
+) -> tuple[Changes, Outcome]:
     p = e.payload
     receipt = ExecutionFact(
         seq=seq,
@@ -524,14 +570,14 @@ def _execution_recorded(
         artifact=_optional_text(p, "artifact"),
         executor=_optional_text(p, "executor"),
     )
-    return _applied(s.evolve(executions=(*s.executions, receipt)), seq)
+    return {"executions": (*s.executions, receipt)}, _plain(Kind.APPLIED, seq)
 
 
-def _ended(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Session, Outcome]:
-    return _applied(_end(s, _text(e.payload, "because")), seq, ended=True)
+def _ended(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+    return _end(s, _text(e.payload, "because")), Outcome(Kind.APPLIED, seq, ended=True)
 
 
-_HANDLERS = {
+_HANDLERS: dict[str, _Handler] = {
     ev.STARTED: _started,
     ev.TURN: _turn,
     ev.TOOL_CALLED: _tool_called,
@@ -540,6 +586,7 @@ _HANDLERS = {
     ev.TODO_CHANGED: _todo_changed,
     ev.QUESTION_ASKED: _question_asked,
     ev.QUESTION_ANSWERED: _question_answered,
+    ev.ANSWER_WINDOW_CLOSED: _window_closed,  # reached through `_apply_known`, before the end check
     ev.PERMISSION_GRANTED: _permission_granted,
     ev.PERMISSION_REVOKED: _permission_revoked,
     ev.MODE_CHANGED: _mode_changed,
@@ -551,3 +598,4 @@ _HANDLERS = {
     ev.EXECUTION_RECORDED: _execution_recorded,
     ev.ENDED: _ended,
 }
+assert _HANDLERS.keys() == set(ev.EVENT_TYPES), "every event type of the vocabulary has a handler"

@@ -6,7 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.frozen import fast_init
 
+
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Principal:
     """An identity with its channel prefix (`cli:rod@laptop`, `actor:member:42`)."""

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemas.events import Event
+from schemas.frozen import fast_init
 from session_model.fold import Kind, Step, step
 from session_model.session import Decision, Rejection, Session, Turn
 from session_model.signing import TrustedKeys
 from session_model.timeline import TimelineEntry, translate
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, order=True)
 class Position:
     """Where a record sits in the log: partition and offset."""
@@ -36,6 +39,7 @@ class Position:
         return cls(int(partition), int(offset))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Folded:
     """A session's state together with the log position of the last record folded into it."""
@@ -44,6 +48,7 @@ class Folded:
     mark: Position | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Record:
     """A decoded event and where it came from."""
@@ -52,6 +57,7 @@ class Record:
     position: Position
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SessionUpdate:
     """What a batch did to one session: new state, new mark, and what to append or index."""
@@ -97,24 +103,34 @@ class BatchFolder:
         self, known: Mapping[str, Folded], records: Iterable[Record]
     ) -> tuple[SessionUpdate, ...]:
         """Fold `records` onto the `known` states (sessions absent from it start empty)."""
-        current: dict[str, Folded] = {}
-        steps: dict[str, list[Step]] = {}
-        bases: dict[str, Position | None] = {}
+        keys = self.keys
+        # Per session touched: [state, mark, base mark, steps]; one lookup per record, and no
+        # `Folded` per record (only the batch's last state of each session becomes one).
+        current: dict[str, list[Any]] = {}
         for record in records:
-            sid = record.event.session_id
-            if sid not in current:
-                folded = known.get(sid) or Folded(Session(sid))
-                current[sid] = folded
-                bases[sid] = folded.mark
-                steps[sid] = []
-            folded = current[sid]
-            if folded.mark is not None and record.position <= folded.mark:
-                continue  # already applied: a redelivery
-            result = step(folded.state, record.event, self.keys)
-            current[sid] = Folded(result.state, record.position)
-            steps[sid].append(result)
+            event = record.event
+            sid = event.session_id
+            entry = current.get(sid)
+            if entry is None:
+                folded = known.get(sid)
+                if folded is None:
+                    entry = [Session(sid), None, None, []]
+                else:
+                    entry = [folded.state, folded.mark, folded.mark, []]
+                current[sid] = entry
+            mark = entry[1]
+            position = record.position
+            if mark is not None and (
+                position.partition < mark.partition
+                or (position.partition == mark.partition and position.offset <= mark.offset)
+            ):
+                continue  # at or below the mark (`position <= mark`): already applied
+            result = step(entry[0], event, keys)
+            entry[0] = result.state
+            entry[1] = position
+            entry[3].append(result)
         return tuple(
-            SessionUpdate(sid, bases[sid], f.mark, f.state, tuple(steps[sid]))
-            for sid, f in current.items()
-            if f.mark is not None and steps[sid]
+            SessionUpdate(sid, base, mark, state, tuple(steps))
+            for sid, (state, mark, base, steps) in current.items()
+            if mark is not None and steps
         )
