@@ -4,15 +4,16 @@
 instead of Faust's per-record streams (which cap a worker below the throughput target). A batch's
 offsets become committable only after the worker returned, that is after Redis holds every event
 of it (or the dead-letter topic does). Faust's exactly-once mode is not used: at-least-once
-delivery plus the marks in Redis make redeliveries no-ops. A rebalance waits for the batch in
-flight before the worker drops its cache.
+delivery plus the marks in Redis make redeliveries no-ops. Folding a batch overlaps with committing
+the previous one (the commits stay in order); a rebalance waits for both before the worker drops
+its cache.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,11 +126,13 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
             tp.partition for tp in app.consumer.assignment() if tp.topic == events.get_topic_name()
         }
 
-    in_flight = asyncio.Lock()  # created lazily by asyncio on first use, inside the app's loop
+    folding = asyncio.Lock()  # created lazily by asyncio on first use, inside the app's loop
 
-    async def project(raws: Sequence[RawRecord]) -> None:
-        async with in_flight:
-            await worker().process(raws)
+    async def project(raws: Sequence[RawRecord]) -> Awaitable[Any]:
+        # Fold now; the consumer commits (the returned phase) while it fetches the next batch.
+        async with folding:
+            prepared = await worker().prepare(raws)
+        return worker().finish(prepared)
 
     app.batch_topic(events, project)
 
@@ -141,7 +144,9 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        async with in_flight:  # the batch in flight finishes (Redis, decisions) before we forget
+        # The batches in flight finish (Redis, decisions) before the cache is dropped.
+        async with folding:
+            await app.settle()
             worker().forget()
         worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
 

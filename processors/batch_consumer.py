@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -33,7 +33,11 @@ from processors.worker import RawRecord
 
 log = logging.getLogger(__name__)
 
-BatchHandler = Callable[[Sequence[RawRecord]], Awaitable[None]]
+# A handler works on a batch when awaited. It may return a second phase (e.g. the Redis commit)
+# that the consumer runs after the previous batch's second phase, while it fetches and hands over
+# the next batch: folding overlaps with committing, and batches still finish in order.
+Completion = Awaitable[None] | None
+BatchHandler = Callable[[Sequence[RawRecord]], Awaitable[Completion]]
 
 
 class BatchConsumer(faust_aiokafka.Consumer):
@@ -43,6 +47,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         super().__init__(*args, **kwargs)
         # tp -> the offset after the last record whose batch the handler finished.
         self._finished: dict[TP, int] = {}
+        self._in_flight: asyncio.Future[None] | None = None  # the previous batch's second phase
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - needs a broker
         handlers: dict[str, BatchHandler] = getattr(self.app, "batch_handlers", {})
@@ -55,11 +60,15 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 if not records or self.should_stop:
                     continue
                 await self._deliver(records, handlers)
+                if self._commit_every is not None and self._n_acked >= self._commit_every:
+                    self._n_acked = 0
+                    await self.commit()
         except self.consumer_stopped_errors:
             if self.transport.app.should_stop:
                 return
             raise
         except asyncio.CancelledError:
+            await asyncio.shield(self.settle())  # the batch being committed finishes first
             if self.transport.app.should_stop:
                 return
             raise
@@ -83,19 +92,39 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 RawRecord(r.key, r.value, r.partition, r.offset, r.topic) for r in fresh
             )
             ends[tp] = fresh[-1].offset
+        for tp, last in ends.items():
+            read_offset[tp] = last
+        completions: list[Awaitable[None]] = []
         for topic, raws in batches.items():
-            await _finish(handlers[topic](raws))
+            completion = await _finish(handlers[topic](raws))
+            if completion is not None:
+                completions.append(completion)
+        await self.settle()  # the previous batch is committed before this one starts to be
+        n = sum(len(raws) for raws in batches.values())
+        self._in_flight = asyncio.ensure_future(self._complete(completions, ends, n))
+
+    async def _complete(
+        self, completions: list[Awaitable[None]], ends: dict[TP, int], n: int
+    ) -> None:
+        for completion in completions:
+            await completion
         # A partition revoked meanwhile belongs to another worker now: it commits from there on.
         assigned = self.assignment()
         for tp, last in ends.items():
             if tp in assigned:
-                read_offset[tp] = last
                 self._finished[tp] = last + 1
-        n = sum(len(raws) for raws in batches.values())
         self._n_acked += n
-        if self._commit_every is not None and self._n_acked >= self._commit_every:
-            self._n_acked = 0
-            await self.commit()
+
+    async def settle(self) -> None:
+        """Wait until the batch being committed is done (raises what it raised)."""
+        in_flight = self._in_flight
+        if in_flight is None:
+            return
+        try:
+            await in_flight
+        finally:
+            if self._in_flight is in_flight:
+                self._in_flight = None
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
         seen = set()
@@ -118,7 +147,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
 
 
-async def _finish(work: Awaitable[None]) -> None:
+async def _finish(work: Awaitable[Completion]) -> Completion:
     """Run the handler to its end even if the fetch loop is cancelled meanwhile (app stopping).
 
     A batch cut in the middle could have committed to Redis but not published its decisions; the
@@ -126,7 +155,7 @@ async def _finish(work: Awaitable[None]) -> None:
     """
     task = asyncio.ensure_future(work)
     try:
-        await asyncio.shield(task)
+        return await asyncio.shield(task)
     except asyncio.CancelledError:
         await task
         raise
@@ -150,6 +179,10 @@ class BatchApp(faust.App):
         for name in topic.topics:
             self.batch_handlers[name] = handler
         self.topics.add(topic)
+
+    async def settle(self) -> None:
+        """Wait until the batch being committed is done."""
+        await cast(BatchConsumer, self.consumer).settle()
 
     def _new_transport(self) -> Any:
         return BatchTransport(self.conf.broker_consumer, self)

@@ -45,6 +45,15 @@ class RawRecord:
 OutRecord = tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A batch decoded and folded, not yet committed."""
+
+    records: list[Record]
+    updates: tuple[SessionUpdate, ...]
+    ends: dict[int, int]  # partition -> last offset of the batch
+
+
 class Sink(Protocol):
     """Somewhere to publish records and wait until they are acknowledged."""
 
@@ -113,17 +122,37 @@ class ProjectionWorker:
 
     async def process(self, raws: Sequence[RawRecord]) -> tuple[SessionUpdate, ...]:
         """Apply one batch; returns the updates committed."""
+        return await self.finish(await self.prepare(raws))
+
+    async def prepare(self, raws: Sequence[RawRecord]) -> Prepared:
+        """Decode (dead-lettering what cannot be read) and fold; nothing is committed yet.
+
+        The folded states enter the cache at once, so the next batch can be folded while this
+        one is committed. That is safe because a state is determined by its mark: whoever folds
+        a session's partition up to offset X gets the same state. If this batch's commit meets a
+        conflict, `finish` re-folds it from Redis, and the next batch's commit for that session
+        conflicts in turn (or finds the mark its fold expected, and the state that goes with it).
+        """
         self.stats.batches += 1
         self.stats.records += len(raws)
         self.stats.batch_sizes.append(len(raws))
         records = await self._decode(raws)
-        updates = await self._apply(records)
+        updates = await self._fold(records)
+        ends = {r.partition: r.offset for r in raws}
+        return Prepared(records, updates, ends)
+
+    async def finish(self, prepared: Prepared) -> tuple[SessionUpdate, ...]:
+        """Commit a prepared batch (re-folding conflicts), then count and publish its decisions.
+
+        Batches must be finished in the order they were prepared.
+        """
+        updates = await self._commit(prepared.records, prepared.updates)
         for u in updates:
             self._count(u)
         for listener in self.listeners:
             listener(updates)
         await self._publish_decisions(updates)
-        self.stats.last_offsets.update({r.partition: r.offset for r in raws})
+        self.stats.last_offsets.update(prepared.ends)
         return updates
 
     async def states(self, session_ids: Sequence[str]) -> dict[str, Folded]:
@@ -162,30 +191,37 @@ class ProjectionWorker:
         await self.deadletter.publish(raw.key, raw.value or b"", headers)
         self.stats.dead_lettered += 1
 
-    async def _apply(self, records: list[Record]) -> tuple[SessionUpdate, ...]:
+    async def _fold(self, records: list[Record]) -> tuple[SessionUpdate, ...]:
+        ids = list(dict.fromkeys(r.event.session_id for r in records))
+        misses = [sid for sid in ids if sid not in self._cache]
+        if misses:
+            self._cache.update(await self._retrying(functools.partial(self.store.folded, misses)))
+        updates = self.folder.fold(self._cache, records)
+        self.stats.redelivered += len(records) - sum(len(u.steps) for u in updates)
+        for u in updates:
+            self._cache[u.session_id] = Folded(u.state, u.mark)
+        return updates
+
+    async def _commit(
+        self, records: list[Record], updates: tuple[SessionUpdate, ...]
+    ) -> tuple[SessionUpdate, ...]:
         done: list[SessionUpdate] = []
-        pending = records
-        while pending:
-            ids = list(dict.fromkeys(r.event.session_id for r in pending))
-            misses = [sid for sid in ids if sid not in self._cache]
-            if misses:
-                self._cache.update(
-                    await self._retrying(functools.partial(self.store.folded, misses))
-                )
-            updates = self.folder.fold(self._cache, pending)
-            self.stats.redelivered += len(pending) - sum(len(u.steps) for u in updates)
+        while updates:
             result: CommitResult = await self._retrying(
                 functools.partial(self.store.commit, updates)
             )
             conflicted = set(result.conflicts)
-            for u in updates:
-                if u.session_id in conflicted:
-                    self._cache.pop(u.session_id, None)
-                else:
-                    self._cache[u.session_id] = Folded(u.state, u.mark)
-                    done.append(u)
+            done.extend(u for u in updates if u.session_id not in conflicted)
+            if not conflicted:
+                break
             self.stats.conflicts += len(conflicted)
-            pending = [r for r in pending if r.event.session_id in conflicted]
+            for sid in conflicted:
+                self._cache.pop(sid, None)  # re-read: someone else moved this session's mark
+            records = [r for r in records if r.event.session_id in conflicted]
+            self.stats.redelivered -= len(records) - sum(
+                len(u.steps) for u in updates if u.session_id in conflicted
+            )  # counted again by the re-fold
+            updates = await self._fold(records)
         self._trim_cache()
         return tuple(done)
 

@@ -62,7 +62,9 @@ class Harness:
             raise RuntimeError("redis down")
 
     async def deliver(self, fetched: dict[TP, list[Any]]) -> None:
+        """One round of the fetch loop, then wait for the batch's commit phase."""
         await self.consumer._deliver(fetched, self.app.batch_handlers)
+        await self.consumer.settle()
 
 
 def test_registering_a_topic_subscribes_it_and_names_its_handler() -> None:
@@ -111,7 +113,6 @@ def test_a_failing_handler_leaves_its_offsets_uncommitted() -> None:
         with pytest.raises(RuntimeError):
             await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)]})
         assert h.consumer._new_offset(EV0) is None
-        assert h.consumer._read_offset[EV0] is None
 
     asyncio.run(main())
 
@@ -154,21 +155,64 @@ def test_a_partition_revoked_during_the_batch_is_not_marked() -> None:
     asyncio.run(main())
 
 
-def test_commit_every_commits_once_enough_records_were_finished() -> None:
+def test_finished_records_are_counted_for_commit_every() -> None:
     async def main() -> None:
         h = Harness()
-        commits: list[int] = []
+        await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)], EV1: [record(EV1, 5)]})
+        assert h.consumer._n_acked == 3
 
-        async def commit(*args: Any, **kwargs: Any) -> bool:
-            commits.append(h.consumer._n_acked)
-            return True
+    asyncio.run(main())
 
-        h.consumer.commit = commit  # type: ignore[method-assign]
-        h.consumer._commit_every = 3
-        await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)]})
-        assert commits == []
-        await h.deliver({EV0: [record(EV0, 2), record(EV0, 3)]})
-        assert len(commits) == 1 and h.consumer._n_acked == 0
+
+def test_the_commit_phase_overlaps_the_next_batch_and_batches_finish_in_order() -> None:
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        release = asyncio.Event()
+
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            first = raws[0].offset
+            log.append(f"fold {first}")
+
+            async def commit() -> None:
+                if first == 0:
+                    await release.wait()  # batch 0's commit is slow
+                log.append(f"commit {first}")
+
+            return commit()
+
+        h.app.batch_handlers["ev"] = handler
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        assert h.consumer._new_offset(EV0) is None  # folded, not committed
+        second = asyncio.ensure_future(
+            h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        )
+        await asyncio.sleep(0.01)
+        assert log == ["fold 0", "fold 1"]  # folded while batch 0 is still committing
+        assert h.consumer._new_offset(EV0) is None
+        release.set()
+        await second
+        await h.consumer.settle()
+        assert log == ["fold 0", "fold 1", "commit 0", "commit 1"]
+        assert h.consumer._new_offset(EV0) == 2
+
+    asyncio.run(main())
+
+
+def test_a_failed_commit_phase_is_raised_and_its_offsets_stay_uncommitted() -> None:
+    async def main() -> None:
+        h = Harness()
+
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            async def commit() -> None:
+                raise RuntimeError("decisions topic unavailable")
+
+            return commit()
+
+        h.app.batch_handlers["ev"] = handler
+        with pytest.raises(RuntimeError, match="decisions topic"):
+            await h.deliver({EV0: [record(EV0, 0)]})
+        assert h.consumer._new_offset(EV0) is None
 
     asyncio.run(main())
 
