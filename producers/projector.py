@@ -18,11 +18,13 @@ class Projector:
 
     With `cache=True` it keeps the states it committed and reads the store only for sessions it
     has not seen (a rebuild that owns the store); a conflict drops the cached state and reloads.
+    Beyond `cache_limit` sessions the older half is dropped (read back if they show up again).
     """
 
     store: ProjectionStore
     folder: BatchFolder
     cache: bool = False
+    cache_limit: int | None = None
     _states: dict[str, Folded] = field(default_factory=dict, repr=False)
 
     def project(self, records: Sequence[Record]) -> tuple[SessionUpdate, ...]:
@@ -43,9 +45,16 @@ class Projector:
                     if self.cache:
                         self._states[u.session_id] = Folded(u.state, u.mark)
             if not conflicted:
+                self._trim()
                 return tuple(done)
             pending = [r for r in pending if r.event.session_id in conflicted]
         raise ProjectionError(f"sessions kept conflicting: {sorted(conflicted)}")
+
+    def _trim(self) -> None:
+        if self.cache_limit is not None and len(self._states) > self.cache_limit:
+            # In insertion order: the sessions cached first are dropped first.
+            for sid in list(self._states)[: len(self._states) // 2]:
+                del self._states[sid]
 
     def _known(self, ids: Sequence[str]) -> dict[str, Folded]:
         if not self.cache:
