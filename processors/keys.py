@@ -6,6 +6,7 @@ works on Redis Cluster. Global indexes are only ever updated idempotently, outsi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "ms"
@@ -13,12 +14,12 @@ DEFAULT_PREFIX = "ms"
 
 @dataclass(frozen=True, slots=True)
 class SessionKeys:
-    """The keys of one session."""
+    """The keys of one session (layout: `processors/redis_store.py`)."""
 
-    state: str  # hash: state (JSON), mark ("partition:offset"), window (unsummarised turn count)
+    state: str  # hash: mark, window, state; while small also the event ids and timeline entries
     turns: str  # list: every turn, summarised ones included (JSON)
-    timeline: str  # list: timeline entries (JSON)
-    event_ids: str  # set: event ids folded (duplicates are ignored by the fold)
+    timeline: str  # list: timeline entries, once too many for the state hash
+    event_ids: str  # string: event ids folded, once too many for the state hash
 
     def all(self) -> tuple[str, str, str, str]:
         """The keys in the order the Lua scripts take them."""
@@ -36,9 +37,23 @@ class Keys:
         tag = f"{self.prefix}:{{s:{session_id}}}"
         return SessionKeys(f"{tag}:state", f"{tag}:turns", f"{tag}:timeline", f"{tag}:ids")
 
+    def state_pattern(self) -> str:
+        """A SCAN pattern matching the state hash of every session (and nothing else)."""
+        return f"{_glob_escape(self.prefix)}:{{s:*}}:state"
+
+    def session_of(self, state_key: str) -> str | None:
+        """The session id of a state hash's key, or None for any other key."""
+        head, tail = f"{self.prefix}:{{s:", "}:state"
+        if state_key.startswith(head) and state_key.endswith(tail):
+            return state_key[len(head) : -len(tail)]
+        return None
+
     @property
     def sessions(self) -> str:
-        """Set of every projected session id."""
+        """Not written any more (`RedisProjectionStore.ids` scans the state hashes instead).
+
+        Only the benchmark's Redis-ceiling figure still adds to it, to mimic the old commit.
+        """
         return f"{self.prefix}:sessions"
 
     def deadlines(self, partition: int) -> str:
@@ -63,3 +78,8 @@ class Keys:
     def pattern(self) -> str:
         """A SCAN pattern matching every key under this prefix."""
         return f"{self.prefix}:*"
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally by a SCAN/KEYS glob."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)

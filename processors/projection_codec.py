@@ -1,12 +1,30 @@
-"""The projection's stored form: a `Session` as JSON (turns and event ids are stored apart)."""
+"""The projection's stored forms: a `Session`'s state, its event ids and its timeline entries.
+
+Layout 2 is built for memory (an idle session must cost well under 537 bytes of Redis):
+
+- **State**: one version byte, then compact JSON: short keys, every field equal to its default left
+  out, records as positional arrays with trailing nulls trimmed, and the todo statuses and origins
+  as small integers. The session id, the unsummarised turns and the event ids are not in it: the
+  id is the key, turns and ids are stored apart.
+- **Event ids**: a byte string of records. A canonical (lowercase, hyphenated) RFC 4122 UUID takes
+  16 bytes; any other id takes its UTF-8 bytes behind a length. Exact: nothing is hashed away.
+- **Timeline entries**: compact JSON arrays `[shape, seq, values...]` for the entry shapes the
+  timeline produces today, without the `session` field (it is the key); an entry of any other
+  shape is kept as a JSON object (minus `session`), so nothing is ever lost.
+
+Every format here is part of the stored layout: change one and bump `STATE_VERSION`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from dataclasses import MISSING, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
+from schemas.errors import ProjectionError
 from session_model.modes import Mode
 from session_model.principal import Principal
 from session_model.session import (
@@ -22,10 +40,19 @@ from session_model.session import (
     Todo,
     Turn,
 )
+from session_model.timeline import TimelineEntry
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+_HEADER = bytes([STATE_VERSION])
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+
+# Vocabularies stored as their index; a value outside them is stored as itself (a string).
+# Append only: an index, once written, must keep meaning the same value.
+_STATUSES = ("pending", "in_progress", "done", "blocked")
+_ORIGINS = ("planned", "discovered", "retrospective", "unsupported")
+_STATUS_CODE = {v: i for i, v in enumerate(_STATUSES)}
+_ORIGIN_CODE = {v: i for i, v in enumerate(_ORIGINS)}
 
 
 def _ms(moment: datetime | None) -> int | None:
@@ -37,38 +64,337 @@ def _dt(ms: int | None) -> datetime | None:
     return None if ms is None else _EPOCH + timedelta(milliseconds=ms)
 
 
-def _principal(p: Principal | None) -> dict[str, Any] | None:
-    return None if p is None else p.to_record()
+def _name(names: tuple[str, ...], value: Any) -> Any:
+    return names[value] if type(value) is int else value
 
 
-def _question(q: Question | None) -> dict[str, Any] | None:
+def _trim(values: list[Any]) -> list[Any]:
+    """Drop trailing nulls: the decoder pads them back."""
+    while values and values[-1] is None:
+        values.pop()
+    return values
+
+
+def _pad(values: list[Any], size: int) -> list[Any]:
+    return values + [None] * (size - len(values)) if len(values) < size else values
+
+
+def _principal(p: Principal | None) -> list[Any] | None:
+    if p is None:
+        return None
+    return [p.id, True] if p.verified else [p.id]
+
+
+def _principal_from(v: list[Any] | None) -> Principal | None:
+    if v is None:
+        return None
+    return Principal(v[0], verified=len(v) > 1 and v[1] is True)
+
+
+def _question(q: Question | None) -> list[Any] | None:
     if q is None:
         return None
-    return {
-        "id": q.id,
-        "question": q.question,
-        "options": list(q.options),
-        "why": q.why,
-        "expires_at": q.expires_at,
-        "reason": q.reason,
-        "seq": q.seq,
-        "asked_at": _ms(q.asked_at),
-    }
-
-
-def _question_from(d: dict[str, Any] | None) -> Question | None:
-    if d is None:
-        return None
-    return Question(
-        d["id"],
-        d["question"],
-        tuple(d["options"]),
-        d["why"],
-        d["expires_at"],
-        d["reason"],
-        d["seq"],
-        _dt(d["asked_at"]),
+    return _trim(
+        [q.id, q.question, list(q.options), q.why, q.expires_at, q.reason, q.seq, _ms(q.asked_at)]
     )
+
+
+def _question_from(v: list[Any] | None) -> Question | None:
+    if v is None:
+        return None
+    i, text, options, why, expires_at, reason, seq, asked_at = _pad(v, 8)
+    return Question(i, text, tuple(options), why, expires_at, reason, seq, _dt(asked_at))
+
+
+def _todo(t: Todo) -> list[Any]:
+    inherited = t.inherited_from
+    return _trim(
+        [
+            t.id,
+            t.text,
+            _STATUS_CODE.get(t.status, t.status),
+            t.version,
+            _ORIGIN_CODE.get(t.origin, t.origin),
+            t.mutations_at,
+            t.plan_version,
+            t.born_in_plan,
+            t.supersedes,  # the fields usually null last: trimmed
+            None if t.from_status is None else _STATUS_CODE.get(t.from_status, t.from_status),
+            t.replaces,
+            None if inherited is None else [inherited.session, inherited.version, inherited.origin],
+            t.transferred_to,
+        ]
+    )
+
+
+def _todo_from(v: list[Any]) -> Todo:
+    (
+        i,
+        text,
+        status,
+        version,
+        origin,
+        mutations_at,
+        plan_version,
+        born_in_plan,
+        supersedes,
+        from_status,
+        replaces,
+        inherited,
+        transferred_to,
+    ) = _pad(v, 13)
+    return Todo(
+        i,
+        text,
+        _name(_STATUSES, status),
+        version,
+        supersedes,
+        _name(_STATUSES, from_status),
+        _name(_ORIGINS, origin),
+        mutations_at,
+        plan_version,
+        born_in_plan,
+        replaces,
+        None if inherited is None else InheritedFrom(*inherited),
+        transferred_to,
+    )
+
+
+def _decision(d: Decision) -> list[Any]:
+    return _trim(
+        [
+            d.question_id,
+            d.question,
+            d.answer,
+            _principal(d.by),
+            d.executor,
+            d.reason,
+            d.why,
+            d.seq,
+            d.event_id,
+            d.affirmative,
+            _ms(d.decided_at),
+            _ms(d.expired_at),
+            _ms(d.asked_at),
+        ]
+    )
+
+
+def _decision_from(v: list[Any]) -> Decision:
+    (
+        question_id,
+        question,
+        answer,
+        by,
+        executor,
+        reason,
+        why,
+        seq,
+        event_id,
+        affirmative,
+        decided_at,
+        expired_at,
+        asked_at,
+    ) = _pad(v, 13)
+    return Decision(
+        question_id=question_id,
+        question=question,
+        answer=answer,
+        by=_principal_from(by),
+        executor=executor,
+        reason=reason,
+        why=why,
+        seq=seq,
+        event_id=event_id,
+        affirmative=affirmative is True,
+        decided_at=_dt(decided_at),
+        expired_at=_dt(expired_at),
+        asked_at=_dt(asked_at),
+    )
+
+
+def _rejection(r: Rejection) -> list[Any]:
+    return _trim(
+        [r.seq, r.event_id, r.type, r.code, r.producer, _ms(r.occurred_at), _principal(r.by)]
+    )
+
+
+def _rejection_from(v: list[Any]) -> Rejection:
+    seq, event_id, type_, code, producer, occurred_at, by = _pad(v, 7)
+    return Rejection(
+        seq, event_id, type_, code, producer, _dt(occurred_at) or _EPOCH, _principal_from(by)
+    )
+
+
+def _calls(calls: tuple[CallFact, ...]) -> list[list[Any]]:
+    # The most numerous records of a busy session: no call per record for the usual short form.
+    return [
+        [c.seq, c.tool, c.result, c.ok, c.mutating]
+        if c.artifact is None and c.verdict is None and c.effect_observation_id is None
+        else _trim(
+            [
+                c.seq,
+                c.tool,
+                c.result,
+                c.ok,
+                c.mutating,
+                c.artifact,
+                c.verdict,
+                c.effect_observation_id,
+            ]
+        )
+        for c in calls
+    ]
+
+
+def _execution(x: ExecutionFact) -> list[Any]:
+    return _trim([x.seq, x.operation, x.argument_digest, x.artifact, x.executor])
+
+
+def _observation(o: Observation) -> list[Any]:
+    return _trim([o.event_id, o.seq, o.known, list(o.artifacts), list(o.evidence), o.observer])
+
+
+def _observation_from(v: list[Any]) -> Observation:
+    return Observation(v[0], v[1], v[2], tuple(v[3]), tuple(v[4]), *v[5:])
+
+
+def _open_card(c: OpenCard) -> list[Any]:
+    return _trim([c.id, c.status, c.version, c.disposition, c.mutations_since, c.to])
+
+
+# -- state -----------------------------------------------------------------------------------------
+
+
+# The state is `[presence, values...]`: bit k of `presence` says whether field k of `_FIELDS` is
+# stored (it is left out when it equals `Session`'s default); a flag (a bool field) is its bit
+# alone. (field, flag, to stored form or None, from stored form or None). Append only.
+_FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
+    ("started", True, None, None),
+    ("goal", False, None, None),
+    ("parent_id", False, None, None),
+    ("mode", False, lambda m: m.value, Mode),
+    ("turn_count", False, None, None),
+    ("plan", False, None, None),
+    ("plan_version", False, None, None),
+    ("tool_calls", False, None, None),
+    ("mutations", False, None, None),
+    ("todos", False, lambda v: [_todo(t) for t in v], lambda v: tuple(map(_todo_from, v))),
+    ("permissions", False, None, tuple),
+    ("removed_options", False, None, tuple),
+    ("run_first", False, None, tuple),
+    ("obligation_declared", True, None, None),
+    ("summary", False, None, None),
+    ("compacted_through", False, None, None),
+    ("question", False, _question, _question_from),
+    ("closed_question", False, _question, _question_from),
+    (
+        "decisions",
+        False,
+        lambda v: [_decision(d) for d in v],
+        lambda v: tuple(map(_decision_from, v)),
+    ),
+    ("ended_because", False, None, None),
+    (
+        "open_work",
+        False,
+        lambda v: [_open_card(c) for c in v],
+        lambda v: tuple(OpenCard(*c) for c in v),
+    ),
+    ("seq", False, None, None),
+    (
+        "rejections",
+        False,
+        lambda v: [_rejection(r) for r in v],
+        lambda v: tuple(map(_rejection_from, v)),
+    ),
+    ("pauses", False, None, dict),
+    ("skipped", False, None, None),
+    ("downgrades", False, None, None),
+    ("calls", False, _calls, lambda v: tuple(CallFact(*c) for c in v)),
+    (
+        "executions",
+        False,
+        lambda v: [_execution(x) for x in v],
+        lambda v: tuple(ExecutionFact(*x) for x in v),
+    ),
+    (
+        "observations",
+        False,
+        lambda v: [_observation(o) for o in v],
+        lambda v: tuple(Observation(o[0], o[1], o[2], tuple(o[3]), tuple(o[4]), *o[5:]) for o in v),
+    ),
+)
+STORED_FIELDS = tuple(name for name, *_ in _FIELDS)
+# Stored apart: the id is the key; turns and event ids have their own streams.
+NOT_IN_STATE = frozenset({"id", "turns", "event_ids"})
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default is MISSING else f.default  # type: ignore[operator]
+    for f in fields(Session)
+    if f.name not in NOT_IN_STATE and (f.default is not MISSING or f.default_factory is not MISSING)
+}
+_FLAG: Any = object()
+_ENCODE = tuple(
+    (1 << bit, name, _FLAG if flag else encode, _DEFAULTS[name])
+    for bit, (name, flag, encode, _) in enumerate(_FIELDS)
+)
+
+
+def session_to_blob(s: Session) -> bytes:
+    """The stored state: every field but `id`, `turns` and `event_ids`, defaults left out."""
+    presence = 0
+    out: list[Any] = [0]
+    append = out.append
+    values = s.__dict__
+    for bit, name, encode, default in _ENCODE:
+        value = values[name]
+        if value != default:
+            presence |= bit
+            if encode is None:
+                append(value)
+            elif encode is not _FLAG:
+                append(encode(value))
+    out[0] = presence
+    return _HEADER + orjson.dumps(out)
+
+
+def check_version(blob: bytes, session_id: str) -> None:
+    """Raise `ProjectionError` unless `blob` is a state of this layout."""
+    if not blob:
+        raise ProjectionError(
+            f"{session_id}: no state of layout {STATE_VERSION} is stored (written by an older "
+            "version?); drop the projections and rebuild them with `replay`"
+        )
+    if blob[0] != STATE_VERSION:
+        raise ProjectionError(
+            f"{session_id}: the stored state has layout {blob[0]}, this version reads layout "
+            f"{STATE_VERSION}; drop the projections and rebuild them with `replay`"
+        )
+
+
+def session_from_blob(
+    blob: bytes, session_id: str, turns: tuple[Turn, ...], event_ids: frozenset[str]
+) -> Session:
+    """Rebuild the `Session` from its stored state, its unsummarised turns and its event ids."""
+    check_version(blob, session_id)
+    try:
+        presence, *stored = orjson.loads(blob[1:])
+        kwargs: dict[str, Any] = {"id": session_id, "turns": turns, "event_ids": event_ids}
+        values = iter(stored)
+        for name, flag, _, decode in _FIELDS:
+            if presence & 1:
+                if flag:
+                    kwargs[name] = True
+                else:
+                    value = next(values)
+                    kwargs[name] = value if decode is None else decode(value)
+            presence >>= 1
+        return Session(**kwargs)  # the fields left out take their defaults
+    except (orjson.JSONDecodeError, TypeError, ValueError, IndexError, StopIteration) as e:
+        raise ProjectionError(f"{session_id}: the stored state cannot be read: {e}") from e
+
+
+# -- turns -----------------------------------------------------------------------------------------
 
 
 def turn_to_json(t: Turn) -> bytes:
@@ -82,194 +408,246 @@ def turn_from_json(raw: str | bytes) -> Turn:
     return Turn(role, content, seq)
 
 
-def session_to_json(s: Session) -> bytes:
-    """Everything but `turns` and `event_ids`, which have their own keys."""
-    return orjson.dumps(
-        {
-            "v": STATE_VERSION,
-            "id": s.id,
-            "started": s.started,
-            "goal": s.goal,
-            "parent_id": s.parent_id,
-            "mode": s.mode.value,
-            "turn_count": s.turn_count,
-            "plan": s.plan,
-            "plan_version": s.plan_version,
-            "tool_calls": s.tool_calls,
-            "mutations": s.mutations,
-            "todos": [
-                [
-                    t.id,
-                    t.text,
-                    t.status,
-                    t.version,
-                    t.supersedes,
-                    t.from_status,
-                    t.origin,
-                    t.mutations_at,
-                    t.plan_version,
-                    t.born_in_plan,
-                    t.replaces,
-                    None
-                    if t.inherited_from is None
-                    else [
-                        t.inherited_from.session,
-                        t.inherited_from.version,
-                        t.inherited_from.origin,
-                    ],
-                    t.transferred_to,
-                ]
-                for t in s.todos
-            ],
-            "permissions": list(s.permissions),
-            "removed_options": list(s.removed_options),
-            "run_first": list(s.run_first),
-            "obligation_declared": s.obligation_declared,
-            "summary": s.summary,
-            "compacted_through": s.compacted_through,
-            "question": _question(s.question),
-            "closed_question": _question(s.closed_question),
-            "decisions": [
-                {
-                    "question_id": d.question_id,
-                    "question": d.question,
-                    "answer": d.answer,
-                    "by": _principal(d.by),
-                    "executor": d.executor,
-                    "reason": d.reason,
-                    "why": d.why,
-                    "seq": d.seq,
-                    "event_id": d.event_id,
-                    "affirmative": d.affirmative,
-                    "decided_at": _ms(d.decided_at),
-                    "expired_at": _ms(d.expired_at),
-                    "asked_at": _ms(d.asked_at),
-                }
-                for d in s.decisions
-            ],
-            "ended_because": s.ended_because,
-            "open_work": [
-                [c.id, c.status, c.version, c.disposition, c.mutations_since, c.to]
-                for c in s.open_work
-            ],
-            "seq": s.seq,
-            "rejections": [
-                [
-                    r.seq,
-                    r.event_id,
-                    r.type,
-                    r.code,
-                    r.producer,
-                    _ms(r.occurred_at),
-                    _principal(r.by),
-                ]
-                for r in s.rejections
-            ],
-            "pauses": dict(s.pauses),
-            "skipped": s.skipped,
-            "downgrades": s.downgrades,
-            "calls": [
-                [
-                    c.seq,
-                    c.tool,
-                    c.result,
-                    c.ok,
-                    c.mutating,
-                    c.artifact,
-                    c.verdict,
-                    c.effect_observation_id,
-                ]
-                for c in s.calls
-            ],
-            "executions": [
-                [x.seq, x.operation, x.argument_digest, x.artifact, x.executor]
-                for x in s.executions
-            ],
-            "observations": [
-                [o.event_id, o.seq, o.known, list(o.artifacts), list(o.evidence), o.observer]
-                for o in s.observations
-            ],
-        }
+# -- event ids -------------------------------------------------------------------------------------
+#
+# Records, back to back. The first byte tells the kind:
+#   0x80-0xBF  a UUID: 16 bytes, its byte 8 (the RFC 4122 variant byte, 0b10xxxxxx) moved first;
+#   0x00-0x7F  an id of that many UTF-8 bytes (0-127), which follow;
+#   0xC0       an id whose UTF-8 length follows as 4 bytes big-endian, then the bytes.
+# Only the canonical text of an RFC 4122 UUID (lowercase, hyphenated) takes the 16-byte form, so
+# decoding gives back exactly the string that was stored.
+
+_LONG = 0xC0
+
+
+def _uuid_bytes(event_id: str) -> bytes | None:
+    """The 16-byte record of a canonical RFC 4122 UUID (variant byte first), else None."""
+    e = event_id
+    if len(e) != 36 or e[8] != "-" or e[13] != "-" or e[18] != "-" or e[23] != "-":
+        return None
+    if e[19] not in "89ab":  # the variant: 0b10xxxxxx
+        return None
+    digits = e[19:21] + e[:8] + e[9:13] + e[14:18] + e[21:23] + e[24:]
+    try:
+        raw = bytes.fromhex(digits)
+    except ValueError:
+        return None
+    return raw if raw.hex() == digits else None  # lower case, and nothing fromhex skipped
+
+
+def pack_event_ids(event_ids: Iterable[str]) -> bytes:
+    """The stored form of these event ids, in order."""
+    out = bytearray()
+    for event_id in event_ids:
+        record = _uuid_bytes(event_id)
+        if record is not None:
+            out += record
+            continue
+        text = event_id.encode()
+        if len(text) < 0x80:
+            out.append(len(text))
+        else:
+            out.append(_LONG)
+            out += len(text).to_bytes(4, "big")
+        out += text
+    return bytes(out)
+
+
+def unpack_event_ids(blob: bytes) -> list[str]:
+    """The event ids of a stored form, in order."""
+    out: list[str] = []
+    i, n = 0, len(blob)
+    try:
+        while i < n:
+            first = blob[i]
+            if first & 0xC0 == 0x80:
+                if i + 16 > n:
+                    raise ValueError("a UUID record is cut short")
+                h = blob[i : i + 16].hex()  # the variant byte first, then bytes 0-7, 9-15
+                out.append(f"{h[2:10]}-{h[10:14]}-{h[14:18]}-{h[:2]}{h[18:20]}-{h[20:]}")
+                i += 16
+                continue
+            if first < 0x80:
+                size, i = first, i + 1
+            elif first == _LONG and i + 5 <= n:
+                size, i = int.from_bytes(blob[i + 1 : i + 5], "big"), i + 5
+            else:
+                raise ValueError(f"unknown record byte {first:#x}")
+            if i + size > n:
+                raise ValueError("an id record is cut short")
+            out.append(blob[i : i + size].decode())
+            i += size
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProjectionError(f"the stored event ids cannot be read at byte {i}: {e}") from e
+    return out
+
+
+# -- timeline entries ------------------------------------------------------------------------------
+#
+# A shape lists an entry's fields after `session`, `kind` and `seq`, in order. A field is a name
+# (its value stored as is), a `_Dict` (a dict whose values are stored in its place, flattened) or
+# a `_Word` (a string stored as its index when it is one of the words). An entry whose keys (and
+# nested dicts' keys) are exactly those of a shape is stored as `[shape index, seq, values...]`
+# with trailing nulls trimmed; any other entry as a JSON object without `session`.
+# Append only: an index, once written, must keep meaning the same shape (or word).
+
+
+class _Dict(NamedTuple):
+    name: str
+    fields: tuple[_Field, ...]
+
+
+class _Word(NamedTuple):
+    name: str
+    words: tuple[str, ...]
+
+
+_Field = str | _Dict | _Word
+
+_STATE = _Word("state", ("ready", "thinking", "tool"))
+_CARD = _Dict(
+    "card",
+    (
+        "id",
+        "text",
+        _Word("to", _STATUSES),
+        _Word("from", _STATUSES),
+        "version",
+        _Word("origin", _ORIGINS),
+        "inherited_from",
+    ),
+)
+_QUESTION = _Dict("question", ("id", "question", "options", "why", "reason", "expires_at"))
+_SHAPES: tuple[tuple[str, tuple[_Field, ...]], ...] = (
+    ("plan", (_Dict("plan", ("text", "version", "supersedes")),)),
+    ("card", (_CARD,)),
+    ("activity", (_STATE, "role", "content")),
+    ("activity", (_STATE, "tool", "ok", "mutating", "result")),
+    ("message", ("sender", "content")),
+    ("waiting", (_QUESTION,)),
+    ("answered", ("question_id", "answer", "by", "executor")),
+    ("expired", ("question_id", "question", "at")),
+    ("option-removed", ("option", "code", "message")),
+    ("prerequisite-set", ("tools",)),
+    ("open-work", ("todos",)),
+    ("transferred", ("to", "todos")),
+    ("ended", ("because",)),
+)
+
+
+class _Op(NamedTuple):
+    """One field of a shape, for reading."""
+
+    name: str
+    words: tuple[str, ...] | None = None  # a `_Word`: the words
+    fields: tuple[_Op, ...] | None = None  # a `_Dict`: its fields
+
+
+class _Plan(NamedTuple):
+    """One shape, for writing: a shape has plain and word fields, or one `_Dict` of them."""
+
+    shape: int  # its index
+    keys: tuple[str, ...]  # the entry's keys
+    inner: str | None  # the name of the one `_Dict`, if any ...
+    inner_keys: tuple[str, ...]  # ... and its keys
+    words: tuple[tuple[int, dict[str, int]], ...]  # (position in the flat values, word → index)
+
+
+def _ops(fields: tuple[_Field, ...]) -> tuple[_Op, ...]:
+    return tuple(
+        _Op(f)
+        if isinstance(f, str)
+        else _Op(f.name, words=f.words)
+        if isinstance(f, _Word)
+        else _Op(f.name, fields=_ops(f.fields))
+        for f in fields
     )
 
 
-def session_from_json(
-    raw: str | bytes, turns: tuple[Turn, ...], event_ids: frozenset[str]
-) -> Session:
-    """Rebuild the `Session` from its stored form plus its unsummarised turns and event ids."""
-    d = orjson.loads(raw)
-    return Session(
-        id=d["id"],
-        started=d["started"],
-        goal=d["goal"],
-        parent_id=d["parent_id"],
-        mode=Mode(d["mode"]),
-        turns=turns,
-        turn_count=d["turn_count"],
-        plan=d["plan"],
-        plan_version=d["plan_version"],
-        tool_calls=d["tool_calls"],
-        mutations=d["mutations"],
-        todos=tuple(
-            Todo(
-                t[0],
-                t[1],
-                t[2],
-                t[3],
-                t[4],
-                t[5],
-                t[6],
-                t[7],
-                t[8],
-                t[9],
-                t[10],
-                None if t[11] is None else InheritedFrom(*t[11]),
-                t[12],
-            )
-            for t in d["todos"]
-        ),
-        permissions=tuple(d["permissions"]),
-        removed_options=tuple(d["removed_options"]),
-        run_first=tuple(d["run_first"]),
-        obligation_declared=d["obligation_declared"],
-        summary=d["summary"],
-        compacted_through=d["compacted_through"],
-        question=_question_from(d["question"]),
-        closed_question=_question_from(d["closed_question"]),
-        decisions=tuple(
-            Decision(
-                question_id=x["question_id"],
-                question=x["question"],
-                answer=x["answer"],
-                by=Principal.from_record(x["by"]),
-                executor=x["executor"],
-                reason=x["reason"],
-                why=x["why"],
-                seq=x["seq"],
-                event_id=x["event_id"],
-                affirmative=x["affirmative"],
-                decided_at=_dt(x["decided_at"]),
-                expired_at=_dt(x["expired_at"]),
-                asked_at=_dt(x["asked_at"]),
-            )
-            for x in d["decisions"]
-        ),
-        ended_because=d["ended_because"],
-        open_work=tuple(OpenCard(*c) for c in d["open_work"]),
-        seq=d["seq"],
-        rejections=tuple(
-            Rejection(
-                r[0], r[1], r[2], r[3], r[4], _dt(r[5]) or _EPOCH, Principal.from_record(r[6])
-            )
-            for r in d["rejections"]
-        ),
-        pauses=dict(d["pauses"]),
-        skipped=d["skipped"],
-        downgrades=d["downgrades"],
-        calls=tuple(CallFact(*c) for c in d["calls"]),
-        executions=tuple(ExecutionFact(*x) for x in d["executions"]),
-        observations=tuple(
-            Observation(o[0], o[1], o[2], tuple(o[3]), tuple(o[4]), o[5]) for o in d["observations"]
-        ),
-        event_ids=event_ids,
+def _plan(index: int, fields: tuple[_Field, ...]) -> _Plan:
+    keys = ("session", "kind", "seq", *(f if isinstance(f, str) else f.name for f in fields))
+    inner = [f for f in fields if isinstance(f, _Dict)]
+    if inner and (len(fields) != 1 or any(isinstance(f, _Dict) for f in inner[0].fields)):
+        raise AssertionError(f"shape {index}: a _Dict must be the only field, and flat")
+    flat = inner[0].fields if inner else fields
+    words = tuple(
+        (3 + i, {w: k for k, w in enumerate(f.words)})
+        for i, f in enumerate(flat)
+        if isinstance(f, _Word)
     )
+    inner_keys = tuple(f if isinstance(f, str) else f.name for f in flat) if inner else ()
+    return _Plan(index, keys, inner[0].name if inner else None, inner_keys, words)
+
+
+def _leaves(ops: tuple[_Op, ...]) -> int:
+    return sum(1 if op.fields is None else _leaves(op.fields) for op in ops)
+
+
+def _rebuild(ops: tuple[_Op, ...], values: Iterator[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for op in ops:
+        if op.fields is not None:
+            out[op.name] = _rebuild(op.fields, values)
+            continue
+        value = next(values)
+        out[op.name] = op.words[value] if op.words is not None and type(value) is int else value
+    return out
+
+
+# Per shape index: (kind, fields for reading, how many values flattened).
+_READ = tuple((kind, _ops(fields), _leaves(_ops(fields))) for kind, fields in _SHAPES)
+_PLANS: dict[str, list[_Plan]] = {}
+for _index, (_kind, _fields) in enumerate(_SHAPES):
+    _PLANS.setdefault(_kind, []).append(_plan(_index, _fields))
+
+
+def _packed(entry: TimelineEntry, plans: list[_Plan]) -> list[Any] | None:
+    """`[shape index, seq, values...]` for an entry of one of `plans`' shapes, else None."""
+    keys = tuple(entry)
+    for plan in plans:
+        if keys != plan.keys:
+            continue
+        if plan.inner is None:
+            values = list(entry.values())
+        else:
+            inner = entry[plan.inner]
+            if type(inner) is not dict or tuple(inner) != plan.inner_keys:
+                return None
+            values = [None, None, entry["seq"], *inner.values()]
+        values[1] = plan.shape
+        for position, codes in plan.words:
+            value = values[position]
+            if type(value) is str:
+                values[position] = codes.get(value, value)
+            elif value is not None:
+                return None  # an integer here would read back as a word
+        del values[0]
+        return _trim(values)
+    return None
+
+
+def entry_to_json(entry: TimelineEntry, session_id: str) -> bytes:
+    """The stored form of one timeline entry of `session_id`."""
+    if entry.get("session") != session_id:
+        return orjson.dumps(entry, default=str)
+    plans = _PLANS.get(entry["kind"])
+    packed = None if plans is None else _packed(entry, plans)
+    if packed is not None:
+        return orjson.dumps(packed, default=str)
+    return orjson.dumps({k: v for k, v in entry.items() if k != "session"}, default=str)
+
+
+def entry_from_json(raw: bytes | str, session_id: str) -> TimelineEntry:
+    """Read one stored timeline entry of `session_id`."""
+    try:
+        value = orjson.loads(raw)
+        if isinstance(value, dict):
+            return {"session": session_id, **value}
+        index, seq, *values = value
+        kind, ops, leaves = _READ[index]
+        if len(values) > leaves:
+            raise ValueError(f"{len(values)} values for a shape of {leaves}")
+        entry = _rebuild(ops, iter(_pad(values, leaves)))
+        return {"session": session_id, "kind": kind, "seq": seq, **entry}
+    except (orjson.JSONDecodeError, TypeError, ValueError, IndexError, StopIteration) as e:
+        raise ProjectionError(f"{session_id}: a stored timeline entry cannot be read: {e}") from e

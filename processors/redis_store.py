@@ -1,10 +1,34 @@
 """The Redis projection store: one Lua call per session per batch, all pipelined in one round trip.
 
 Commit path: for each session an update carries the mark its state was folded from (`base`) and the
-mark it reaches. The script applies state, appends turns, timeline entries and event ids, and moves
-the mark only if the stored mark still equals `base`; otherwise it writes nothing and reports a
-conflict (the projector reloads and folds again). A redelivered batch never reaches the script: the
-folder skips records at or below the mark. Global indexes are updated after, idempotently.
+mark it reaches. The script applies state, appends turns, timeline entries and event ids, moves the
+mark and updates the due-work indexes and counters only if the stored mark still equals `base`;
+otherwise it writes nothing and reports a conflict (the projector reloads and folds again). A
+redelivered batch never reaches the script: the folder skips records at or below the mark.
+
+Layout 2, built for memory (`docs/PERFORMANCE.md`, "Memory"). Redis keeps a small hash as a compact
+listpack while every value is at most 64 bytes (`hash-max-listpack-value`), and as a hashtable a few
+hundred bytes larger otherwise; every key costs its name plus ~60 bytes. So a session with few
+events is COMPACT: everything in ONE hash, byte strings cut into 64-byte chunks:
+
+    mark        "partition:offset" of the last record applied
+    n           the header: one character each for the state's chunks (or `w`: whole in `s`), the
+                event ids' chunks (or `x`: in their own key) and the timeline's chunks (or `x`: in
+                its list), counted from `0`; then the unsummarised turns (how many of the turns
+                list's tail `load` reads), left out when 0. E.g. `210` or `w4x12`.
+    s1, s2, …   the state (`session_to_blob`) while at most STATE_INLINE bytes; `s` when longer
+    i1, i2, …   the event ids (`pack_event_ids`), at most IDS_INLINE bytes
+    t1, t2, …   the timeline entries, each ended by a newline, while at most TIMELINE_INLINE bytes;
+                beyond, every entry is in the timeline list
+
+A commit reads the mark and the header (and the last chunk of a stream it appends to) and writes
+the state's chunks, the new chunks and the header. When the event ids outgrow IDS_INLINE the
+session is SPREAD, for good: the state whole in `s`, the ids in a string of their own (APPEND), the
+timeline in its list. Both bounds apply to append-only streams and the state's form depends only
+on the state and on that, so where everything lives depends on what the session holds, never on
+how the records were batched: a rebuild gives byte-identical keys. Turns are always in their list.
+
+No set of session ids is kept (it cost each session ~90 bytes): `ids()` scans the state hashes.
 """
 
 from __future__ import annotations
@@ -15,7 +39,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
@@ -23,26 +46,194 @@ from redis.exceptions import NoScriptError
 from processors.indexes import index_changes
 from processors.keys import Keys
 from processors.projection_codec import (
-    session_from_json,
-    session_to_json,
+    check_version,
+    entry_from_json,
+    entry_to_json,
+    pack_event_ids,
+    session_from_blob,
+    session_to_blob,
     turn_from_json,
     turn_to_json,
+    unpack_event_ids,
 )
 from producers.ports import CommitResult
 from schemas.errors import NotYetVisibleError, ProjectionError
+from session_model.fold import Kind
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.session import Session, Turn
 from session_model.timeline import TimelineEntry
 
-# KEYS: state hash, turns list, timeline list, event-id set, deadlines zset, compaction-due set,
+CHUNK = 64  # Redis's default hash-max-listpack-value
+IDS_INLINE = 256  # 16 UUIDs: a session with more events is spread over keys of its own
+STATE_INLINE = 1024
+TIMELINE_INLINE = 512
+ELSEWHERE = "x"  # in the header: the stream is in a key of its own
+WHOLE = "w"  # in the header: the state is whole in field `s`
+
+
+def _names(letter: str, limit: int) -> str:
+    """The chunk fields of a stream of at most `limit` bytes, as a Lua table of string literals."""
+    return "{" + ", ".join(f"'{letter}{k}'" for k in range(1, -(-limit // CHUNK) + 1)) + "}"
+
+
+# Shared by both scripts: the header `n` (see the module docstring) and the chunk names, built as
+# constants (formatting numbers into names at run time costs more than the writes).
+_HEADER = f"""
+local H, CHUNK = KEYS[1], {CHUNK}
+local S = {_names("s", STATE_INLINE)}
+local I = {_names("i", IDS_INLINE)}
+local T = {_names("t", TIMELINE_INLINE)}
+local ELSEWHERE, WHOLE = string.byte('{ELSEWHERE}'), string.byte('{WHOLE}')
+
+-- The header: (state chunks or WHOLE, id chunks or ELSEWHERE, entry chunks or ELSEWHERE, window).
+local function header(n)
+  if not n then return 0, 0, 0, 0 end
+  local s, i, t = string.byte(n, 1, 3)
+  if s ~= WHOLE then s = s - 48 end
+  if i ~= ELSEWHERE then i = i - 48 end
+  if t ~= ELSEWHERE then t = t - 48 end
+  return s, i, t, tonumber(string.sub(n, 4)) or 0
+end
+
+local function count(c)
+  if c == WHOLE or c == ELSEWHERE then return string.char(c) end
+  return string.char(48 + c)
+end
+
+-- HMGET names[from .. to] (as many as exist), in order.
+local function chunks(names, from, to)
+  if to < from then return {{}} end
+  return redis.call('HMGET', H, unpack(names, from, to))
+end
+"""
+
+# KEYS: state hash, turns list, timeline list, event-id string, deadlines zset, compaction-due set,
 #       then one key per counter hash.
-# ARGV: base mark ("" = none), new mark, state JSON, window, session id, deadline ms ("" = none),
-#       compaction due ("1"/"0"), n_turns, turns..., n_tl, entries..., n_ids, ids...,
+# ARGV: base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
+#       compaction due ("1"/"0"), new event ids (packed), n_turns, turns..., n_tl, entries...,
 #       n_counters, (key index, field, increment)...
-COMMIT_SCRIPT = """
-local current = redis.call('HGET', KEYS[1], 'mark') or ''
-if current ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'state', ARGV[3], 'window', ARGV[4])
+COMMIT_SCRIPT = (
+    _HEADER
+    + f"""
+local state, window, ids = ARGV[3], ARGV[4], ARGV[8]
+local turns_at = 10
+local n_turns = tonumber(ARGV[9])
+local tl_at = turns_at + n_turns + 1
+local n_tl = tonumber(ARGV[tl_at - 1])
+local counters_at = tl_at + n_tl
+if window == '0' then window = '' end
+
+-- RPUSH items[first .. first + count - 1] to `key`, in slices Lua can unpack.
+local function push(key, items, first, count)
+  for j = first, first + count - 1, 4000 do
+    redis.call('RPUSH', key, unpack(items, j, math.min(j + 3999, first + count - 1)))
+  end
+end
+
+local function push_entries(key, text)  -- entries, each ended by a newline
+  local all = {{}}
+  for entry in string.gmatch(text, '([^\\n]*)\\n') do all[#all + 1] = entry end
+  push(key, all, 1, #all)
+end
+
+local got = redis.call('HMGET', H, 'mark', 'n')
+if (got[1] or '') ~= ARGV[1] then return 0 end
+local sc, ic, tc = header(got[2])
+local set, del = {{'mark', ARGV[2]}}, {{}}
+
+local function put_chunks(names, k, data)  -- data into names[k + 1], names[k + 2], ...
+  for p = 1, #data, CHUNK do
+    k = k + 1
+    set[#set + 1] = names[k]
+    set[#set + 1] = string.sub(data, p, p + CHUNK - 1)
+  end
+  return k
+end
+
+local function drop(names, from, to)
+  for k = from, to do del[#del + 1] = names[k] end
+end
+
+-- Append `data` to the inline stream of `n` chunks whose last one is `last`.
+local function append(names, n, last, data)
+  if n > 0 and #last < CHUNK then
+    return put_chunks(names, n - 1, last .. data)
+  end
+  return put_chunks(names, n, data)
+end
+
+if ic == ELSEWHERE then
+  -- Spread: the state whole, the ids and the timeline in keys of their own.
+  if #ids > 0 then redis.call('APPEND', KEYS[4], ids) end
+  if n_tl > 0 then push(KEYS[3], ARGV, tl_at, n_tl) end
+  set[#set + 1] = 's'
+  set[#set + 1] = state
+  sc = WHOLE
+else
+  local new_tl = {{}}
+  for j = tl_at, tl_at + n_tl - 1 do
+    new_tl[#new_tl + 1] = ARGV[j]
+    new_tl[#new_tl + 1] = '\\n'
+  end
+  new_tl = table.concat(new_tl)
+  -- The last chunk of each stream appended to.
+  local want = {{}}
+  if #ids > 0 and ic > 0 then want[#want + 1] = I[ic] end
+  if #new_tl > 0 and tc ~= ELSEWHERE and tc > 0 then want[#want + 1] = T[tc] end
+  local last = {{}}
+  if #want > 0 then
+    local values = redis.call('HMGET', H, unpack(want))
+    for k = 1, #want do last[want[k]] = values[k] end
+  end
+  local id_last = ic > 0 and last[I[ic]] or ''
+  if (ic > 0 and (ic - 1) * CHUNK + #(id_last or '') or 0) + #ids > {IDS_INLINE} then
+    -- Too many events: spread the session out, for good.
+    redis.call('SET', KEYS[4], table.concat(chunks(I, 1, ic)) .. ids)
+    drop(I, 1, ic)
+    ic = ELSEWHERE
+    if tc ~= ELSEWHERE then
+      push_entries(KEYS[3], table.concat(chunks(T, 1, tc)))
+      drop(T, 1, tc)
+      tc = ELSEWHERE
+    end
+    if n_tl > 0 then push(KEYS[3], ARGV, tl_at, n_tl) end
+  else
+    if #ids > 0 then ic = append(I, ic, id_last, ids) end
+    if #new_tl > 0 then
+      if tc == ELSEWHERE then
+        push(KEYS[3], ARGV, tl_at, n_tl)
+      else
+        local tl_last = tc > 0 and last[T[tc]] or ''
+        if (tc > 0 and (tc - 1) * CHUNK + #tl_last or 0) + #new_tl > {TIMELINE_INLINE} then
+          push_entries(KEYS[3], table.concat(chunks(T, 1, tc)) .. new_tl)
+          drop(T, 1, tc)
+          tc = ELSEWHERE
+        else
+          tc = append(T, tc, tl_last, new_tl)
+        end
+      end
+    end
+  end
+  local before = sc
+  if ic ~= ELSEWHERE and #state <= {STATE_INLINE} then
+    sc = put_chunks(S, 0, state)
+    if before == WHOLE then
+      del[#del + 1] = 's'
+    else
+      drop(S, sc + 1, before)
+    end
+  else
+    set[#set + 1] = 's'
+    set[#set + 1] = state
+    if before ~= WHOLE then drop(S, 1, before) end
+    sc = WHOLE
+  end
+end
+set[#set + 1] = 'n'
+set[#set + 1] = count(sc) .. count(ic) .. count(tc) .. window
+if #del > 0 then redis.call('HDEL', H, unpack(del)) end
+redis.call('HSET', H, unpack(set))
+if n_turns > 0 then push(KEYS[2], ARGV, turns_at, n_turns) end
 local sid = ARGV[5]
 if ARGV[6] == '' then
   redis.call('ZREM', KEYS[5], sid)
@@ -54,36 +245,38 @@ if ARGV[7] == '1' then
 else
   redis.call('SREM', KEYS[6], sid)
 end
-local i = 8
-for k = 2, 4 do
-  local n = tonumber(ARGV[i])
-  if n > 0 then
-    local cmd = (k == 4) and 'SADD' or 'RPUSH'
-    for j = i + 1, i + n, 4000 do
-      redis.call(cmd, KEYS[k], unpack(ARGV, j, math.min(j + 3999, i + n)))
-    end
-  end
-  i = i + n + 1
-end
-local counters = tonumber(ARGV[i])
-for c = 1, counters do
-  local base = i + (c - 1) * 3
+for c = 1, tonumber(ARGV[counters_at]) do
+  local base = counters_at + (c - 1) * 3
   redis.call('HINCRBY', KEYS[tonumber(ARGV[base + 1])], ARGV[base + 2], ARGV[base + 3])
 end
 return 1
 """
+)
 
-# KEYS: state hash, turns list, event-id set. ARGV: "1" to include event ids.
-READ_SCRIPT = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'mark', 'window')
-if not h[1] then return false end
-local window = tonumber(h[3])
+# KEYS: state hash, turns list, event-id string. ARGV: "1" to include the event ids.
+# Returns false, or {state blob ("" if none of this layout), mark, turns, packed event ids}.
+READ_SCRIPT = (
+    _HEADER
+    + """
+local got = redis.call('HMGET', H, 'mark', 'n', 's')
+if not got[1] then return false end
+if not got[2] then return {'', got[1], {}, ''} end
+local sc, ic, tc, window = header(got[2])
+local state = got[3]
+if sc ~= WHOLE then state = table.concat(chunks(S, 1, sc)) end
 local turns = {}
 if window > 0 then turns = redis.call('LRANGE', KEYS[2], -window, -1) end
-local ids = {}
-if ARGV[1] == '1' then ids = redis.call('SMEMBERS', KEYS[3]) end
-return {h[1], h[2], turns, ids}
+local ids = ''
+if ARGV[1] == '1' then
+  if ic == ELSEWHERE then
+    ids = redis.call('GET', KEYS[3]) or ''
+  else
+    ids = table.concat(chunks(I, 1, ic))
+  end
+end
+return {state, got[1], turns, ids}
 """
+)
 
 
 COMMIT_SHA = hashlib.sha1(COMMIT_SCRIPT.encode()).hexdigest()
@@ -94,11 +287,14 @@ def commit_call(
     keys: Keys, update: SessionUpdate, compact_after: int | None, count: bool = True
 ) -> tuple[list[str], list[str | int | bytes]]:
     """The KEYS and ARGV of one session's commit (state, appends, indexes, counters)."""
-    k = keys.session(update.session_id)
+    sid = update.session_id
+    k = keys.session(sid)
     partition = update.mark.partition
     turns = [turn_to_json(t) for t in update.turns]
-    timeline = [orjson.dumps(e, default=str) for e in update.timeline]
-    ids = [s.event.event_id for s in update.steps]
+    timeline = [entry_to_json(e, sid) for e in update.timeline]
+    ids = pack_event_ids(
+        s.event.event_id for s in update.steps if s.outcome.kind is not Kind.DUPLICATE
+    )
     changes = index_changes(update, keys, compact_after)
     counters = changes.counters if count else ()
     script_keys = [*k.all(), keys.deadlines(partition), keys.compaction_due(partition)]
@@ -110,17 +306,16 @@ def commit_call(
     args: list[str | int | bytes] = [
         "" if update.base is None else str(update.base),
         str(update.mark),
-        session_to_json(update.state),
+        session_to_blob(update.state),
         len(update.state.turns),
-        update.session_id,
+        sid,
         "" if changes.deadline_ms is None else changes.deadline_ms,
         "1" if changes.compaction_due else "0",
+        ids,
         len(turns),
         *turns,
         len(timeline),
         *timeline,
-        len(ids),
-        *ids,
         len(counters),
         *counter_args,
     ]
@@ -133,19 +328,38 @@ def read_keys(keys: Keys, session_id: str) -> list[str]:
     return [k.state, k.turns, k.event_ids]
 
 
-def parse_read(raw: Any) -> Folded | None:
+def parse_read(raw: Any, session_id: str) -> Folded | None:
     """Turn the read script's reply into a state and its mark."""
     if not raw:
         return None
-    state, mark, turns, ids = raw
+    state, mark, turns, packed = raw
+    check_version(state, session_id)
     return Folded(
-        session_from_json(
+        session_from_blob(
             state,
+            session_id,
             tuple(turn_from_json(t) for t in turns),
-            frozenset(i.decode() if isinstance(i, bytes) else i for i in ids),
+            frozenset(unpack_event_ids(packed)),
         ),
-        Position.parse(mark.decode() if isinstance(mark, bytes) else mark),
+        Position.parse(_text(mark)),
     )
+
+
+def parse_timeline(raw: Any, session_id: str, since: int) -> list[TimelineEntry]:
+    """Entries with `seq > since`, from the state hash's fields and the timeline list."""
+    fields, listed = raw
+    if not fields:
+        return []
+    header = fields.get(b"n")
+    if header is None:
+        check_version(b"", session_id)  # a hash of another layout
+    state = fields.get(b"s", b"") if header[0] == ord(WHOLE) else fields.get(b"s1", b"")
+    check_version(state, session_id)
+    inline = b""
+    if header[2] != ord(ELSEWHERE):
+        inline = b"".join(fields[b"t%d" % k] for k in range(1, header[2] - ord("0") + 1))
+    entries = [entry_from_json(e, session_id) for e in [*inline.split(b"\n")[:-1], *listed]]
+    return [e for e in entries if e["seq"] > since]
 
 
 def _mark_reached(raw: Any, at_least: Position) -> bool:
@@ -184,7 +398,7 @@ class RedisProjectionStore:
             replies = self._execute(queue)
         except redis.RedisError as e:
             raise ProjectionError(f"reading projections failed: {e}") from e
-        found = {sid: parse_read(raw) for sid, raw in zip(session_ids, replies, strict=True)}
+        found = {sid: parse_read(raw, sid) for sid, raw in zip(session_ids, replies, strict=True)}
         return {sid: f for sid, f in found.items() if f is not None}
 
     def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
@@ -196,7 +410,6 @@ class RedisProjectionStore:
         def queue(pipe: Any) -> None:
             for keys, args in calls:
                 pipe.evalsha(COMMIT_SHA, len(keys), *keys, *args)
-            pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
 
         try:
             replies = self._execute(queue)
@@ -247,12 +460,18 @@ class RedisProjectionStore:
             delay = min(delay * 2, 0.1)
 
     def ids(self) -> list[str]:
-        """Every projected session id, sorted."""
+        """Every projected session id, sorted (a SCAN over the state hashes: no index is kept)."""
+        found: set[str] = set()
         try:
-            members = self.client.smembers(self.keys.sessions)
+            for key in self.client.scan_iter(
+                match=self.keys.state_pattern(), count=1000, _type="hash"
+            ):
+                sid = self.keys.session_of(_text(key))
+                if sid is not None:
+                    found.add(sid)
         except redis.RedisError as e:
             raise ProjectionError(f"listing sessions failed: {e}") from e
-        return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
+        return sorted(found)
 
     def history(self, session_id: str) -> list[Turn]:
         """Every turn, summarised ones included."""
@@ -264,20 +483,20 @@ class RedisProjectionStore:
 
     def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
         """Entries with `seq > since`."""
+        k = self.keys.session(session_id)
         try:
-            raw = self.client.lrange(self.keys.session(session_id).timeline, 0, -1)
+            pipe = self.client.pipeline(transaction=True)  # a commit may move them in between
+            pipe.hgetall(k.state)
+            pipe.lrange(k.timeline, 0, -1)
+            raw = pipe.execute()
         except redis.RedisError as e:
             raise ProjectionError(f"reading the timeline failed: {e}") from e
-        entries: list[TimelineEntry] = [orjson.loads(r) for r in raw]
-        return [e for e in entries if e["seq"] > since]
+        return parse_timeline(raw, session_id, since)
 
     def drop(self, session_id: str) -> None:
         """Delete one session's projection."""
         try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.unlink(*self.keys.session(session_id).all())
-            pipe.srem(self.keys.sessions, session_id)
-            pipe.execute()
+            self.client.unlink(*self.keys.session(session_id).all())
         except redis.RedisError as e:
             raise ProjectionError(f"dropping {session_id} failed: {e}") from e
 
@@ -322,7 +541,7 @@ class AsyncRedisProjectionStore:
             replies = await self._execute(queue)
         except redis.RedisError as e:
             raise ProjectionError(f"reading projections failed: {e}") from e
-        found = {sid: parse_read(raw) for sid, raw in zip(session_ids, replies, strict=True)}
+        found = {sid: parse_read(raw, sid) for sid, raw in zip(session_ids, replies, strict=True)}
         return {sid: f for sid, f in found.items() if f is not None}
 
     async def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
@@ -334,7 +553,6 @@ class AsyncRedisProjectionStore:
         def queue(pipe: Any) -> None:
             for keys, args in calls:
                 pipe.evalsha(COMMIT_SHA, len(keys), *keys, *args)
-            pipe.sadd(self.keys.sessions, *[u.session_id for u in updates])
 
         try:
             replies = await self._execute(queue)

@@ -22,6 +22,8 @@ bounded wait for an unapplied position short.
 from __future__ import annotations
 
 import itertools
+import json
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -34,9 +36,10 @@ from producers.projector import MAX_CONFLICT_RETRIES, Projector
 from schemas import events as ev
 from schemas.errors import NotYetVisibleError, ProjectionError
 from schemas.events import Event
-from session_model.fold import fold
+from session_model.fold import fold, step
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
 from session_model.signing import TrustedKeys
+from session_model.timeline import translate
 
 VISIBILITY_TIMEOUT = 0.05
 BASE_TIME = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
@@ -49,10 +52,12 @@ class Log:
         self.records: list[Record] = []
         self._ids: Iterator[int] = itertools.count(1)
 
-    def add(self, session_id: str, type_: str, payload: dict[str, Any]) -> Record:
+    def add(
+        self, session_id: str, type_: str, payload: dict[str, Any], event_id: str | None = None
+    ) -> Record:
         n = next(self._ids)
         event = Event(
-            event_id=f"{session_id}-e{n}",
+            event_id=f"{session_id}-e{n}" if event_id is None else event_id,
             session_id=session_id,
             type=type_,
             occurred_at=BASE_TIME + timedelta(seconds=n),
@@ -396,3 +401,99 @@ class ProjectionStoreContract:
         assert s1.rejection_counts() == {"invalid": 1}
         assert s1.skipped == 1
         assert s1.ended_because == "shipped"
+
+    # -- what a store keeps, exactly (Redis: every form of its layout) -------------------------
+
+    def test_a_long_session_in_uneven_batches_is_the_fold(
+        self, projection_store: ProjectionStore
+    ) -> None:
+        """Enough events, entries and state to outgrow every inline form a store may have."""
+        log = Log()
+        sid = "long-session-ü"
+        log.started(sid, goal="g" * 300)
+        for i in range(45):
+            if i % 3 == 0:
+                log.add(
+                    sid,
+                    ev.TODO_CHANGED,
+                    {"id": f"t{i}", "text": f"card «{i}»", "status": "pending"},
+                )
+            elif i % 3 == 1:
+                log.turn(sid, f"turn {i}\nsecond line 🙂", role="assistant")
+            else:
+                log.add(
+                    sid, ev.PLAN_SET, {"plan": f"plan {i} " + "p" * (40 * i)}, str(uuid.uuid4())
+                )
+        log.add(sid, ev.PLAN_SET, {"plan": "short again"})  # the state shrinks
+        for cut in (1, 2, 5, 17, 18, 30, len(log.records)):
+            _project(projection_store, log.records[:cut])
+            events = [r.event for r in log.records[:cut]]
+            assert projection_store.load(sid) == fold(sid, events)
+            assert projection_store.timeline(sid) == _timeline(sid, events)
+        assert [t.seq for t in projection_store.history(sid)] == [
+            r.position.offset + 1 for r in log.records if r.event.type == ev.TURN
+        ]
+
+    def test_a_duplicate_event_id_is_ignored_after_a_reload(
+        self, projection_store: ProjectionStore
+    ) -> None:
+        """The stored event ids (UUIDs and any other text) are exactly what the fold saw."""
+        log = Log()
+        ids = [
+            str(uuid.uuid4()),
+            "plain-id",
+            "",
+            "ünïcode-🙂",
+            "X" * 300,
+            str(uuid.uuid4()).upper(),
+        ]
+        log.add("s1", ev.STARTED, {"goal": "g", "mode": "ask"}, ids[0])
+        for i, event_id in enumerate(ids[1:]):
+            log.add(
+                "s1", ev.TODO_CHANGED, {"id": f"t{i}", "text": "x", "status": "pending"}, event_id
+            )
+        _project(projection_store, log.records)
+        before = projection_store.load("s1")
+        assert before is not None and before.event_ids == frozenset(ids)
+        for event_id in ids:  # each again, at a new offset, read back from the store
+            log.add("s1", ev.TURN, {"role": "user", "content": "again"}, event_id)
+            _project(projection_store, log.records)
+        after = projection_store.load("s1")
+        assert after is not None
+        assert (after.seq, after.event_ids, after.turns) == (before.seq, before.event_ids, ())
+        assert len(projection_store.timeline("s1")) == len(ids) - 1
+
+    def test_many_events_then_a_duplicate_of_the_first(
+        self, projection_store: ProjectionStore
+    ) -> None:
+        log = Log()
+        first = log.add("s1", ev.STARTED, {"goal": "g", "mode": "ask"}, str(uuid.uuid4()))
+        for i in range(40):
+            log.add("s1", ev.TURN, {"role": "user", "content": f"t{i}"}, str(uuid.uuid4()))
+            _project(projection_store, log.records)
+        log.add("s1", ev.STARTED, {"goal": "again", "mode": "ask"}, first.event.event_id)
+        _project(projection_store, log.records)
+        events = log.events("s1")
+        assert projection_store.load("s1") == fold("s1", events)
+        assert projection_store.folded(["s1"])["s1"].state.seq == 41
+
+    def test_ids_with_pattern_characters(self, projection_store: ProjectionStore) -> None:
+        log = Log()
+        sids = ["a*b", "[x]", "q?", "back\\slash", "}brace{", "sp ace", "ü"]
+        for sid in sids:
+            log.started(sid)
+        _project(projection_store, log.records)
+        assert projection_store.ids() == sorted(sids)
+        for sid in sids:
+            session = projection_store.load(sid)
+            assert session is not None and session.id == sid
+
+
+def _timeline(session_id: str, events: Sequence[Event]) -> list[dict[str, Any]]:
+    """What `timeline()` returns for these events: the fold's entries after a trip through JSON."""
+    state, entries = fold(session_id, []), []
+    for event in events:
+        result = step(state, event)
+        state = result.state
+        entries.extend(translate(result))
+    return [json.loads(json.dumps(e, default=str)) for e in entries]

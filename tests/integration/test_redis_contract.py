@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from processors.keys import Keys
 from processors.redis_store import RedisProjectionStore
+from schemas import events as ev
+from schemas.errors import ProjectionError
+from schemas.events import Event
+from session_model.fold import fold
+from session_model.projection import BatchFolder, Folded, Position, Record
 from tests.contract_projection import ProjectionStoreContract
 from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.integration
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -38,3 +46,212 @@ def test_the_contract_prefix_is_isolated(projection_store: RedisProjectionStore)
     assert projection_store.ids() == []
     assert projection_store.keys.prefix.startswith("itc")
     assert list(projection_store.client.scan_iter(match=projection_store.keys.pattern())) == []
+
+
+# -- layout 2: what only the Redis store promises -------------------------------------------------
+
+
+def _commit(store: RedisProjectionStore, records: list[Record], size: int) -> None:
+    """Commit `records` in batches of `size`, as a worker with a cache would."""
+    known = store.folded(list(dict.fromkeys(r.event.session_id for r in records)))
+    for i in range(0, len(records), size):
+        updates = BatchFolder().fold(known, records[i : i + size])
+        assert not store.commit(updates).conflicts
+        known.update({u.session_id: Folded(u.state, u.mark) for u in updates})
+
+
+def _records(sid: str, specs: list[tuple[str, dict[str, Any]]]) -> list[Record]:
+    return [
+        Record(
+            Event(
+                event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{i}")),
+                session_id=sid,
+                type=type_,
+                occurred_at=T0 + timedelta(seconds=i),
+                producer="layout-test",
+                payload=payload,
+            ),
+            Position(0, i),
+        )
+        for i, (type_, payload) in enumerate(specs)
+    ]
+
+
+def _idle(sid: str) -> list[Record]:
+    return _records(
+        sid,
+        [
+            (ev.STARTED, {"goal": "goal of session 0: migrate module 0", "mode": "ask"}),
+            (ev.PLAN_SET, {"plan": "plan 0: read, change, test"}),
+            (ev.TODO_CHANGED, {"id": "t1", "text": "read the module", "status": "pending"}),
+        ],
+    )
+
+
+def _busy(sid: str, n: int) -> list[Record]:
+    specs: list[tuple[str, dict[str, Any]]] = [(ev.STARTED, {"goal": "g", "mode": "ask"})]
+    for i in range(n):
+        if i % 2:
+            specs.append((ev.TURN, {"role": "user", "content": f"turn {i} 🙂\n" * 3}))
+        else:
+            specs.append((ev.TODO_CHANGED, {"id": f"t{i}", "text": f"c{i}", "status": "pending"}))
+    return _records(sid, specs)
+
+
+def _raw(store: RedisProjectionStore, sid: str) -> dict[str, Any]:
+    """Every key of one session, by kind of key, with its whole value."""
+    c, out = store.client, {}
+    for name, key in zip(
+        ("state", "turns", "timeline", "ids"), store.keys.session(sid).all(), strict=True
+    ):
+        kind = c.type(key).decode()
+        if kind == "hash":
+            out[name] = (kind, c.object("encoding", key), dict(sorted(c.hgetall(key).items())))
+        elif kind == "list":
+            out[name] = (kind, c.lrange(key, 0, -1))
+        elif kind == "string":
+            out[name] = (kind, c.get(key))
+    return out
+
+
+def _values(store: RedisProjectionStore, sid: str) -> dict[str, Any]:
+    return {name: (v[0], v[-1]) for name, v in _raw(store, sid).items()}
+
+
+def test_an_idle_session_is_one_small_listpack_hash(
+    projection_store: RedisProjectionStore,
+) -> None:
+    sid = str(uuid.uuid4())
+    _commit(projection_store, _idle(sid), 3)
+    raw = _raw(projection_store, sid)
+    assert list(raw) == ["state"]
+    _, encoding, fields = raw["state"]
+    assert encoding == b"listpack"
+    assert sorted(fields) == [b"i1", b"mark", b"n", b"s1", b"s2", b"t1", b"t2"]
+    # 2 chunks of state, 1 of event ids (3 UUIDs: 48 bytes), 2 of timeline entries
+    assert fields[b"n"] == b"212" and len(fields[b"i1"]) == 48
+    used = projection_store.client.memory_usage(projection_store.keys.session(sid).state, samples=0)
+    assert used is not None and used <= 440
+    keys = sorted(projection_store.client.scan_iter(match=projection_store.keys.pattern()))
+    assert keys == sorted(  # the session's one key, and the events counter shared by all
+        k.encode()
+        for k in (projection_store.keys.session(sid).state, projection_store.keys.stat("events"))
+    )
+
+
+def test_a_busy_session_is_spread_over_keys_of_its_own(
+    projection_store: RedisProjectionStore,
+) -> None:
+    sid = "busy"
+    records = _busy(sid, 30)
+    _commit(projection_store, records, 4)
+    raw = _raw(projection_store, sid)
+    assert [(k, v[0]) for k, v in raw.items()] == [
+        ("state", "hash"),
+        ("turns", "list"),
+        ("timeline", "list"),
+        ("ids", "string"),
+    ]
+    fields = raw["state"][2]
+    assert sorted(fields) == [b"mark", b"n", b"s"]
+    assert fields[b"n"] == b"wxx15"  # whole state, ids and timeline apart, 15 unsummarised turns
+    assert len(raw["ids"][1]) == 16 * len(records)
+    assert projection_store.load(sid) == fold(sid, [r.event for r in records])
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 100])
+def test_the_layout_does_not_depend_on_the_batches(stack: Stack, size: int) -> None:
+    """A rebuild in other batches gives byte-identical keys (the replay test compares dumps)."""
+    sessions = {
+        "idle": _idle("idle"),
+        "busy": _busy("busy", 40),
+        "edge": _busy("edge", 15),  # 16 ids: exactly the inline bound
+        "big": _records(
+            "big",
+            [
+                (ev.STARTED, {"goal": "g", "mode": "ask"}),
+                (ev.PLAN_SET, {"plan": "p" * 2000}),  # the state is stored whole ...
+                (ev.TODO_CHANGED, {"id": "t", "text": "x", "status": "pending"}),
+                (ev.PLAN_SET, {"plan": "short"}),  # ... then in chunks again
+            ],
+        ),
+    }
+    stores = [
+        RedisProjectionStore.from_url(stack.redis_url, Keys(f"itl{uuid.uuid4().hex[:10]}"))
+        for _ in range(2)
+    ]
+    try:
+        for records in sessions.values():
+            _commit(stores[0], records, len(records))
+            _commit(stores[1], records, size)
+        for sid, records in sessions.items():
+            # The values, not Redis's encoding: a hash that once held a long value stays a
+            # hashtable ("big" here, when its state had to be whole).
+            assert _values(stores[1], sid) == _values(stores[0], sid), sid
+            for store in stores:
+                assert store.load(sid) == fold(sid, [r.event for r in records])
+    finally:
+        for store in stores:
+            store.clear()
+            store.client.close()
+
+
+def test_the_big_state_goes_back_into_chunks(projection_store: RedisProjectionStore) -> None:
+    records = _records(
+        "s1",
+        [
+            (ev.STARTED, {"goal": "g", "mode": "ask"}),
+            (ev.PLAN_SET, {"plan": "ü" * 1500}),
+        ],
+    )
+    _commit(projection_store, records, 1)
+    fields = _raw(projection_store, "s1")["state"][2]
+    assert fields[b"n"][:1] == b"w" and b"s" in fields and b"s1" not in fields
+    shorter = [
+        *records,
+        Record(
+            Event(
+                event_id=str(uuid.uuid4()),
+                session_id="s1",
+                type=ev.PLAN_SET,
+                occurred_at=T0,
+                producer="layout-test",
+                payload={"plan": "short"},
+            ),
+            Position(0, 2),
+        ),
+    ]
+    _commit(projection_store, shorter, 1)
+    fields = _raw(projection_store, "s1")["state"][2]
+    assert fields[b"n"][:1] == b"1" and b"s" not in fields and b"s1" in fields
+    assert projection_store.load("s1") == fold("s1", [r.event for r in shorter])
+
+
+def test_a_projection_of_another_layout_is_a_clear_error(
+    projection_store: RedisProjectionStore,
+) -> None:
+    k = projection_store.keys.session("old")
+    projection_store.client.hset(
+        k.state, mapping={"mark": "0:3", "state": '{"v":1,"id":"old"}', "window": "0"}
+    )
+    with pytest.raises(ProjectionError, match="layout"):
+        projection_store.load("old")
+    with pytest.raises(ProjectionError, match="layout"):
+        projection_store.timeline("old")
+    sid = "new"
+    _commit(projection_store, _idle(sid), 3)
+    state_key = projection_store.keys.session(sid).state
+    chunk = projection_store.client.hget(state_key, "s1")
+    assert chunk is not None
+    projection_store.client.hset(state_key, "s1", b"\x09" + chunk[1:])
+    with pytest.raises(ProjectionError, match="layout 9"):
+        projection_store.folded([sid])
+
+
+def test_drop_removes_every_key_of_a_session(projection_store: RedisProjectionStore) -> None:
+    _commit(projection_store, _busy("busy", 30), 5)
+    _commit(projection_store, _idle("idle"), 3)
+    projection_store.drop("busy")
+    assert projection_store.ids() == ["idle"]
+    assert _raw(projection_store, "busy") == {}
+    assert projection_store.timeline("busy") == [] and projection_store.history("busy") == []
