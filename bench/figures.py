@@ -1266,15 +1266,23 @@ def memory(run: Run) -> None:
     if batch:
         flush()
     key_sum = sum(by_kind.values())
+    # What a sample of the state hashes hold (the layout: processors/redis_store.py).
+    from processors.projection_codec import STATE_VERSION  # noqa: PLC0415 - only here
+    from processors.redis_store import stored_sizes  # noqa: PLC0415 - only this figure uses it
+
     sample = work.sessions[:: max(n // 200, 1)]
     pipe = client.pipeline(transaction=False)
     for sid in sample:
-        k = keys.session(sid)
-        pipe.hget(k.state, "state")
-        pipe.lrange(k.timeline, 0, -1)
+        pipe.hgetall(keys.session(sid).state)
+        pipe.object("encoding", keys.session(sid).state)
     replies = pipe.execute()
-    state_bytes = [len(r) for r in replies[0::2] if r]
-    entries = [len(e) for r in replies[1::2] for e in r]
+    held = [stored_sizes(r) for r in replies[0::2] if r]
+    encodings = collections.Counter(e.decode() for e in replies[1::2] if e)
+    entries = sum(h.get("timeline_entries", 0) for h in held)
+
+    def mean(name: str) -> float | None:
+        return sum(h[name] for h in held) / len(held) if held else None
+
     value = extrapolate(delta, n, 1_000_000) / GIB
     run.log(f"memory: {delta / n:.0f} B/session (used_memory), {key_sum / n:.0f} B/session (keys)")
     run.put(
@@ -1288,6 +1296,7 @@ def memory(run: Run) -> None:
                 "events_per_session": per_session,
                 "session": "started + plan_set + todo_changed (no turns, no open question)",
                 "session_id_chars": len(work.sessions[0]),
+                "key_name_chars": len(keys.session(work.sessions[0]).state),
                 "excluding_turns": "no turn was written: no session has a turns list "
                 f"({counts.get('turns', 0)} turns keys found)",
                 "method": "INFO memory used_memory after − before the fill, / sessions × 1M",
@@ -1296,10 +1305,16 @@ def memory(run: Run) -> None:
                 "key_memory_usage_bytes_per_session": key_sum / n,
                 "key_memory_usage_gib_per_1m": extrapolate(key_sum, n, 1_000_000) / GIB,
                 "bytes_per_session_by_key": {k: v / n for k, v in sorted(by_kind.items())},
-                "state_json_bytes_mean": sum(state_bytes) / len(state_bytes)
-                if state_bytes
+                "layout": f"{STATE_VERSION}: one state hash per session holding state, event ids "
+                "and timeline in chunks (processors/redis_store.py)",
+                "state_hash_encodings": dict(sorted(encodings.items())),
+                "state_hash_fields_mean": mean("fields"),
+                "state_bytes_mean": mean("state"),
+                "event_ids_bytes_mean": mean("event_ids"),
+                "timeline_bytes_mean": mean("timeline"),
+                "timeline_entry_bytes_mean": (sum(h["timeline"] for h in held) - entries) / entries
+                if entries
                 else None,
-                "timeline_entry_bytes_mean": sum(entries) / len(entries) if entries else None,
                 "keys_by_kind": dict(sorted(counts.items())),
                 "fill": "RedisProjectionStore.commit of BatchFolder updates (the real commit "
                 "script), 500 sessions per pipelined commit, no Kafka",

@@ -1,18 +1,20 @@
 """The projection's stored forms: a `Session`'s state, its event ids and its timeline entries.
 
-Layout 2 is built for memory (an idle session must cost well under 537 bytes of Redis):
+Built for memory (an idle session must cost under 537 bytes of Redis, `docs/PERFORMANCE.md`):
 
-- **State**: one version byte, then compact JSON: short keys, every field equal to its default left
-  out, records as positional arrays with trailing nulls trimmed, and the todo statuses and origins
-  as small integers. The session id, the unsummarised turns and the event ids are not in it: the
-  id is the key, turns and ids are stored apart.
+- **State**: one version byte (`STATE_VERSION`), then a JSON array: a presence bitmap, then the
+  value of every field that differs from `Session`'s default, in `_FIELDS` order (a flag is its bit
+  alone). Records are positional arrays with trailing nulls trimmed; todo statuses and origins are
+  small integers. The session id (the key), the unsummarised turns and the event ids are not in it.
 - **Event ids**: a byte string of records. A canonical (lowercase, hyphenated) RFC 4122 UUID takes
   16 bytes; any other id takes its UTF-8 bytes behind a length. Exact: nothing is hashed away.
-- **Timeline entries**: compact JSON arrays `[shape, seq, values...]` for the entry shapes the
-  timeline produces today, without the `session` field (it is the key); an entry of any other
-  shape is kept as a JSON object (minus `session`), so nothing is ever lost.
+- **Timeline entries**: JSON arrays `[shape, seq, values...]` for the entry shapes the timeline
+  makes today, without the `session` field (it is the key), trailing nulls trimmed; an entry of any
+  other shape is kept as a JSON object (minus `session`), so nothing is ever lost. None contains a
+  raw newline (JSON escapes it), so entries can be stored one per line.
 
-Every format here is part of the stored layout: change one and bump `STATE_VERSION`.
+Every format here is part of the stored layout: change one and bump `STATE_VERSION`, so that a
+projection of another layout is refused (`ProjectionError`) rather than misread.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from session_model.session import (
 )
 from session_model.timeline import TimelineEntry
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 _HEADER = bytes([STATE_VERSION])
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -270,23 +272,26 @@ def _open_card(c: OpenCard) -> list[Any]:
 # stored (it is left out when it equals `Session`'s default); a flag (a bool field) is its bit
 # alone. (field, flag, to stored form or None, from stored form or None). Append only.
 _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
+    # What an idle session holds first: its presence bitmap stays one or two digits.
     ("started", True, None, None),
     ("goal", False, None, None),
-    ("parent_id", False, None, None),
-    ("mode", False, lambda m: m.value, Mode),
-    ("turn_count", False, None, None),
     ("plan", False, None, None),
     ("plan_version", False, None, None),
+    ("todos", False, lambda v: [_todo(t) for t in v], lambda v: tuple(map(_todo_from, v))),
+    ("seq", False, None, None),
+    ("mode", False, lambda m: m.value, Mode),
+    ("question", False, _question, _question_from),
+    ("pauses", False, None, dict),
+    ("turn_count", False, None, None),
     ("tool_calls", False, None, None),
     ("mutations", False, None, None),
-    ("todos", False, lambda v: [_todo(t) for t in v], lambda v: tuple(map(_todo_from, v))),
+    ("parent_id", False, None, None),
     ("permissions", False, None, tuple),
     ("removed_options", False, None, tuple),
     ("run_first", False, None, tuple),
     ("obligation_declared", True, None, None),
     ("summary", False, None, None),
     ("compacted_through", False, None, None),
-    ("question", False, _question, _question_from),
     ("closed_question", False, _question, _question_from),
     (
         "decisions",
@@ -301,14 +306,12 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
         lambda v: [_open_card(c) for c in v],
         lambda v: tuple(OpenCard(*c) for c in v),
     ),
-    ("seq", False, None, None),
     (
         "rejections",
         False,
         lambda v: [_rejection(r) for r in v],
         lambda v: tuple(map(_rejection_from, v)),
     ),
-    ("pauses", False, None, dict),
     ("skipped", False, None, None),
     ("downgrades", False, None, None),
     ("calls", False, _calls, lambda v: tuple(CallFact(*c) for c in v)),
@@ -322,7 +325,7 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
         "observations",
         False,
         lambda v: [_observation(o) for o in v],
-        lambda v: tuple(Observation(o[0], o[1], o[2], tuple(o[3]), tuple(o[4]), *o[5:]) for o in v),
+        lambda v: tuple(map(_observation_from, v)),
     ),
 )
 STORED_FIELDS = tuple(name for name, *_ in _FIELDS)
@@ -495,6 +498,7 @@ def unpack_event_ids(blob: bytes) -> list[str]:
 class _Dict(NamedTuple):
     name: str
     fields: tuple[_Field, ...]
+    stored: tuple[str, ...] | None = None  # another order to store them in: fields often null last
 
 
 class _Word(NamedTuple):
@@ -516,6 +520,7 @@ _CARD = _Dict(
         _Word("origin", _ORIGINS),
         "inherited_from",
     ),
+    ("id", "text", "to", "version", "origin", "from", "inherited_from"),
 )
 _QUESTION = _Dict("question", ("id", "question", "options", "why", "reason", "expires_at"))
 _SHAPES: tuple[tuple[str, tuple[_Field, ...]], ...] = (
@@ -540,7 +545,8 @@ class _Op(NamedTuple):
 
     name: str
     words: tuple[str, ...] | None = None  # a `_Word`: the words
-    fields: tuple[_Op, ...] | None = None  # a `_Dict`: its fields
+    fields: tuple[_Op, ...] | None = None  # a `_Dict`: its fields, in the order stored ...
+    keys: tuple[str, ...] = ()  # ... and the dict's own order
 
 
 class _Plan(NamedTuple):
@@ -549,8 +555,23 @@ class _Plan(NamedTuple):
     shape: int  # its index
     keys: tuple[str, ...]  # the entry's keys
     inner: str | None  # the name of the one `_Dict`, if any ...
-    inner_keys: tuple[str, ...]  # ... and its keys
+    inner_keys: tuple[str, ...]  # ... its keys ...
+    order: tuple[int, ...] | None  # ... and the order its values are stored in, if another
     words: tuple[tuple[int, dict[str, int]], ...]  # (position in the flat values, word → index)
+
+
+def _name_of(f: _Field) -> str:
+    return f if isinstance(f, str) else f.name
+
+
+def _stored(d: _Dict) -> tuple[_Field, ...]:
+    """The fields of a `_Dict` in the order they are stored."""
+    if d.stored is None:
+        return d.fields
+    by_name = {_name_of(f): f for f in d.fields}
+    if sorted(by_name) != sorted(d.stored):
+        raise AssertionError(f"{d.name}: `stored` must list every field once")
+    return tuple(by_name[name] for name in d.stored)
 
 
 def _ops(fields: tuple[_Field, ...]) -> tuple[_Op, ...]:
@@ -559,24 +580,28 @@ def _ops(fields: tuple[_Field, ...]) -> tuple[_Op, ...]:
         if isinstance(f, str)
         else _Op(f.name, words=f.words)
         if isinstance(f, _Word)
-        else _Op(f.name, fields=_ops(f.fields))
+        else _Op(f.name, fields=_ops(_stored(f)), keys=tuple(map(_name_of, f.fields)))
         for f in fields
     )
 
 
 def _plan(index: int, fields: tuple[_Field, ...]) -> _Plan:
-    keys = ("session", "kind", "seq", *(f if isinstance(f, str) else f.name for f in fields))
+    keys = ("session", "kind", "seq", *map(_name_of, fields))
     inner = [f for f in fields if isinstance(f, _Dict)]
     if inner and (len(fields) != 1 or any(isinstance(f, _Dict) for f in inner[0].fields)):
         raise AssertionError(f"shape {index}: a _Dict must be the only field, and flat")
-    flat = inner[0].fields if inner else fields
+    flat = _stored(inner[0]) if inner else fields
     words = tuple(
         (3 + i, {w: k for k, w in enumerate(f.words)})
         for i, f in enumerate(flat)
         if isinstance(f, _Word)
     )
-    inner_keys = tuple(f if isinstance(f, str) else f.name for f in flat) if inner else ()
-    return _Plan(index, keys, inner[0].name if inner else None, inner_keys, words)
+    if not inner:
+        return _Plan(index, keys, None, (), None, words)
+    inner_keys = tuple(map(_name_of, inner[0].fields))
+    order = tuple(inner_keys.index(_name_of(f)) for f in flat)
+    in_order = order == tuple(range(len(order)))
+    return _Plan(index, keys, inner[0].name, inner_keys, None if in_order else order, words)
 
 
 def _leaves(ops: tuple[_Op, ...]) -> int:
@@ -587,7 +612,8 @@ def _rebuild(ops: tuple[_Op, ...], values: Iterator[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for op in ops:
         if op.fields is not None:
-            out[op.name] = _rebuild(op.fields, values)
+            inner = _rebuild(op.fields, values)
+            out[op.name] = {k: inner[k] for k in op.keys}  # in the dict's own order
             continue
         value = next(values)
         out[op.name] = op.words[value] if op.words is not None and type(value) is int else value
@@ -613,7 +639,11 @@ def _packed(entry: TimelineEntry, plans: list[_Plan]) -> list[Any] | None:
             inner = entry[plan.inner]
             if type(inner) is not dict or tuple(inner) != plan.inner_keys:
                 return None
-            values = [None, None, entry["seq"], *inner.values()]
+            if plan.order is None:
+                values = [None, None, entry["seq"], *inner.values()]
+            else:
+                given = list(inner.values())
+                values = [None, None, entry["seq"], *[given[i] for i in plan.order]]
         values[1] = plan.shape
         for position, codes in plan.words:
             value = values[position]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from processors.keys import Keys
-from processors.redis_store import RedisProjectionStore
+from processors.redis_store import RedisProjectionStore, stored_sizes
 from schemas import events as ev
 from schemas.errors import ProjectionError
 from schemas.events import Event
@@ -48,7 +48,7 @@ def test_the_contract_prefix_is_isolated(projection_store: RedisProjectionStore)
     assert list(projection_store.client.scan_iter(match=projection_store.keys.pattern())) == []
 
 
-# -- layout 2: what only the Redis store promises -------------------------------------------------
+# -- the layout: what only the Redis store promises ----------------------------------------------
 
 
 def _commit(store: RedisProjectionStore, records: list[Record], size: int) -> None:
@@ -130,6 +130,9 @@ def test_an_idle_session_is_one_small_listpack_hash(
     assert sorted(fields) == [b"i1", b"mark", b"n", b"s1", b"s2", b"t1", b"t2"]
     # 2 chunks of state, 1 of event ids (3 UUIDs: 48 bytes), 2 of timeline entries
     assert fields[b"n"] == b"212" and len(fields[b"i1"]) == 48
+    held = stored_sizes(fields)
+    assert held["fields"] == 7 and held["event_ids"] == 48 and held["timeline_entries"] == 2
+    assert 63 < held["state"] <= 126 and 63 < held["timeline"] <= 126
     used = projection_store.client.memory_usage(projection_store.keys.session(sid).state, samples=0)
     assert used is not None and used <= 440
     keys = sorted(projection_store.client.scan_iter(match=projection_store.keys.pattern()))
