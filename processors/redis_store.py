@@ -551,13 +551,20 @@ class AsyncRedisProjectionStore:
     keys: Keys = field(default_factory=Keys)
     compact_after: int | None = None
 
-    async def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
-        """State, mark and event ids of the known sessions, in one round trip."""
+    async def folded(
+        self, session_ids: Sequence[str], *, event_ids: bool = True
+    ) -> dict[str, Folded]:
+        """State, mark and event ids of the known sessions, in one round trip.
+
+        `event_ids=False` leaves `Session.event_ids` empty, for readers that never fold (the
+        scheduler): a session's ids are most of what a read carries once it has a long life.
+        """
+        flag = "1" if event_ids else "0"
 
         def queue(pipe: Any) -> None:
             for sid in session_ids:
                 keys = read_keys(self.keys, sid)
-                pipe.evalsha(READ_SHA, len(keys), *keys, "1")
+                pipe.evalsha(READ_SHA, len(keys), *keys, flag)
 
         try:
             replies = await self._execute(queue)

@@ -100,8 +100,9 @@ def create_scheduler_app(
         return result
 
     async def states(session_ids: Any) -> Any:
+        # The scheduler never folds: it needs the question and the turns, not the event ids.
         store = AsyncRedisProjectionStore(client(), keys)
-        return await store.folded(session_ids)
+        return await store.folded(session_ids, event_ids=False)
 
     async def full_index(partitions: Iterable[int]) -> Any:
         return await due_within(client(), keys, partitions, 2**62)

@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from processors.keys import Keys
+from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from processors.scheduler import Scheduler
 from producers.kafka_log import KafkaEventLog
@@ -22,8 +23,9 @@ from session_model.compaction import Compactor
 from session_model.deadlines import format_instant, parse_deadline
 from session_model.policy import permission_question
 from session_model.principal import Principal
-from session_model.projection import Folded
+from session_model.projection import BatchFolder, Folded, Position, Record
 from tests.integration.conftest import wait_until, with_keys
+from tests.unit.builders import ask, started, turn
 
 pytestmark = pytest.mark.integration
 
@@ -228,3 +230,32 @@ def test_two_schedulers_closing_the_same_question_make_one_effective_closing(
     assert len(session.decisions) == 1 and session.decisions[0].expired_at is not None
     assert [e["kind"] for e in projections.timeline("dup-1")].count("expired") == 1
     assert session.rejections == ()
+
+
+def test_the_schedulers_read_leaves_out_the_event_ids_and_keeps_question_and_turns(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    """The standalone scheduler reads states without their (long) event-id sets."""
+    deadline = format_instant(datetime.now(UTC) + timedelta(hours=1))
+    events = [
+        started(session_id="light-1"),
+        *[turn("user", f"t{i}", session_id="light-1") for i in range(40)],
+        ask("q1", session_id="light-1", expires_at=deadline),
+    ]
+    records = [Record(e, Position(0, i)) for i, e in enumerate(events)]
+    projections.commit(BatchFolder().fold({}, records))
+
+    async def read(with_ids: bool) -> Folded:
+        client = async_client(settings.redis_url)
+        try:
+            store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+            return (await store.folded(["light-1"], event_ids=with_ids))["light-1"]
+        finally:
+            await client.aclose()
+
+    full, light = asyncio.run(read(True)), asyncio.run(read(False))
+    assert len(full.state.event_ids) == len(events)
+    assert light.state.event_ids == frozenset()
+    assert light.state.question == full.state.question is not None
+    assert light.state.turns == full.state.turns and len(light.state.turns) == 40
+    assert light.mark == full.mark == Position(0, len(events) - 1)
