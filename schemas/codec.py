@@ -113,6 +113,8 @@ PAYLOAD_SCHEMAS: Final[Mapping[str, str]] = MappingProxyType(
 )
 """Event type → full name of its payload record schema."""
 
+_PAYLOAD_SCHEMA_OF: Final = dict(PAYLOAD_SCHEMAS)  # a plain dict: a proxy's `get` costs more
+
 Directory = Traversable | str | os.PathLike[str]
 """A schema directory: a path, or a `Traversable` from `importlib.resources`."""
 
@@ -688,13 +690,23 @@ class EventCodec:
             return Event(
                 event_id, session_id, event_type, occurred_at, producer, {}, expected_seq, False
             )
-        expected = PAYLOAD_SCHEMAS.get(event_type)
-        if expected is not None and plan.full_name != expected:
+        full_name = plan.full_name
+        expected = _PAYLOAD_SCHEMA_OF.get(event_type)
+        if expected is not None and full_name != expected:
             raise CorruptRecordError(
-                f"{event_type} payload: expected a {expected} record, got {plan.full_name}"
+                f"{event_type} payload: expected a {expected} record, got {full_name}"
             )
-        payload = self._body(body, plan, "payload", event_type)
-        if plan.full_name == _TOOL_CALLED_SCHEMA:
+        read = plan.compiled
+        if read is None:
+            payload = self._read_resolving(body, plan, f"{event_type} payload")
+        else:  # `_body` in line: this runs once per event
+            try:
+                payload = read(body, HEADER_SIZE)
+            except TrailingBytesError as e:
+                raise CorruptRecordError(f"{event_type} payload: {e}") from None
+            except _READ_ERRORS as e:
+                raise CorruptRecordError(f"{event_type} payload: {type(e).__name__}: {e}") from e
+        if full_name == _TOOL_CALLED_SCHEMA:
             payload["arguments"] = _parse_arguments(payload["arguments"], event_type)
         return Event(
             event_id, session_id, event_type, occurred_at, producer, payload, expected_seq, True

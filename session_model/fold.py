@@ -100,18 +100,27 @@ Changes = dict[str, Any]
 
 _Handler = Callable[[Session, Event, int, TrustedKeys], tuple[Changes, Outcome]]
 
+# Enum members are looked up through a descriptor (70 ns each): the fold uses these names.
+_APPLIED, _NOOP, _SKIPPED, _REJECTED = Kind.APPLIED, Kind.NOOP, Kind.SKIPPED, Kind.REJECTED
+_STARTED, _CLOSED, _ANSWERED = ev.STARTED, ev.ANSWER_WINDOW_CLOSED, ev.QUESTION_ANSWERED
+
 # The outcomes that carry nothing but their kind and seq, made once for the first seqs of every
 # session (values, so sharing them is invisible) instead of once per event.
 _SHARED_SEQS = 1024
 _PLAIN: dict[Kind, tuple[Outcome, ...]] = {
     kind: tuple(Outcome(kind, seq) for seq in range(_SHARED_SEQS))
-    for kind in (Kind.APPLIED, Kind.NOOP, Kind.SKIPPED)
+    for kind in (_APPLIED, _NOOP, _SKIPPED)
 }
+_PLAIN_APPLIED = _PLAIN[_APPLIED]
 _DUPLICATE = Outcome(Kind.DUPLICATE, None)
 
 
 def _plain(kind: Kind, seq: int) -> Outcome:
     return _PLAIN[kind][seq] if seq < _SHARED_SEQS else Outcome(kind, seq)
+
+
+def _applied(seq: int) -> Outcome:
+    return _PLAIN_APPLIED[seq] if seq < _SHARED_SEQS else Outcome(_APPLIED, seq)
 
 
 def apply(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Session:
@@ -134,55 +143,51 @@ def step(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Step:
     if event_id in event_ids:
         return Step(state, event, _DUPLICATE)
     seq = state.seq + 1
-    handler = _HANDLERS.get(event.type)
+    event_type = event.type
+    handler = _HANDLERS.get(event_type)
     changes: Changes
     if handler is None or not event.payload_readable:
         changes = {"skipped": state.skipped + 1}
-        outcome = _plain(Kind.SKIPPED, seq)
+        outcome = _plain(_SKIPPED, seq)
     else:
         try:
-            changes, outcome = _apply_known(state, event, seq, keys, handler)
+            # The checks every known event passes, in the model's order; then its handler.
+            if event.expected_seq is not None and event.expected_seq != state.seq:
+                raise _Reject("seq_conflict")
+            if not state.started:
+                if event_type != _STARTED:
+                    raise _Reject("unknown_session")
+            elif event_type == _STARTED:
+                raise _Reject("already_started")
+            if state.ended_because is not None or event_type == _CLOSED:
+                handler = _closing_or_ended(state, event, keys)
+            changes, outcome = handler(state, event, seq, keys)
         except _Reject as rejected:
             rejection = Rejection(
                 seq=seq,
                 event_id=event_id,
-                type=event.type,
+                type=event_type,
                 code=rejected.code,
                 producer=event.producer,
                 occurred_at=event.occurred_at,
                 by=rejected.by,
             )
             changes = {"rejections": (*state.rejections, rejection)}
-            outcome = Outcome(Kind.REJECTED, seq, rejection=rejection)
+            outcome = Outcome(_REJECTED, seq, rejection=rejection)
     changes["seq"] = seq
     changes["event_ids"] = event_ids | {event_id}
     return Step(state._derive(changes), event, outcome)
 
 
-def _apply_known(
-    s: Session, e: Event, seq: int, keys: TrustedKeys, handler: _Handler
-) -> tuple[Changes, Outcome]:
-    """The checks every known event passes, in the model's order, then its handler."""
-    if e.expected_seq is not None and e.expected_seq != s.seq:
-        raise _Reject("seq_conflict")
-    event_type = e.type
-    if not s.started:
-        if event_type != ev.STARTED:
-            raise _Reject("unknown_session")
-    elif event_type == ev.STARTED:
-        raise _Reject("already_started")
-    if s.ended_because is not None or event_type == ev.ANSWER_WINDOW_CLOSED:
-        p = e.payload
-        if event_type == ev.ANSWER_WINDOW_CLOSED and (
-            s.ended_because is None or _already_decided(s, p.get("question_id"))
-        ):
-            return _window_closed(s, e, seq, keys)
-        if event_type == ev.QUESTION_ANSWERED and _is_closed_question(s, p):
-            by, _ = _principal(e, s.closed_question.id if s.closed_question else "", keys)
-            raise _Reject("late_answer", by=by)
-        raise _Reject("session_ended")
-    result: tuple[Changes, Outcome] = handler(s, e, seq, keys)
-    return result
+def _closing_or_ended(s: Session, e: Event, keys: TrustedKeys) -> _Handler:
+    """A closing of the open window is applied even at the end; else an ended session refuses."""
+    p = e.payload
+    if e.type == _CLOSED and (s.ended_because is None or _already_decided(s, p.get("question_id"))):
+        return _window_closed
+    if e.type == _ANSWERED and _is_closed_question(s, p):
+        by, _ = _principal(e, s.closed_question.id if s.closed_question else "", keys)
+        raise _Reject("late_answer", by=by)
+    raise _Reject("session_ended")
 
 
 def _is_closed_question(s: Session, p: Mapping[str, Any]) -> bool:
@@ -250,17 +255,18 @@ def _started(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes
         "mode": parse_mode(p.get("mode")) or Mode.ASK,
         "parent_id": _optional_text(p, "parent_id") or None,
     }
-    return changes, _plain(Kind.APPLIED, seq)
+    return changes, _applied(seq)
 
 
 def _turn(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     p = e.payload
-    role = _text(p, "role")
-    if role not in ROLES:
+    role = p.get("role")
+    if not isinstance(role, str) or role not in ROLES:
         raise _Reject("invalid")
-    turn = Turn(role, _text(p, "content"), seq)
+    content = p.get("content")
+    turn = Turn(role, content if isinstance(content, str) else "", seq)
     changes = {"turns": (*s.turns, turn), "turn_count": s.turn_count + 1}
-    return changes, Outcome(Kind.APPLIED, seq, turn=turn)
+    return changes, Outcome(_APPLIED, seq, turn=turn)
 
 
 def _tool_called(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
@@ -287,7 +293,7 @@ def _tool_called(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Cha
         "run_first": _without(s.run_first, tool),
         "calls": (*s.calls, call),
     }
-    return changes, Outcome(Kind.APPLIED, seq, turn=turn)
+    return changes, Outcome(_APPLIED, seq, turn=turn)
 
 
 def _message_sent(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
@@ -295,17 +301,17 @@ def _message_sent(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Ch
     content = _text(e.payload, "content")
     turn = Turn("user", f"■ message from «{sender}»: {content}", seq)
     changes = {"turns": (*s.turns, turn), "turn_count": s.turn_count + 1}
-    return changes, Outcome(Kind.APPLIED, seq, turn=turn)
+    return changes, Outcome(_APPLIED, seq, turn=turn)
 
 
 def _plan_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     plan = _text(e.payload, "plan")
     run_first = _without(s.run_first, "plan")
     if plan == s.plan:
-        return {"run_first": run_first}, _plain(Kind.APPLIED, seq)
+        return {"run_first": run_first}, _applied(seq)
     supersedes = s.plan_version if s.plan_version > 0 else None
     changes = {"plan": plan, "plan_version": s.plan_version + 1, "run_first": run_first}
-    return changes, Outcome(Kind.APPLIED, seq, plan_supersedes=supersedes)
+    return changes, Outcome(_APPLIED, seq, plan_supersedes=supersedes)
 
 
 def _origin(status: str, tool_calls: int) -> str:
@@ -371,7 +377,7 @@ def _todo_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Ch
         )
         todos = (*todos[:index], card, *todos[index + 1 :])
     changes = {"todos": todos, "run_first": _without(s.run_first, "todo")}
-    return changes, Outcome(Kind.APPLIED, seq, card=card)
+    return changes, Outcome(_APPLIED, seq, card=card)
 
 
 def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
@@ -392,7 +398,7 @@ def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[
     pauses = dict(s.pauses)
     pauses[reason] = pauses.get(reason, 0) + 1
     changes = {"question": question, "pauses": pauses}
-    return changes, Outcome(Kind.APPLIED, seq, pause_reason=reason)
+    return changes, Outcome(_APPLIED, seq, pause_reason=reason)
 
 
 def _question_answered(
@@ -428,7 +434,7 @@ def _question_answered(
         "decisions": (*s.decisions, decision),
         "downgrades": s.downgrades + 1 if downgraded else s.downgrades,
     }
-    outcome = Outcome(Kind.APPLIED, seq, turn=turn, decision=decision, downgraded=downgraded)
+    outcome = Outcome(_APPLIED, seq, turn=turn, decision=decision, downgraded=downgraded)
     return changes, outcome
 
 
@@ -436,7 +442,7 @@ def _window_closed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[C
     question = s.question
     if question is None or e.payload.get("question_id") != question.id:
         # The answer (or an earlier closing) won the race: nothing left to close.
-        return {}, _plain(Kind.NOOP, seq)
+        return {}, _plain(_NOOP, seq)
     at = e.payload.get("at")
     at_text = format_instant(at) if isinstance(at, datetime) else str(at)
     decision = Decision(
@@ -459,7 +465,7 @@ def _window_closed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[C
         "decisions": (*s.decisions, decision),
         **_end(s, because),
     }
-    return changes, Outcome(Kind.APPLIED, seq, decision=decision, ended=True)
+    return changes, Outcome(_APPLIED, seq, decision=decision, ended=True)
 
 
 def _end(s: Session, because: str) -> Changes:
@@ -483,22 +489,22 @@ def _permission_granted(
 ) -> tuple[Changes, Outcome]:
     operation = _required(e.payload, "operation")
     if operation in s.permissions:
-        return {}, _plain(Kind.APPLIED, seq)
-    return {"permissions": (*s.permissions, operation)}, _plain(Kind.APPLIED, seq)
+        return {}, _applied(seq)
+    return {"permissions": (*s.permissions, operation)}, _applied(seq)
 
 
 def _permission_revoked(
     s: Session, e: Event, seq: int, keys: TrustedKeys
 ) -> tuple[Changes, Outcome]:
     operation = _required(e.payload, "operation")
-    return {"permissions": _without(s.permissions, operation)}, _plain(Kind.APPLIED, seq)
+    return {"permissions": _without(s.permissions, operation)}, _applied(seq)
 
 
 def _mode_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     mode = parse_mode(e.payload.get("mode"))
     if mode is None:
         raise _Reject("invalid")
-    return {"mode": mode}, _plain(Kind.APPLIED, seq)
+    return {"mode": mode}, _applied(seq)
 
 
 def _option_removed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
@@ -508,13 +514,13 @@ def _option_removed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[
     if not isinstance(code, str) or not code.strip():
         raise _Reject("invalid")
     if option in s.removed_options:
-        return {}, _plain(Kind.APPLIED, seq)
-    return {"removed_options": (*s.removed_options, option)}, _plain(Kind.APPLIED, seq)
+        return {}, _applied(seq)
+    return {"removed_options": (*s.removed_options, option)}, _applied(seq)
 
 
 def _prerequisite_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
     tools = tuple(t for t in _strings(e.payload.get("tools")) if t.strip())
-    return {"run_first": tools, "obligation_declared": bool(tools)}, _plain(Kind.APPLIED, seq)
+    return {"run_first": tools, "obligation_declared": bool(tools)}, _applied(seq)
 
 
 def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
@@ -522,7 +528,7 @@ def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Chang
     if not isinstance(through, int) or isinstance(through, bool):
         raise _Reject("invalid")
     if through <= s.compacted_through:
-        return {}, _plain(Kind.NOOP, seq)
+        return {}, _plain(_NOOP, seq)
     if through >= seq:
         raise _Reject("invalid")
     changes = {
@@ -530,7 +536,7 @@ def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Chang
         "compacted_through": through,
         "turns": tuple(t for t in s.turns if t.seq > through),
     }
-    return changes, _plain(Kind.APPLIED, seq)
+    return changes, _applied(seq)
 
 
 def _todos_transferred(
@@ -543,7 +549,7 @@ def _todos_transferred(
         if isinstance(item, Mapping) and isinstance(item.get("id"), str):
             moved.add(item["id"])
     todos = tuple(replace(t, transferred_to=target) if t.id in moved else t for t in s.todos)
-    return {"todos": todos}, _plain(Kind.APPLIED, seq)
+    return {"todos": todos}, _applied(seq)
 
 
 def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
@@ -556,7 +562,7 @@ def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple
         evidence=_strings(p.get("evidence")),
         observer=_optional_text(p, "observer"),
     )
-    return {"observations": (*s.observations, observation)}, _plain(Kind.APPLIED, seq)
+    return {"observations": (*s.observations, observation)}, _applied(seq)
 
 
 def _execution_recorded(
@@ -570,11 +576,11 @@ def _execution_recorded(
         artifact=_optional_text(p, "artifact"),
         executor=_optional_text(p, "executor"),
     )
-    return {"executions": (*s.executions, receipt)}, _plain(Kind.APPLIED, seq)
+    return {"executions": (*s.executions, receipt)}, _applied(seq)
 
 
 def _ended(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
-    return _end(s, _text(e.payload, "because")), Outcome(Kind.APPLIED, seq, ended=True)
+    return _end(s, _text(e.payload, "because")), Outcome(_APPLIED, seq, ended=True)
 
 
 _HANDLERS: dict[str, _Handler] = {
@@ -586,7 +592,7 @@ _HANDLERS: dict[str, _Handler] = {
     ev.TODO_CHANGED: _todo_changed,
     ev.QUESTION_ASKED: _question_asked,
     ev.QUESTION_ANSWERED: _question_answered,
-    ev.ANSWER_WINDOW_CLOSED: _window_closed,  # reached through `_apply_known`, before the end check
+    ev.ANSWER_WINDOW_CLOSED: _window_closed,  # also after the end: see `_closing_or_ended`
     ev.PERMISSION_GRANTED: _permission_granted,
     ev.PERMISSION_REVOKED: _permission_revoked,
     ev.MODE_CHANGED: _mode_changed,

@@ -232,7 +232,7 @@ class Session:
             raise TypeError(f"Session has no field(s) {', '.join(sorted(unknown))}")
         return self._derive(changes)
 
-    def _derive(self, changes: Mapping[str, Any]) -> Session:
+    def _derive(self, changes: dict[str, Any]) -> Session:
         """A copy with `changes` applied, unchecked: the fold's one way of making the next state.
 
         `dataclasses.replace` re-runs the frozen `__init__` over all 33 fields (about 3 µs); a
@@ -240,10 +240,8 @@ class Session:
         keeps the value immutable to everyone else. (Session has no `__slots__` for this reason.)
         The fold calls it once per event with every field the event changes.
         """
-        fields_ = self.__dict__.copy()
-        fields_.update(changes)
         new = _new_object(Session)
-        _set_attribute(new, "__dict__", fields_)
+        _set_attribute(new, "__dict__", self.__dict__ | changes)  # `|`: the quickest dict copy
         return new
 
     # -- reading the state ---------------------------------------------------------------------
