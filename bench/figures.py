@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from redis import Redis as SyncRedis
 
@@ -43,6 +42,7 @@ from bench.stats import (
 )
 from processors.indexes import ceil_ms
 from processors.keys import Keys
+from processors.redis_client import async_client
 from processors.redis_store import COMMIT_SCRIPT, READ_SCRIPT, RedisProjectionStore, commit_call
 from processors.replay import partition_for, replay
 from producers.kafka_log import KafkaEventLog, ProducerConfig
@@ -652,13 +652,13 @@ def redis_ceiling(run: Run) -> float | None:
     sync = run.redis()
 
     async def commit_all() -> tuple[float, float]:
-        client = aioredis.Redis.from_url(run.stack.redis_url)
+        client = async_client(run.stack.redis_url)  # the worker's client (hiredis packing)
         try:
             read_sha = await client.script_load(READ_SCRIPT)
             commit_sha = await client.script_load(COMMIT_SCRIPT)
             cpu0 = infra.redis_cpu_seconds(sync)
             started = time.perf_counter()
-            for misses, calls, sids, _ in batches:
+            for misses, calls, _, _ in batches:
                 if misses:
                     pipe = client.pipeline(transaction=False)
                     for sid in misses:
@@ -668,9 +668,8 @@ def redis_ceiling(run: Run) -> float | None:
                 pipe = client.pipeline(transaction=False)
                 for ks, args in calls:
                     pipe.evalsha(commit_sha, len(ks), *ks, *args)
-                pipe.sadd(keys.sessions, *sids)
                 replies = await pipe.execute()
-                if any(r != 1 for r in replies[:-1]):
+                if any(r != 1 for r in replies):
                     raise RuntimeError("a ceiling commit was refused (mark conflict)")
             elapsed = time.perf_counter() - started
             cpu1 = infra.redis_cpu_seconds(sync)

@@ -48,14 +48,6 @@ class Keys:
             return state_key[len(head) : -len(tail)]
         return None
 
-    @property
-    def sessions(self) -> str:
-        """Not written any more (`RedisProjectionStore.ids` scans the state hashes instead).
-
-        Only the benchmark's Redis-ceiling figure still adds to it, to mimic the old commit.
-        """
-        return f"{self.prefix}:sessions"
-
     def deadlines(self, partition: int) -> str:
         """Sorted set per partition: session id scored by its open question's deadline (epoch ms).
 
