@@ -6,13 +6,21 @@ partition up to the end offsets it found when it started, in batches, and publis
 
 How it is made fast (issue #5: ≥ 25k events/s on the two-core bench machine):
 
-- The records are fetched by aiokafka on a thread of its own (`_Fetcher`), a few batches ahead:
-  its record parsing is compiled (≈ 1.2 µs of CPU per record; kafka-python's pure-Python parsing
-  took ≈ 7) and its waiting on the broker overlaps the folding.
+- Partitions are rebuilt in parallel processes (`processes`; by default one per CPU when the
+  caller runs no other thread): a session lives in one partition, so each process folds and
+  commits its sessions alone. One process is
+  CPU-bound on the GIL and waits for Redis for a sixth of its time; two on two cores rebuilt
+  1.15-1.4x faster than one, while the broker and Redis shared the same cores.
+- In each process the records are fetched by aiokafka on a thread of its own (`_Fetcher`), a few
+  batches ahead: its record parsing is compiled (≈ 1.2 µs of CPU per record; kafka-python's
+  pure-Python parsing took ≈ 7) and its waiting on the broker overlaps the folding.
 - The collector is tuned for the duration of the rebuild (`_bulk_collector`): the rebuild keeps
   every session's state, so CPython's default thresholds ran a full collection over an ever larger
   cache every few batches — 40 % of the rebuild's CPU. Nothing the rebuild makes is cyclic.
 - The rebuild keeps the states it committed (`Projector(cache=True)`), bounded.
+
+Committing on a second thread while folding the next batch was measured too, and was slower: the
+GIL hands the committing thread back its turn late, and the CPU work is the same.
 """
 
 from __future__ import annotations
@@ -21,9 +29,11 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import multiprocessing
+import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -34,18 +44,19 @@ from kafka.partitioner.default import murmur2
 from processors.redis_store import RedisProjectionStore
 from producers.projector import Projector
 from schemas.codec import EventCodec
-from schemas.errors import CodecError, LogError
+from schemas.errors import BackendError, CodecError, LogError, MilpaError
 from session_model.projection import BatchFolder, Position, Record
 from session_model.signing import TrustedKeys
 
 Progress = Callable[[int, int], None]
 
-# Sessions whose state the rebuild keeps between batches; beyond it the older half is dropped
-# (a dropped session that shows up again is read back from Redis).
+# Sessions whose state a rebuild process keeps between batches; beyond it the older half is
+# dropped (a dropped session that shows up again is read back from Redis).
 CACHE_LIMIT: Final = 200_000
 # Batches fetched ahead of the fold.
 _AHEAD: Final = 4
 _ASSIGNMENT_TIMEOUT_S: Final = 30.0
+_POLL_S: Final = 0.2  # how often the parent looks for a rebuild process that died silently
 
 RawRecord = tuple[int, int, bytes | None, bytes | None]
 """partition, offset, key, value."""
@@ -75,41 +86,160 @@ def replay(
     batch_size: int = 2000,
     progress: Progress | None = None,
     codec: EventCodec | None = None,
+    processes: int | None = None,
 ) -> ReplayReport:
-    """Drop and rebuild every projection (or one session's) from the topic."""
+    """Drop and rebuild every projection (or one session's) from the topic.
+
+    `processes`: how many processes rebuild partitions in parallel, at most one per partition;
+    1 rebuilds in this process. By default one per CPU when this process runs no other thread
+    (the processes are forked), else 1.
+    """
     codec = codec or EventCodec()
     if session_id is not None:
         # The session's pauses and outcomes are already in the global counters: rebuilding its
         # projection must not count them a second time.
         store = dataclasses.replace(store, count_stats=False)
-    # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
-    projector = Projector(store, BatchFolder(keys), cache=True, cache_limit=CACHE_LIMIT)
-    wanted = None if session_id is None else session_id.encode()
-    with _bulk_collector(), _Fetcher(bootstrap, topic, session_id, batch_size) as fetcher:
-        if session_id is None:
-            store.clear()
-        else:
-            store.drop(session_id)
+    ends = _end_offsets(bootstrap, topic, session_id)
+    total = sum(ends.values())
+    if session_id is None:
+        store.clear()
+    else:
+        store.drop(session_id)
+    job = _Job(bootstrap, topic, store, keys, session_id, batch_size, codec)
+    groups = _groups(sorted(ends), processes)
+    if len(groups) <= 1:
+        return job.run(ends, None if progress is None else lambda read: progress(read, total))
+    return _in_processes(job, [{p: ends[p] for p in g} for g in groups], total, progress)
+
+
+def _groups(partitions: Sequence[int], processes: int | None) -> list[list[int]]:
+    """The partitions of each rebuild process (round robin)."""
+    if processes is None:
+        # One per CPU, unless this process runs other threads: a forked child inherits the
+        # locks they hold at that instant (a logging handler's, stderr's) and could wait on one
+        # forever. The CLI's progress bar is such a thread; the benchmark harness has none.
+        alone = threading.active_count() == 1
+        processes = len(os.sched_getaffinity(0)) if alone else 1
+    if "fork" not in multiprocessing.get_all_start_methods():
+        processes = 1
+    count = max(1, min(processes, len(partitions)))
+    return [list(partitions[i::count]) for i in range(count)] if partitions else []
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every rebuild process needs, besides its partitions and their end offsets."""
+
+    bootstrap: str
+    topic: str
+    store: RedisProjectionStore
+    keys: TrustedKeys
+    session_id: str | None
+    batch_size: int
+    codec: EventCodec
+
+    def run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
+        """Rebuild these partitions up to these offsets, in this process."""
+        if not ends:
+            return ReplayReport(0, 0, 0)
+        # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
+        projector = Projector(
+            self.store, BatchFolder(self.keys), cache=True, cache_limit=CACHE_LIMIT
+        )
+        wanted = None if self.session_id is None else self.session_id.encode()
+        decode = self.codec.decode
         read = undecodable = 0
         applied: set[str] = set()
-        decode = codec.decode
-        for batch in fetcher.batches():
-            records: list[Record] = []
-            for partition, offset, key, value in batch:
-                read += 1
-                if wanted is not None and key != wanted:
-                    continue
-                try:
-                    event = decode(value)  # type: ignore[arg-type] # None is refused as corrupt
-                except CodecError:
-                    undecodable += 1  # the live worker dead-lettered it already
-                    continue
-                records.append(Record(event, Position(partition, offset)))
-            if records:
-                applied.update([u.session_id for u in projector.project(records)])
-            if progress is not None:
-                progress(read, fetcher.total)
+        fetcher = _Fetcher(self.bootstrap, self.topic, ends, self.batch_size)
+        with _bulk_collector(), fetcher:
+            for batch in fetcher.batches():
+                records: list[Record] = []
+                for partition, offset, key, value in batch:
+                    read += 1
+                    if wanted is not None and key != wanted:
+                        continue
+                    try:
+                        event = decode(value)  # type: ignore[arg-type] # None: corrupt
+                    except CodecError:
+                        undecodable += 1  # the live worker dead-lettered it already
+                        continue
+                    records.append(Record(event, Position(partition, offset)))
+                if records:
+                    applied.update([u.session_id for u in projector.project(records)])
+                if progress is not None:
+                    progress(read)
         return ReplayReport(read, len(applied), undecodable)
+
+
+def _in_processes(
+    job: _Job, shares: list[dict[int, int]], total: int, progress: Progress | None
+) -> ReplayReport:
+    """Run `job` over each share of the partitions in a process of its own; add the reports.
+
+    The processes are forked: they inherit the store, keys and codec as they are (a Redis client
+    reconnects in a forked child by itself), and nothing is imported again. A session lives in one
+    partition, so the processes write disjoint sessions and their counts add up.
+    """
+    context = multiprocessing.get_context("fork")
+    messages: Any = context.Queue()
+    children = [
+        context.Process(
+            target=_child, args=(job, share, i, messages), name=f"replay-{i}", daemon=True
+        )
+        for i, share in enumerate(shares)
+    ]
+    reads = [0] * len(children)
+    reports: dict[int, ReplayReport] = {}
+    try:
+        for child in children:
+            child.start()
+        while len(reports) < len(children):
+            try:
+                kind, index, value = messages.get(timeout=_POLL_S)
+            except queue.Empty:
+                for i, child in enumerate(children):
+                    if i not in reports and child.exitcode is not None:
+                        raise BackendError(
+                            f"rebuild process {child.name} ended (exit code {child.exitcode}) "
+                            "without a report"
+                        ) from None
+                continue
+            if kind == "error":
+                raise value
+            if kind == "progress":
+                reads[index] = value
+                if progress is not None:
+                    progress(sum(reads), total)
+            else:
+                reports[index] = value
+        return ReplayReport(
+            sum(r.records for r in reports.values()),
+            sum(r.applied_sessions for r in reports.values()),
+            sum(r.undecodable for r in reports.values()),
+        )
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.terminate()  # only on failure: the others have reported and are exiting
+            if child.pid is not None:
+                child.join(timeout=30)
+        messages.close()
+
+
+def _child(job: _Job, ends: dict[int, int], index: int, messages: Any) -> None:
+    """A rebuild process: its partitions, reported through `messages`."""
+    # What was inherited from the parent stays out of this process's collections (and its
+    # memory pages shared): only what the rebuild makes is ever traversed.
+    gc.freeze()
+    try:
+        report = job.run(ends, lambda read: messages.put(("progress", index, read)))
+        messages.put(("report", index, report))
+    except BaseException as e:  # handed to the parent, which raises it
+        failure = e if isinstance(e, MilpaError) else BackendError(f"{type(e).__name__}: {e}")
+        messages.put(("error", index, failure))
+    finally:
+        messages.close()
+        messages.join_thread()  # the messages are sent before the process ends
 
 
 @contextlib.contextmanager
@@ -128,31 +258,91 @@ def _bulk_collector() -> Iterator[None]:
         gc.set_threshold(*previous)
 
 
+def _end_offsets(bootstrap: str, topic: str, session_id: str | None) -> dict[int, int]:
+    """partition -> end offset now, of the partitions to rebuild that hold anything (LogError)."""
+    found: dict[int, int] = {}
+
+    async def ask() -> None:
+        async with _consumer(bootstrap) as consumer:
+            if topic not in await consumer.topics():  # before subscribing: never create it
+                raise LogError(f"topic {topic} does not exist")
+            # The partitions, through a subscription without a group (public API only).
+            consumer.subscribe([topic])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + _ASSIGNMENT_TIMEOUT_S
+            while not consumer.assignment():
+                if loop.time() > deadline:
+                    raise LogError(f"no partitions of {topic} after {_ASSIGNMENT_TIMEOUT_S}s")
+                await asyncio.sleep(0.01)
+            partitions = sorted(tp.partition for tp in consumer.assignment())
+            consumer.unsubscribe()
+            if session_id is not None:
+                partitions = [partition_for(session_id, len(partitions))]
+            ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+            found.update({tp.partition: end for tp, end in ends.items() if end > 0})
+
+    _in_a_thread(ask, f"reading {topic} failed")
+    return found
+
+
+@contextlib.asynccontextmanager
+async def _consumer(bootstrap: str) -> Any:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap.split(","),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    try:
+        try:
+            await consumer.start()
+        except KafkaError as e:
+            raise LogError(f"cannot reach Kafka at {bootstrap}: {e}") from e
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
+def _in_a_thread(work: Callable[[], Any], failing: str) -> None:
+    """Run a coroutine function to its end on a thread with its own loop (whatever the caller's
+    thread runs); Kafka errors come back as `LogError`."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(work())
+        except KafkaError as e:
+            failure.append(LogError(f"{failing}: {e}"))
+        except BaseException as e:  # handed over to the caller's thread
+            failure.append(e)
+
+    thread = threading.Thread(target=run, name="replay-metadata", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
 class _Fetcher:
-    """Reads the topic up to the end offsets it finds at start, on a thread with its own loop.
+    """Reads some partitions up to given end offsets, on a thread with its own loop.
 
     The batches travel to the caller through a bounded queue, so the fetcher runs at most
-    `_AHEAD` batches ahead. Kafka failures come out of `__enter__` or `batches()` as `LogError`.
+    `_AHEAD` batches ahead. Kafka failures come out of `batches()` as `LogError`.
     """
 
-    def __init__(self, bootstrap: str, topic: str, session_id: str | None, batch_size: int):
+    def __init__(self, bootstrap: str, topic: str, ends: dict[int, int], batch_size: int):
         self.bootstrap = bootstrap
         self.topic = topic
-        self.session_id = session_id
+        self.ends = {TopicPartition(topic, p): end for p, end in ends.items()}
         self.batch_size = batch_size
-        self.total = 0  # sum of the end offsets: what the progress callback is told
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=_AHEAD)
-        self._ready: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
-        self._started = False  # set once `_ready` was told: later failures go through `_queue`
         self._thread = threading.Thread(target=self._run, name="replay-fetcher", daemon=True)
 
     def __enter__(self) -> _Fetcher:
         self._thread.start()
-        failed = self._ready.get()
-        if failed is not None:
-            self._thread.join()
-            raise failed
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -175,11 +365,10 @@ class _Fetcher:
     def _run(self) -> None:
         try:
             asyncio.run(self._fetch())
+        except KafkaError as e:
+            self._put(LogError(f"reading {self.topic} failed: {e}"))
         except BaseException as e:  # handed over to the caller's thread
-            if self._started:
-                self._put(e)
-            else:
-                self._ready.put(e)
+            self._put(e)
 
     def _put(self, item: object) -> bool:
         """Queue an item, giving up when the caller has stopped listening."""
@@ -190,73 +379,27 @@ class _Fetcher:
         return False
 
     async def _fetch(self) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap.split(","),
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_bytes=64 * 1024 * 1024,
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-        )
-        try:
-            try:
-                await consumer.start()
-            except KafkaError as e:
-                raise LogError(f"cannot reach Kafka at {self.bootstrap}: {e}") from e
-            try:
-                ends = await self._assign(consumer)
-            except KafkaError as e:
-                raise LogError(f"reading {self.topic} failed: {e}") from e
-            self.total = sum(ends.values())
-            self._started = True
-            self._ready.put(None)
-            try:
-                await self._read(consumer, ends)
-            except KafkaError as e:
-                raise LogError(f"reading {self.topic} failed: {e}") from e
-        finally:
-            await consumer.stop()
-
-    async def _assign(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, int]:
-        """Assign the partitions to rebuild from their beginning; their end offsets, now."""
-        if self.topic not in await consumer.topics():  # before subscribing: never create it
-            raise LogError(f"topic {self.topic} does not exist")
-        # The partitions, through a subscription without a group (public API only).
-        consumer.subscribe([self.topic])
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _ASSIGNMENT_TIMEOUT_S
-        while not consumer.assignment():
-            if loop.time() > deadline:
-                raise LogError(f"no partitions of {self.topic} after {_ASSIGNMENT_TIMEOUT_S}s")
-            await asyncio.sleep(0.01)
-        partitions = sorted(tp.partition for tp in consumer.assignment())
-        consumer.unsubscribe()
-        if self.session_id is not None:
-            partitions = [partition_for(self.session_id, len(partitions))]
-        tps = [TopicPartition(self.topic, p) for p in partitions]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        return {tp: end for tp, end in ends.items() if end > 0}
-
-    async def _read(self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> None:
-        remaining = {tp: end for tp, end in ends.items() if await consumer.position(tp) < end}
-        consumer.pause(*(tp for tp in consumer.assignment() if tp not in remaining))
-        while remaining and not self._stop.is_set():
-            fetched = await consumer.getmany(
-                *remaining, timeout_ms=1000, max_records=self.batch_size
-            )
-            batch: list[RawRecord] = []
-            for tp, messages in fetched.items():
-                end = remaining.get(tp)
-                if end is None:
-                    continue
-                batch.extend(
-                    (tp.partition, m.offset, m.key, m.value) for m in messages if m.offset < end
+        async with _consumer(self.bootstrap) as consumer:
+            consumer.assign(list(self.ends))
+            await consumer.seek_to_beginning(*self.ends)
+            remaining = {
+                tp: end for tp, end in self.ends.items() if await consumer.position(tp) < end
+            }
+            while remaining and not self._stop.is_set():
+                fetched = await consumer.getmany(
+                    *remaining, timeout_ms=1000, max_records=self.batch_size
                 )
-                if await consumer.position(tp) >= end:
-                    del remaining[tp]
-                    consumer.pause(tp)  # what was appended since the start is not rebuilt
-            if batch and not self._put(batch):
-                return
+                batch: list[RawRecord] = []
+                for tp, messages in fetched.items():
+                    end = remaining.get(tp)
+                    if end is None:
+                        continue
+                    batch.extend(
+                        (tp.partition, m.offset, m.key, m.value) for m in messages if m.offset < end
+                    )
+                    if await consumer.position(tp) >= end:
+                        del remaining[tp]
+                        consumer.pause(tp)  # what was appended since the start is not rebuilt
+                if batch and not self._put(batch):
+                    return
         self._put(None)

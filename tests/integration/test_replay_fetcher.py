@@ -1,4 +1,4 @@
-"""The rebuild's fetcher thread: failures come out as the project's errors, and it always stops."""
+"""The rebuild's fetcher thread and processes: failures come out as the project's errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from schemas import events as ev
-from schemas.errors import LogError, ProjectionError
+from schemas.codec import EventCodec
+from schemas.errors import BackendError, LogError, ProjectionError
 from schemas.events import Event
 from session_model.fold import fold
 from session_model.signing import TrustedKeys
@@ -96,3 +97,56 @@ def test_small_batches_report_progress_and_rebuild_every_session(
     for sid in {e.session_id for e in events}:
         assert projections.load(sid) == fold(sid, [e for e in events if e.session_id == sid])
     assert not _fetchers()
+
+
+def test_partitions_rebuilt_in_two_processes_give_what_one_process_gives(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    events = _events(30, 6)
+    for event in events:
+        kafka_log.send(event)
+    kafka_log.flush(timeout=30)
+    seen: list[tuple[int, int]] = []
+    reports = []
+    states = []
+    for processes in (2, 1):
+        reports.append(
+            replay(
+                settings.kafka_bootstrap,
+                settings.events_topic,
+                projections,
+                TrustedKeys.none(),
+                batch_size=11,
+                processes=processes,
+                progress=lambda read, total: seen.append((read, total)),
+            )
+        )
+        states.append({sid: projections.load(sid) for sid in projections.ids()})
+    assert reports[0] == reports[1]
+    assert (reports[0].records, reports[0].applied_sessions) == (len(events), 30)
+    assert states[0] == states[1]
+    for sid, state in states[0].items():
+        assert state == fold(sid, [e for e in events if e.session_id == sid])
+    assert seen[-1] == (len(events), len(events))
+
+
+class _Exploding(EventCodec):
+    def decode(self, data: bytes) -> Event:
+        raise RuntimeError("boom")
+
+
+def test_a_failure_in_a_rebuild_process_comes_back_as_a_backend_error(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    for event in _events(12, 2):
+        kafka_log.send(event)
+    kafka_log.flush(timeout=30)
+    with pytest.raises(BackendError, match="RuntimeError: boom"):
+        replay(
+            settings.kafka_bootstrap,
+            settings.events_topic,
+            projections,
+            TrustedKeys.none(),
+            codec=_Exploding(),
+            processes=2,
+        )
