@@ -142,6 +142,12 @@ class _Job:
         """Rebuild these partitions up to these offsets, in this process."""
         if not ends:
             return ReplayReport(0, 0, 0)
+        # The states are released (`_run` returned) before the thresholds are restored, or the
+        # first allocation after would collect them all, inside the rebuild's time.
+        with _bulk_collector():
+            return self._run(ends, progress)
+
+    def _run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
         # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
         projector = Projector(
             self.store, BatchFolder(self.keys), cache=True, cache_limit=CACHE_LIMIT
@@ -151,7 +157,7 @@ class _Job:
         read = undecodable = 0
         applied: set[str] = set()
         fetcher = _Fetcher(self.bootstrap, self.topic, ends, self.batch_size)
-        with _bulk_collector(), fetcher:
+        with fetcher:
             for batch in fetcher.batches():
                 records: list[Record] = []
                 for partition, offset, key, value in batch:
