@@ -119,7 +119,7 @@ def worker(ctx: Ctx, loglevel: str) -> None:
 @click.option("--loglevel", default="warning", show_default=True)
 @click.option(
     "--poll-interval",
-    default=0.2,
+    default=0.1,
     show_default=True,
     type=click.FloatRange(min=0.01),
     help="Seconds between reads of the due-work indexes.",

@@ -246,16 +246,18 @@ class Scheduler:
             and (event := self._compaction(folded.state, now)) is not None
             and self._compacted.get(sid) != event.payload["through"]
         ]
+        # Marked before the send: a poll that runs while the acks are awaited must not prepare
+        # these deadlines again (their sessions still show the question open until folded).
+        if len(self._closed) > 100_000:  # only ever a guard against waste: forget freely
+            self._closed.clear()
+        self._closed.update((e.session_id, ceil_ms(d)) for e, d in closings)
         # Everything due goes out together and is acknowledged together: one broker wait per
         # tick, not one per closing (10k deadlines in a few seconds would otherwise queue up).
         await self._emit([event for event, _ in closings] + compactions)
         acked_ms = time.time() * 1000
-        if len(self._compacted) > 100_000:  # only ever a guard against waste: forget freely
+        if len(self._compacted) > 100_000:
             self._compacted.clear()
         self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
-        if len(self._closed) > 100_000:
-            self._closed.clear()
-        self._closed.update((e.session_id, ceil_ms(d)) for e, d in closings)
         self.stats.closings += len(closings)
         self.stats.compactions += len(compactions)
         self.stats.lateness_ms.extend(acked_ms - d.timestamp() * 1000 for _, d in closings)

@@ -47,25 +47,37 @@ class SchedulerApp:
     scheduler: Scheduler
 
 
+# KEYS: a partition's deadlines zset and compaction-due set. ARGV: until (epoch ms).
+# A flat reply (member, score, member, score, …) that the caller pairs itself: redis-py's
+# per-pair conversion of ZRANGEBYSCORE … WITHSCORES was most of a poll's time on the event loop.
+DUE_SCRIPT = """
+return {redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES'),
+        redis.call('SMEMBERS', KEYS[2])}
+"""
+
+
 async def due_within(
     client: aioredis.Redis, keys: Keys, partitions: Iterable[int], until_ms: int
 ) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
     """Deadlines up to `until_ms` and the compaction-due sessions of these partitions (one trip)."""
     owned = sorted(partitions)
+    script = client.register_script(DUE_SCRIPT)
     try:
         pipe = client.pipeline(transaction=False)
         for p in owned:
-            pipe.zrangebyscore(keys.deadlines(p), "-inf", until_ms, withscores=True)
-            pipe.smembers(keys.compaction_due(p))
+            await script(
+                keys=[keys.deadlines(p), keys.compaction_due(p)], args=[until_ms], client=pipe
+            )
         replies = await pipe.execute()
     except redis.RedisError as e:
         raise ProjectionError(f"reading due work failed: {e}") from e
     deadlines: dict[str, tuple[int, int]] = {}
     due: dict[str, int] = {}
-    for i, p in enumerate(owned):
-        for member, score in replies[2 * i]:
+    for p, (flat, members) in zip(owned, replies, strict=True):
+        pairs = iter(flat)
+        for member, score in zip(pairs, pairs, strict=True):
             deadlines[_text(member)] = (int(score), p)
-        for member in replies[2 * i + 1]:
+        for member in members:
             due[_text(member)] = p
     return deadlines, due
 
@@ -75,7 +87,7 @@ def _text(value: bytes | str) -> str:
 
 
 def create_scheduler_app(
-    settings: Settings, *, poll_interval: float = 0.2, horizon: float = 2.0
+    settings: Settings, *, poll_interval: float = 0.1, horizon: float = 1.0
 ) -> SchedulerApp:
     """Build the standalone scheduler for every partition of the events topic."""
     app = faust.App(
