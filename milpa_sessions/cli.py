@@ -134,6 +134,8 @@ def scheduler(ctx: Ctx, loglevel: str, poll_interval: float) -> None:
 
     ensure_topics(ctx.settings)
     app = create_scheduler_app(ctx.settings, poll_interval=poll_interval)
+    gc.collect()  # as in the worker: the start-up heap never needs scanning again
+    gc.freeze()
     faust.Worker(app.app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
 
