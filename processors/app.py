@@ -94,6 +94,7 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
         broker_commit_every=settings.commit_every,
         stream_wait_empty=False,
         broker_max_poll_records=settings.batch_max_records,
+        fetch_max_wait=settings.fetch_max_wait,
     )
     events = raw_topic(app, settings.events_topic, settings.partitions)
     deadletter = TopicSink(raw_topic(app, settings.deadletter_topic))

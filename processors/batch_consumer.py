@@ -40,6 +40,23 @@ Completion = Awaitable[None] | None
 BatchHandler = Callable[[Sequence[RawRecord]], Awaitable[Completion]]
 
 
+class BatchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread, with the broker's wait for a fetch bounded by the app's setting.
+
+    Faust fixes aiokafka's `fetch_max_wait_ms` at 1,500 ms. aiokafka sends no new fetch to a
+    broker while one is in flight to it, so a fetch that names only partitions already read to
+    their end is held by the broker that long while the other partitions' records wait: with two
+    workers each sat idle half of the time (docs/PERFORMANCE.md, "Two workers").
+    """
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        wait_ms: int | None = getattr(self.app, "fetch_max_wait_ms", None)
+        if wait_ms is not None:
+            consumer._fetch_max_wait_ms = wait_ms  # read when the consumer starts its fetcher
+        return consumer
+
+
 class BatchConsumer(faust_aiokafka.Consumer):
     """Faust's aiokafka consumer; registered topics go to their handler a batch at a time."""
 
@@ -48,6 +65,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
         # tp -> the offset after the last record whose batch the handler finished.
         self._finished: dict[TP, int] = {}
         self._in_flight: asyncio.Future[None] | None = None  # the previous batch's second phase
+
+    def _new_consumer_thread(self) -> BatchConsumerThread:
+        return BatchConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - needs a broker
         handlers: dict[str, BatchHandler] = getattr(self.app, "batch_handlers", {})
@@ -170,9 +190,11 @@ class BatchTransport(faust_aiokafka.Transport):
 class BatchApp(faust.App):
     """A Faust app whose registered topics are consumed a fetched batch at a time."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, fetch_max_wait: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batch_handlers: dict[str, BatchHandler] = {}
+        # How long the broker may hold a fetch with no data (None: Faust's 1,500 ms).
+        self.fetch_max_wait_ms = None if fetch_max_wait is None else int(fetch_max_wait * 1000)
 
     def batch_topic(self, topic: Any, handler: BatchHandler) -> None:
         """Subscribe to `topic` and give every fetched batch of it to `handler`."""

@@ -27,6 +27,7 @@ class Settings:
     consumer_group: str = "milpa-projector"
     producer_id: str = "milpa-sessions"
     batch_max_records: int = 500
+    fetch_max_wait: float = 0.02  # seconds the broker may hold a fetch that finds no data
     commit_interval: float = 0.5
     commit_every: int = 10_000
     compactor_max_turns: int = 40

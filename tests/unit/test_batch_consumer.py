@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from faust.types import TP
 
-from processors.batch_consumer import BatchApp, BatchConsumer, _finish
+from processors.batch_consumer import BatchApp, BatchConsumer, BatchConsumerThread, _finish
 from processors.worker import RawRecord
 
 EV0 = TP("ev", 0)
@@ -37,10 +37,14 @@ def _close_harnesses() -> Iterator[None]:
 class Harness:
     """A BatchApp with one registered topic; nothing connects to a broker."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, fetch_max_wait: float | None = None) -> None:
         _made.append(self)
         self.app = BatchApp(
-            "test-batch", broker="kafka://127.0.0.1:1", autodiscover=False, web_enabled=False
+            "test-batch",
+            broker="kafka://127.0.0.1:1",
+            autodiscover=False,
+            web_enabled=False,
+            fetch_max_wait=fetch_max_wait,
         )
         self.calls: list[list[RawRecord]] = []
         self.offsets_seen_during_call: list[int | None] = []
@@ -264,5 +268,31 @@ def test_cancelling_the_fetch_loop_waits_for_the_batch_in_flight() -> None:
         with pytest.raises(asyncio.CancelledError):
             await loop_task
         assert finished == ["redis and decisions done"]
+
+    asyncio.run(main())
+
+
+def test_the_brokers_wait_for_a_fetch_is_the_apps_setting() -> None:
+    async def main() -> None:
+        h = Harness(fetch_max_wait=0.02)
+        thread = h.consumer._thread
+        assert isinstance(thread, BatchConsumerThread)
+        consumer = thread._create_worker_consumer(h.app.transport)
+        try:
+            assert consumer._fetch_max_wait_ms == 20
+        finally:
+            await consumer.stop()
+
+    asyncio.run(main())
+
+
+def test_without_the_setting_fausts_wait_stays() -> None:
+    async def main() -> None:
+        h = Harness()
+        consumer = h.consumer._thread._create_worker_consumer(h.app.transport)
+        try:
+            assert consumer._fetch_max_wait_ms == 1500
+        finally:
+            await consumer.stop()
 
     asyncio.run(main())
