@@ -281,8 +281,18 @@ return {state, got[1], turns, ids}
 )
 
 
+# KEYS: a partition's deadlines zset and compaction-due set. ARGV: until (epoch ms or "+inf").
+# A flat reply (member, score, member, score, …) paired by the caller: redis-py's per-pair
+# conversion of ZRANGEBYSCORE … WITHSCORES was most of a scheduler poll's time on the event loop.
+DUE_SCRIPT = """
+return {redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES'),
+        redis.call('SMEMBERS', KEYS[2])}
+"""
+
+
 COMMIT_SHA = hashlib.sha1(COMMIT_SCRIPT.encode()).hexdigest()
 READ_SHA = hashlib.sha1(READ_SCRIPT.encode()).hexdigest()
+DUE_SHA = hashlib.sha1(DUE_SCRIPT.encode()).hexdigest()
 
 
 def commit_call(
@@ -600,29 +610,36 @@ class AsyncRedisProjectionStore:
             except NoScriptError:
                 if attempt == 2:
                     raise
-                await self.client.script_load(COMMIT_SCRIPT)
-                await self.client.script_load(READ_SCRIPT)
+                for script in (COMMIT_SCRIPT, READ_SCRIPT, DUE_SCRIPT):
+                    await self.client.script_load(script)
         raise AssertionError("unreachable")
 
     async def due_work(
-        self, partitions: Iterable[int]
+        self, partitions: Iterable[int], until_ms: int | None = None
     ) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
-        """Open deadlines and compaction-due sessions of these partitions (one round trip)."""
+        """Deadlines (all, or up to `until_ms`) and compaction-due sessions of these partitions.
+
+        One round trip. The in-worker scheduler reads everything when it takes over partitions;
+        the standalone scheduler polls a window ahead.
+        """
         owned = sorted(partitions)
-        try:
-            pipe = self.client.pipeline(transaction=False)
+        until: int | str = "+inf" if until_ms is None else until_ms
+
+        def queue(pipe: Any) -> None:
             for p in owned:
-                pipe.zrange(self.keys.deadlines(p), 0, -1, withscores=True)
-                pipe.smembers(self.keys.compaction_due(p))
-            replies = await pipe.execute()
+                pipe.evalsha(DUE_SHA, 2, self.keys.deadlines(p), self.keys.compaction_due(p), until)
+
+        try:
+            replies = await self._execute(queue)
         except redis.RedisError as e:
             raise ProjectionError(f"reading due work failed: {e}") from e
         deadlines: dict[str, tuple[int, int]] = {}
         due: dict[str, int] = {}
-        for i, p in enumerate(owned):
-            for member, score in replies[2 * i]:
+        for p, (flat, members) in zip(owned, replies, strict=True):
+            pairs = iter(flat)
+            for member, score in zip(pairs, pairs, strict=True):
                 deadlines[_text(member)] = (int(score), p)
-            for member in replies[2 * i + 1]:
+            for member in members:
                 due[_text(member)] = p
         return deadlines, due
 

@@ -18,13 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import faust
-import redis
-import redis.asyncio as aioredis
 from faust.app.base import BootStrategy
 
 from processors.app import TopicSink, raw_topic, serve_metrics
@@ -35,6 +33,7 @@ from processors.scheduler import Scheduler
 from producers.settings import Settings
 from schemas.errors import ProjectionError
 from session_model.compaction import Compactor
+from session_model.projection import Folded
 
 log = logging.getLogger(__name__)
 
@@ -45,45 +44,6 @@ class SchedulerApp:
 
     app: Any
     scheduler: Scheduler
-
-
-# KEYS: a partition's deadlines zset and compaction-due set. ARGV: until (epoch ms).
-# A flat reply (member, score, member, score, …) that the caller pairs itself: redis-py's
-# per-pair conversion of ZRANGEBYSCORE … WITHSCORES was most of a poll's time on the event loop.
-DUE_SCRIPT = """
-return {redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES'),
-        redis.call('SMEMBERS', KEYS[2])}
-"""
-
-
-async def due_within(
-    client: aioredis.Redis, keys: Keys, partitions: Iterable[int], until_ms: int
-) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
-    """Deadlines up to `until_ms` and the compaction-due sessions of these partitions (one trip)."""
-    owned = sorted(partitions)
-    script = client.register_script(DUE_SCRIPT)
-    try:
-        pipe = client.pipeline(transaction=False)
-        for p in owned:
-            await script(
-                keys=[keys.deadlines(p), keys.compaction_due(p)], args=[until_ms], client=pipe
-            )
-        replies = await pipe.execute()
-    except redis.RedisError as e:
-        raise ProjectionError(f"reading due work failed: {e}") from e
-    deadlines: dict[str, tuple[int, int]] = {}
-    due: dict[str, int] = {}
-    for p, (flat, members) in zip(owned, replies, strict=True):
-        pairs = iter(flat)
-        for member, score in zip(pairs, pairs, strict=True):
-            deadlines[_text(member)] = (int(score), p)
-        for member in members:
-            due[_text(member)] = p
-    return deadlines, due
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def create_scheduler_app(
@@ -104,20 +64,21 @@ def create_scheduler_app(
     keys = Keys(settings.redis_prefix)
     holder: dict[str, Any] = {}
 
-    def client() -> aioredis.Redis:
+    def store() -> AsyncRedisProjectionStore:
         # redis.asyncio clients belong to the loop they were created in: create it in the app's.
-        if "client" not in holder:
-            holder["client"] = async_client(settings.redis_url)
-        result: aioredis.Redis = holder["client"]
+        if "store" not in holder:
+            holder["store"] = AsyncRedisProjectionStore(async_client(settings.redis_url), keys)
+        result: AsyncRedisProjectionStore = holder["store"]
         return result
 
-    async def states(session_ids: Any) -> Any:
+    async def states(session_ids: Sequence[str]) -> dict[str, Folded]:
         # The scheduler never folds: it needs the question and the turns, not the event ids.
-        store = AsyncRedisProjectionStore(client(), keys)
-        return await store.folded(session_ids, event_ids=False)
+        return await store().folded(session_ids, event_ids=False)
 
-    async def full_index(partitions: Iterable[int]) -> Any:
-        return await due_within(client(), keys, partitions, 2**62)
+    async def full_index(
+        partitions: Iterable[int],
+    ) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+        return await store().due_work(partitions)
 
     compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
     scheduler = Scheduler(states, full_index, events, compactor)
@@ -129,7 +90,7 @@ def create_scheduler_app(
         while True:
             try:
                 until = int((time.time() + horizon) * 1000)
-                deadlines, due = await due_within(client(), keys, partitions, until)
+                deadlines, due = await store().due_work(partitions, until)
                 await scheduler.prepare(deadlines, due)
             except ProjectionError as e:
                 log.error("%s; polling again in %.1fs", e, poll_interval)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from processors.indexes import ceil_ms
 from processors.keys import Keys
 from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
@@ -259,3 +260,42 @@ def test_the_schedulers_read_leaves_out_the_event_ids_and_keeps_question_and_tur
     assert light.state.question == full.state.question is not None
     assert light.state.turns == full.state.turns and len(light.state.turns) == 40
     assert light.mark == full.mark == Position(0, len(events) - 1)
+
+
+def test_due_work_reads_all_deadlines_or_a_window_and_survives_a_script_flush(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    now = datetime.now(UTC)
+    # As written to the topic (millisecond precision): what the index is keyed on.
+    soon = parse_deadline(format_instant(now + timedelta(seconds=30)))
+    later = parse_deadline(format_instant(now + timedelta(hours=2)))
+    assert soon is not None and later is not None
+    records = []
+    for i, (sid, deadline) in enumerate([("due-soon", soon), ("due-later", later)]):
+        events = [
+            started(session_id=sid),
+            ask("q1", session_id=sid, expires_at=format_instant(deadline)),
+        ]
+        records += [Record(e, Position(0, 2 * i + j)) for j, e in enumerate(events)]
+    long_session = [
+        started(session_id="due-long"),
+        *[turn("user", f"t{i}", session_id="due-long") for i in range(5)],
+    ]
+    records += [Record(e, Position(0, 10 + j)) for j, e in enumerate(long_session)]
+    store = RedisProjectionStore(projections.client, projections.keys, compact_after=3)
+    store.commit(BatchFolder().fold({}, records))
+    projections.client.script_flush()  # the store loads its scripts again when Redis lost them
+
+    async def read(until_ms: int | None) -> tuple[dict, dict]:
+        client = async_client(settings.redis_url)
+        try:
+            due = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+            return await due.due_work(range(settings.partitions), until_ms)
+        finally:
+            await client.aclose()
+
+    everything, compaction = asyncio.run(read(None))
+    window, _ = asyncio.run(read(ceil_ms(now + timedelta(minutes=1))))
+    assert everything == {"due-soon": (ceil_ms(soon), 0), "due-later": (ceil_ms(later), 0)}
+    assert window == {"due-soon": (ceil_ms(soon), 0)}
+    assert compaction == {"due-long": 0}
