@@ -70,6 +70,7 @@ class Scheduler:
         producer: str = "milpa-scheduler",
         clock: Callable[[], datetime] = _now,
         prepare_chunk: int = 32,
+        max_unacknowledged_ticks: int = 16,
     ) -> None:
         self._states = states
         self._due_index = due_index
@@ -79,6 +80,7 @@ class Scheduler:
         self.producer = producer
         self._clock = clock
         self.prepare_chunk = prepare_chunk
+        self.max_unacknowledged_ticks = max_unacknowledged_ticks
         self.stats = SchedulerStats()
         self.owned: set[int] = set()
         self._deadlines: dict[str, tuple[int, int]] = {}  # sid -> (deadline ms, partition)
@@ -92,6 +94,7 @@ class Scheduler:
         self._prepared: dict[str, tuple[datetime, str, int]] = {}
         self._closed: dict[str, int] = {}
         self._wake = asyncio.Event()
+        self._sending: set[asyncio.Future[None]] = set()  # ticks whose acks are awaited
         self._sleeping_until: int | None = None  # ms; None = until woken
 
     # -- fed by the projector --------------------------------------------------------------------
@@ -197,48 +200,62 @@ class Scheduler:
 
     async def run(self) -> None:
         """Forever: emit what is due, then sleep until the next deadline or an earlier arrival."""
-        while True:
-            await self.tick()
-            nxt = self.next_deadline_ms()
-            timeout = None if nxt is None else max(nxt - _epoch_ms(self._clock()), 0) / 1000
-            self._wake.clear()
-            if self._compact or (timeout is not None and timeout <= 0):
-                continue
-            self._sleeping_until = nxt
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            self._sleeping_until = None
-            self.stats.wakeups += 1
+        try:
+            while True:
+                await self._send_due()
+                await self._sleep()
+        finally:
+            for sending in list(self._sending):
+                sending.cancel()  # the records stay queued in the producer, which flushes on stop
+
+    async def _sleep(self) -> None:
+        """Until the next deadline, or until woken by an earlier one or by compaction work."""
+        nxt = self.next_deadline_ms()
+        timeout = None if nxt is None else max(nxt - _epoch_ms(self._clock()), 0) / 1000
+        self._wake.clear()
+        if self._compact or (timeout is not None and timeout <= 0):
+            return
+        self._sleeping_until = nxt
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        self._sleeping_until = None
+        self.stats.wakeups += 1
 
     async def tick(self) -> None:
-        """Emit every closing and compaction due now (one state read for all of them)."""
+        """Emit every closing and compaction due now and wait until they are acknowledged."""
+        await self._send_due()
+        await self.drain()
+
+    async def _send_due(self) -> None:
+        """Send every closing and compaction due now (one state read for all of them)."""
         now = self._clock()
         now_ms = _epoch_ms(now)
-        due: list[str] = []
+        due: list[tuple[str, int]] = []  # (sid, partition)
         while (nxt := self.next_deadline_ms()) is not None and nxt <= now_ms:
             _, sid = heapq.heappop(self._heap)
-            self._deadlines.pop(sid, None)
-            due.append(sid)
-        compact = list(self._compact)
+            _, partition = self._deadlines.pop(sid)
+            due.append((sid, partition))
+        compact = dict(self._compact)
         self._compact.clear()
         if not due and not compact:
             return
-        closings: list[tuple[Event, datetime]] = []
+        closings: list[tuple[Event, datetime, int]] = []
         unprepared: list[str] = []
-        for sid in due:
+        for sid, partition in due:
             prepared = self._prepared.pop(sid, None)
             if prepared is None:
                 unprepared.append(sid)
             else:
-                closings.append(self._prepared_closing(sid, prepared, now))
+                closings.append((*self._prepared_closing(sid, prepared, now), partition))
         to_read = list(dict.fromkeys([*unprepared, *compact]))
         states = await self._states(to_read) if to_read else {}
         for sid in unprepared:
             folded = states.get(sid)
             if folded is not None:
-                closing = self._closing(folded.state, now, self._partition(folded))
+                partition = self._partition(folded)
+                closing = self._closing(folded.state, now, partition)
                 if closing is not None:
-                    closings.append(closing)
+                    closings.append((*closing, partition))
         compactions = [
             event
             for sid in compact
@@ -250,17 +267,23 @@ class Scheduler:
         # these deadlines again (their sessions still show the question open until folded).
         if len(self._closed) > 100_000:  # only ever a guard against waste: forget freely
             self._closed.clear()
-        self._closed.update((e.session_id, ceil_ms(d)) for e, d in closings)
-        # Everything due goes out together and is acknowledged together: one broker wait per
-        # tick, not one per closing (10k deadlines in a few seconds would otherwise queue up).
-        await self._emit([event for event, _ in closings] + compactions)
-        acked_ms = time.time() * 1000
+        self._closed.update((e.session_id, ceil_ms(d)) for e, d, _ in closings)
         if len(self._compacted) > 100_000:
             self._compacted.clear()
         self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
-        self.stats.closings += len(closings)
-        self.stats.compactions += len(compactions)
-        self.stats.lateness_ms.extend(acked_ms - d.timestamp() * 1000 for _, d in closings)
+        # Everything due goes out together, and the next tick does not wait for these acks: a
+        # deadline that comes due while they are awaited would otherwise be late by a broker
+        # round trip (the producer keeps per-partition order across requests).
+        sending = asyncio.ensure_future(self._emit(closings, compactions, compact))
+        self._sending.add(sending)
+        sending.add_done_callback(self._sending.discard)
+        if len(self._sending) >= self.max_unacknowledged_ticks:
+            await asyncio.wait(self._sending, return_when=asyncio.FIRST_COMPLETED)
+
+    async def drain(self) -> None:
+        """Wait until every tick sent so far was acknowledged (or failed and was rescheduled)."""
+        while self._sending:
+            await asyncio.wait(self._sending)
 
     @staticmethod
     def _partition(folded: Folded) -> int:
@@ -310,11 +333,37 @@ class Scheduler:
             payload={"summary": plan.summary, "through": plan.through},
         )
 
-    async def _emit(self, events: Sequence[Event]) -> None:
-        if events:
+    async def _emit(
+        self,
+        closings: Sequence[tuple[Event, datetime, int]],
+        compactions: Sequence[Event],
+        compact_partitions: Mapping[str, int],
+    ) -> None:
+        """Send one tick's events, wait for their acks; on failure, schedule them again."""
+        events = [event for event, _, _ in closings] + list(compactions)
+        try:
             await self._events.publish_many(
                 [(e.session_id.encode(), self.codec.encode(e), ()) for e in events]
             )
+        except Exception as e:  # whatever the producer raised: nothing due may be dropped
+            log.error(
+                "could not append %d closing(s) and %d compaction(s), retrying: %s",
+                len(closings),
+                len(compactions),
+                e,
+            )
+            for event, deadline, partition in closings:
+                self._closed.pop(event.session_id, None)
+                self._schedule(event.session_id, ceil_ms(deadline), partition)
+            for event in compactions:
+                self._compacted.pop(event.session_id, None)
+                self._compact[event.session_id] = compact_partitions[event.session_id]
+            self._wake.set()
+            return
+        acked_ms = time.time() * 1000
+        self.stats.closings += len(closings)
+        self.stats.compactions += len(compactions)
+        self.stats.lateness_ms.extend(acked_ms - d.timestamp() * 1000 for _, d, _ in closings)
 
 
 def _epoch_ms(moment: datetime) -> int:

@@ -256,3 +256,85 @@ def test_polled_compaction_work_is_emitted() -> None:
     _polled(scheduler, {}, {"s1": 0})  # still in the index until the compaction is folded
     asyncio.run(scheduler.tick())
     assert [e.type for e in sink.events] == [ev.COMPACTED]
+
+
+# -- sending: the loop does not wait for acks; a failed send is retried -------------------------
+
+
+class HeldSink(Sink):
+    """Records what was sent at once; acknowledges only when released (or fails if told to)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.fail_next = 0
+
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        await super().publish_many(records)  # "sent": in the producer's queue
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionError("broker gone")
+        await self.release.wait()
+
+
+def test_the_loop_sends_the_next_deadline_while_the_previous_acks_are_awaited() -> None:
+    async def scenario() -> tuple[list[str], int]:
+        clock, sink = Clock(DEADLINE - timedelta(seconds=1)), HeldSink()
+        first, second = _asked("s1", "q1", DEADLINE), _asked("s2", "q2", DEADLINE)
+        states = {u.session_id: Folded(u.state, u.mark) for u in (first, second)}
+        scheduler = _scheduler(states, clock, sink)
+        scheduler.observe([first])
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.01)
+        clock.now = DEADLINE + timedelta(milliseconds=1)
+        scheduler._wake.set()  # the clock is fake: nudge the sleeping loop
+        await asyncio.sleep(0.01)
+        # s1's closing is sent but not acknowledged; s2's deadline is learned now.
+        scheduler.observe([second])
+        await asyncio.sleep(0.01)
+        sent = [e.session_id for e in sink.events]
+        acked = scheduler.stats.closings
+        sink.release.set()
+        await scheduler.drain()
+        task.cancel()
+        return sent, acked
+
+    sent, acked_before_release = asyncio.run(scenario())
+    assert sent == ["s1", "s2"]
+    assert acked_before_release == 0  # counted only once acknowledged
+
+
+def test_a_closing_whose_send_failed_is_sent_again() -> None:
+    async def scenario() -> tuple[list[str], int]:
+        u = _asked("s1", "q1", DEADLINE)
+        clock, sink = Clock(DEADLINE + timedelta(milliseconds=5)), HeldSink()
+        sink.release.set()
+        sink.fail_next = 1
+        scheduler = _scheduler({"s1": Folded(u.state, u.mark)}, clock, sink)
+        scheduler.observe([u])
+        await scheduler.tick()  # sent, then the ack failed: scheduled again
+        assert scheduler.next_deadline_ms() == ceil_ms(DEADLINE)
+        await scheduler.tick()
+        return [e.event_id for e in sink.events], scheduler.stats.closings
+
+    event_ids, closings = asyncio.run(scenario())
+    assert len(event_ids) == 2 and len(set(event_ids)) == 1  # the same closing, resent
+    assert closings == 1
+
+
+def test_a_compaction_whose_send_failed_is_sent_again() -> None:
+    async def scenario() -> list[str]:
+        u = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
+        sink = HeldSink()
+        sink.release.set()
+        sink.fail_next = 1
+        states = {"s1": Folded(u.state, u.mark)}
+        scheduler = _scheduler(states, Clock(DEADLINE), sink, max_turns=6, keep_recent=2)
+        scheduler.observe([u])
+        await scheduler.tick()
+        await scheduler.tick()
+        return [e.type for e in sink.events]
+
+    assert asyncio.run(scenario()) == [ev.COMPACTED, ev.COMPACTED]
