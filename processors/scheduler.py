@@ -70,7 +70,7 @@ class Scheduler:
         producer: str = "milpa-scheduler",
         clock: Callable[[], datetime] = _now,
         prepare_chunk: int = 32,
-        max_unacknowledged_ticks: int = 16,
+        max_unacknowledged_ticks: int = 256,
     ) -> None:
         self._states = states
         self._due_index = due_index
