@@ -25,7 +25,7 @@ from processors.metrics import Metrics
 from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore
 from processors.scheduler import Scheduler, SchedulerStats
-from processors.worker import OutRecord, ProjectionWorker, RawRecord, WorkerStats
+from processors.worker import Consumed, OutRecord, ProjectionWorker, WorkerStats
 from producers.settings import Settings
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
@@ -129,7 +129,7 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
 
     folding = asyncio.Lock()  # created lazily by asyncio on first use, inside the app's loop
 
-    async def project(raws: Sequence[RawRecord]) -> Awaitable[Any]:
+    async def project(raws: Sequence[Consumed]) -> Awaitable[Any]:
         # Fold now; the consumer commits (the returned phase) while it fetches the next batch.
         async with folding:
             prepared = await worker().prepare(raws)

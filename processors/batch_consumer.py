@@ -29,7 +29,7 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from processors.worker import RawRecord
+from processors.worker import Consumed
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # that the consumer runs after the previous batch's second phase, while it fetches and hands over
 # the next batch: folding overlaps with committing, and batches still finish in order.
 Completion = Awaitable[None] | None
-BatchHandler = Callable[[Sequence[RawRecord]], Awaitable[Completion]]
+BatchHandler = Callable[[Sequence[Consumed]], Awaitable[Completion]]
 
 
 class BatchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -94,7 +94,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
             raise
 
     async def _deliver(self, records: Any, handlers: dict[str, BatchHandler]) -> None:
-        batches: dict[str, list[RawRecord]] = {}
+        batches: dict[str, list[Consumed]] = {}
         ends: dict[TP, int] = {}
         read_offset = self._read_offset
         for tp, fetched in records.items():
@@ -108,9 +108,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
             fresh = fetched if after is None else [r for r in fetched if r.offset >= after]
             if not fresh:
                 continue
-            batches.setdefault(tp.topic, []).extend(
-                RawRecord(r.key, r.value, r.partition, r.offset, r.topic) for r in fresh
-            )
+            batches.setdefault(tp.topic, []).extend(fresh)  # aiokafka's records, not copied
             ends[tp] = fresh[-1].offset
         for tp, last in ends.items():
             read_offset[tp] = last

@@ -31,9 +31,24 @@ DEADLETTER_REASON = "milpa-error"
 DEADLETTER_SOURCE = "milpa-source"
 
 
+class Consumed(Protocol):
+    """A record as consumed (aiokafka's `ConsumerRecord` is one, passed through as it comes)."""
+
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def topic(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RawRecord:
-    """A record as consumed: key, value and where it sits."""
+    """A consumed record built by hand (tests, tools): key, value and where it sits."""
 
     key: bytes | None
     value: bytes | None
@@ -120,11 +135,11 @@ class ProjectionWorker:
         """Drop the cache (on rebalance: another worker may have advanced these sessions)."""
         self._cache.clear()
 
-    async def process(self, raws: Sequence[RawRecord]) -> tuple[SessionUpdate, ...]:
+    async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:
         """Apply one batch; returns the updates committed."""
         return await self.finish(await self.prepare(raws))
 
-    async def prepare(self, raws: Sequence[RawRecord]) -> Prepared:
+    async def prepare(self, raws: Sequence[Consumed]) -> Prepared:
         """Decode (dead-lettering what cannot be read) and fold; nothing is committed yet.
 
         The folded states enter the cache at once, so the next batch can be folded while this
@@ -147,8 +162,7 @@ class ProjectionWorker:
         Batches must be finished in the order they were prepared.
         """
         updates = await self._commit(prepared.records, prepared.updates)
-        for u in updates:
-            self._count(u)
+        self._count(updates)
         for listener in self.listeners:
             listener(updates)
         await self._publish_decisions(updates)
@@ -162,27 +176,33 @@ class ProjectionWorker:
             self._cache.update(await self._retrying(functools.partial(self.store.folded, misses)))
         return {sid: self._cache[sid] for sid in session_ids if sid in self._cache}
 
-    async def _decode(self, raws: Sequence[RawRecord]) -> list[Record]:
+    async def _decode(self, raws: Sequence[Consumed]) -> list[Record]:
         records: list[Record] = []
+        append = records.append
+        decode = self.codec.decode
+        unreadable: list[tuple[Consumed, str]] = []
         for raw in raws:
-            reason: str | None = None
+            value = raw.value
             try:
-                if raw.value is None:
+                if value is None:
                     raise CodecError("empty record value")
-                event = self.codec.decode(raw.value)
-                if raw.key is not None and raw.key != event.session_id.encode():
-                    reason = "key does not match session_id: the event would lose its ordering"
-                elif not event.session_id:
-                    reason = "empty session_id"
-                else:
-                    records.append(Record(event, Position(raw.partition, raw.offset)))
+                event = decode(value)
             except CodecError as e:
-                reason = f"{type(e).__name__}: {e}"
-            if reason is not None:
-                await self._dead_letter(raw, reason)
+                unreadable.append((raw, f"{type(e).__name__}: {e}"))
+                continue
+            key = raw.key
+            if key is not None and key != event.session_id.encode():
+                reason = "key does not match session_id: the event would lose its ordering"
+                unreadable.append((raw, reason))
+            elif not event.session_id:
+                unreadable.append((raw, "empty session_id"))
+            else:
+                append(Record(event, Position(raw.partition, raw.offset)))
+        for raw, reason in unreadable:
+            await self._dead_letter(raw, reason)
         return records
 
-    async def _dead_letter(self, raw: RawRecord, reason: str) -> None:
+    async def _dead_letter(self, raw: Consumed, reason: str) -> None:
         headers = [
             (DEADLETTER_REASON, reason.encode()),
             (DEADLETTER_SOURCE, f"{raw.topic}:{raw.partition}:{raw.offset}".encode()),
@@ -242,17 +262,22 @@ class ProjectionWorker:
             for sid in list(self._cache)[: len(self._cache) // 2]:
                 del self._cache[sid]
 
-    def _count(self, u: SessionUpdate) -> None:
-        for s in u.steps:
-            self.stats.outcomes[s.outcome.kind.value] += 1
-            if s.outcome.kind is Kind.APPLIED:
-                self.stats.applied += 1
-            if s.outcome.rejection is not None:
-                self.stats.rejections[s.outcome.rejection.code] += 1
-            if s.outcome.pause_reason is not None:
-                self.stats.pauses[s.outcome.pause_reason] += 1
-            if s.outcome.downgraded:
-                self.stats.downgrades += 1
+    def _count(self, updates: Sequence[SessionUpdate]) -> None:
+        stats = self.stats
+        kinds: Counter[Kind] = Counter()
+        for u in updates:
+            for s in u.steps:
+                o = s.outcome
+                kinds[o.kind] += 1
+                if o.rejection is not None:
+                    stats.rejections[o.rejection.code] += 1
+                if o.pause_reason is not None:
+                    stats.pauses[o.pause_reason] += 1
+                if o.downgraded:
+                    stats.downgrades += 1
+        for kind, n in kinds.items():
+            stats.outcomes[kind.value] += n
+        stats.applied += kinds[Kind.APPLIED]
 
     async def _publish_decisions(self, updates: Sequence[SessionUpdate]) -> None:
         # One wait for the whole batch, not one broker round trip per decision.
