@@ -84,7 +84,7 @@ def _others_cpu(params: dict[str, Any]) -> float:
 class Sizes:
     """How much each figure does: the full run; `quick()` shrinks what takes long."""
 
-    prefill_sessions: int = 10_000  # x 19 events: the producer, projector and replay topic
+    prefill_sessions: int = 20_000  # x 19 events: the producer, projector and replay topic
     concurrency: int = 1_000  # sessions live at once in that stream
     naive_producer_events: int = 3_000
     naive_projector_window_s: float = 15.0
