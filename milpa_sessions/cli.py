@@ -107,11 +107,16 @@ def worker(ctx: Ctx, loglevel: str) -> None:
     ensure_topics(ctx.settings)
     projector = create_app(ctx.settings, wiring.trusted_keys(ctx.settings))
     # Everything allocated so far lives as long as the process: freeze it out of the collector,
-    # and collect the young generation less often. Full collections over the worker's caches
-    # were the 100-300 ms stalls in the latency and expiry profiles (docs/PERFORMANCE.md).
+    # and collect the young generation only after a million net allocations. Reference counting
+    # frees a batch's objects; what a collection finds is the batches in flight (two of up to
+    # 4,000 records) and the states cached meanwhile, traversed for nothing: at 100,000 the
+    # collections cost ~5 % of the worker's CPU, and full collections over the caches were the
+    # 100-300 ms stalls in the latency profiles (docs/PERFORMANCE.md). The price: a collection,
+    # when the cache has grown by a million objects, takes longer (~0.5 s), and cyclic garbage
+    # (a few dozen objects per million events here) waits that long.
     gc.collect()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 1000)
+    gc.set_threshold(1_000_000, 20, 100)
     faust.Worker(projector.app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
 
