@@ -2,18 +2,16 @@
 
 The batch path only bumps the plain counters it already keeps; this collector turns them into
 metric families when `/metrics` is scraped (in the HTTP server's thread), so serving metrics adds
-no work per event. Histograms are fed incrementally from the stats' sample lists: each scrape folds
-in only the samples appended since the previous one. The registry is dedicated (never the global
+no work per event. Histograms are kept in place by the stats (`processors/histogram.py`) and copied
+when scraped. The registry is dedicated (never the global
 one), so several apps in one process, or tests, do not collide.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
@@ -26,33 +24,13 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from processors.histogram import Histogram
 from processors.scheduler import SchedulerStats
 from processors.worker import WorkerStats
 from schemas.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 K = TypeVar("K")
-
-BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
-# Lateness of a closing after its deadline; fine around the 10 ms target.
-LATENESS_MS_BUCKETS: tuple[float, ...] = (
-    1,
-    2,
-    5,
-    7.5,
-    10,
-    15,
-    20,
-    30,
-    50,
-    100,
-    250,
-    500,
-    1000,
-    2500,
-    5000,
-    10000,
-)
 
 
 def consumer_lag(highwaters: Mapping[int, int], last_offsets: Mapping[int, int]) -> dict[int, int]:
@@ -76,39 +54,15 @@ def _snapshot(counts: Mapping[K, int]) -> list[tuple[K, int]]:
             continue
 
 
-@dataclass
-class Buckets:
-    """Cumulative histogram state, fed by the new tail of an append-only sample list."""
-
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    seen: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.bounds) + 1)
-
-    def feed(self, samples: Sequence[float]) -> None:
-        """Fold in the samples appended since the last call."""
-        if len(samples) < self.seen:  # the list was replaced: start over from it
-            self.counts = [0] * (len(self.bounds) + 1)
-            self.total = 0.0
-            self.seen = 0
-        new = samples[self.seen :]
-        self.seen += len(new)
-        for value in new:
-            self.counts[bisect.bisect_left(self.bounds, value)] += 1
-            self.total += value
-
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
-        """The histogram as a metric family (cumulative `le` buckets, `+Inf` last)."""
-        cumulative: list[tuple[str, float]] = []
-        running = 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += n
-            cumulative.append((_le(bound), running))
-        return HistogramMetricFamily(name, documentation, buckets=cumulative, sum_value=self.total)
+def histogram_family(name: str, documentation: str, h: Histogram) -> HistogramMetricFamily:
+    """The histogram as a metric family (cumulative `le` buckets, `+Inf` last)."""
+    counts, total = h.snapshot()
+    cumulative: list[tuple[str, float]] = []
+    running = 0
+    for bound, n in zip((*h.bounds, float("inf")), counts, strict=True):
+        running += n
+        cumulative.append((_le(bound), running))
+    return HistogramMetricFamily(name, documentation, buckets=cumulative, sum_value=total)
 
 
 def _le(bound: float) -> str:
@@ -142,8 +96,6 @@ class StatsCollector(Collector):
         self._scheduler = scheduler
         self._highwaters = highwaters
         self._lock = threading.Lock()  # scrapes may run concurrently (threaded HTTP server)
-        self._batch_sizes = Buckets(BATCH_SIZE_BUCKETS)
-        self._lateness = Buckets(LATENESS_MS_BUCKETS)
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, read now."""
@@ -160,8 +112,7 @@ class StatsCollector(Collector):
             w.redelivered,
         )
         yield _counter("milpa_batches", "Batches processed.", w.batches)
-        self._batch_sizes.feed(w.batch_sizes)
-        yield self._batch_sizes.family("milpa_batch_size", "Records per batch.")
+        yield histogram_family("milpa_batch_size", "Records per batch.", w.batch_sizes)
         yield _counter("milpa_redis_round_trips", "Redis round trips.", w.redis_round_trips)
         yield _counter(
             "milpa_redis_retries", "Redis calls retried after a failure.", w.redis_retries
@@ -192,9 +143,10 @@ class StatsCollector(Collector):
     def _scheduler_metrics(self, s: SchedulerStats) -> Iterator[Metric]:
         yield _counter("milpa_scheduler_closings", "Answer windows closed.", s.closings)
         yield _counter("milpa_scheduler_compactions", "Compactions emitted.", s.compactions)
-        self._lateness.feed(s.lateness_ms)
-        yield self._lateness.family(
-            "milpa_expiry_lateness_ms", "Milliseconds from a deadline to its closing being emitted."
+        yield histogram_family(
+            "milpa_expiry_lateness_ms",
+            "Milliseconds from a deadline to its closing being emitted.",
+            s.lateness,
         )
 
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from processors.histogram import LATENESS_MS_BUCKETS, Histogram
 from processors.indexes import ceil_ms, compaction_due
 from processors.worker import Sink
 from schemas import events as ev
@@ -52,7 +53,7 @@ class SchedulerStats:
 
     closings: int = 0
     compactions: int = 0
-    lateness_ms: list[float] = field(default_factory=list)
+    lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_MS_BUCKETS))
     wakeups: int = 0
 
 
@@ -363,7 +364,7 @@ class Scheduler:
         acked_ms = time.time() * 1000
         self.stats.closings += len(closings)
         self.stats.compactions += len(compactions)
-        self.stats.lateness_ms.extend(acked_ms - d.timestamp() * 1000 for _, d, _ in closings)
+        self.stats.lateness.observe_many(acked_ms - d.timestamp() * 1000 for _, d, _ in closings)
 
 
 def _epoch_ms(moment: datetime) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from processors.decisions import decision_record
+from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
 from processors.redis_store import AsyncRedisProjectionStore
 from producers.ports import CommitResult
 from schemas.codec import EventCodec
@@ -100,7 +101,7 @@ class WorkerStats:
     rejections: Counter[str] = field(default_factory=Counter)
     pauses: Counter[str] = field(default_factory=Counter)
     downgrades: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
+    batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
     last_offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset processed
 
 
@@ -150,7 +151,7 @@ class ProjectionWorker:
         """
         self.stats.batches += 1
         self.stats.records += len(raws)
-        self.stats.batch_sizes.append(len(raws))
+        self.stats.batch_sizes.observe(len(raws))
         records = await self._decode(raws)
         updates = await self._fold(records)
         ends = {r.partition: r.offset for r in raws}

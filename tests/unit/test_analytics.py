@@ -28,9 +28,10 @@ from processors.analytics import (
     tta_labels,
     window_hours,
 )
+from processors.histogram import LATENESS_MS_BUCKETS, Histogram
 from processors.indexes import TTA_BUCKETS, hour_of, tta_bucket
 from processors.keys import Keys
-from processors.metrics import LATENESS_MS_BUCKETS, Buckets, Metrics, consumer_lag
+from processors.metrics import Metrics, consumer_lag
 from processors.scheduler import SchedulerStats
 from processors.worker import WorkerStats
 from schemas.errors import ProjectionError
@@ -306,17 +307,18 @@ def test_lag_is_highwater_minus_last_offset_minus_one_for_known_partitions() -> 
     assert consumer_lag({0: 3}, {0: 5}) == {0: 0}  # a stale highwater never reads negative
 
 
-def test_histogram_buckets_take_only_new_samples_each_scrape() -> None:
-    samples: list[float] = [0.5, 3.0, 9.9, 10.0]
-    b = Buckets(LATENESS_MS_BUCKETS)
-    b.feed(samples)
-    b.feed(samples)  # nothing new
-    samples.extend([12.0, 99999.0])
-    b.feed(samples)
-    assert sum(b.counts) == 6
-    assert b.counts[LATENESS_MS_BUCKETS.index(10)] == 2  # 9.9 and 10.0: le="10"
-    assert b.counts[-1] == 1  # +Inf only
-    assert b.total == pytest.approx(0.5 + 3 + 9.9 + 10 + 12 + 99999)
+def test_a_histogram_counts_each_value_in_its_bucket_in_bounded_memory() -> None:
+    h = Histogram(LATENESS_MS_BUCKETS)
+    h.observe_many([0.5, 3.0, 9.9, 10.0])
+    h.observe_many([12.0, 99999.0])
+    for _ in range(10_000):
+        h.observe(1.0)
+    assert len(h.counts) == len(LATENESS_MS_BUCKETS) + 1  # whatever was observed
+    assert h.count == 10_006
+    assert h.counts[LATENESS_MS_BUCKETS.index(10)] == 2  # 9.9 and 10.0: le="10"
+    assert h.counts[0] == 10_001  # 0.5 and the 1.0s: le="1"
+    assert h.counts[-1] == 1  # +Inf only
+    assert h.total == pytest.approx(0.5 + 3 + 9.9 + 10 + 12 + 99999 + 10_000)
 
 
 def _scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -333,9 +335,10 @@ def test_the_collector_reads_the_stats_when_scraped() -> None:
     w.outcomes.update({"applied": 6, "rejected": 1})
     w.pauses.update({"permission": 2, "unspecified": 1})
     w.rejections.update({"stale_question": 1})
-    w.batch_sizes.extend([3, 4])
+    w.batch_sizes.observe_many([3, 4])
     w.last_offsets.update({0: 9, 2: 1})
-    s = SchedulerStats(closings=2, lateness_ms=[1.5, 8.0])
+    s = SchedulerStats(closings=2)
+    s.lateness.observe_many([1.5, 8.0])
     state: dict[str, Any] = {"w": None}
     metrics = Metrics(lambda: state["w"], lambda: s, lambda: {0: 10, 2: 5, 4: 1})
     assert _scrape(metrics)[("milpa_batches_total", ())] == 0  # no worker yet: zeros
@@ -356,7 +359,7 @@ def test_the_collector_reads_the_stats_when_scraped() -> None:
     assert got[("milpa_consumer_lag", (("partition", "2"),))] == 3
     assert ("milpa_consumer_lag", (("partition", "4"),)) not in got
     w.pauses["permission"] += 1
-    s.lateness_ms.append(20.0)
+    s.lateness.observe(20.0)
     again = _scrape(metrics)
     assert again[("milpa_pauses_total", (("reason", "permission"),))] == 3
     assert again[("milpa_expiry_lateness_ms_count", ())] == 3

@@ -26,7 +26,8 @@ from bench.stats import (
     summary,
     table,
 )
-from processors.metrics import LATENESS_MS_BUCKETS, Buckets
+from processors.histogram import LATENESS_MS_BUCKETS, Histogram
+from processors.metrics import histogram_family
 
 KEYS = ["figure", "value", "unit", "baseline", "ratio", "target", "met", "params"]
 
@@ -247,12 +248,11 @@ def test_histogram_quantile_without_observations_is_none() -> None:
 
 class _Lateness(Collector):
     def __init__(self, samples: list[float]) -> None:
-        self.buckets = Buckets(LATENESS_MS_BUCKETS)
-        self.samples = samples
+        self.histogram = Histogram(LATENESS_MS_BUCKETS)
+        self.histogram.observe_many(samples)
 
     def collect(self):  # type: ignore[no-untyped-def]
-        self.buckets.feed(self.samples)
-        yield self.buckets.family("milpa_expiry_lateness_ms", "lateness")
+        yield histogram_family("milpa_expiry_lateness_ms", "lateness", self.histogram)
 
 
 def test_the_workers_own_exposition_parses_into_buckets_and_counters() -> None:

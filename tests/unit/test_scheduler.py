@@ -190,7 +190,7 @@ def test_a_polled_deadline_is_prepared_ahead_and_closed_without_reading_the_stat
     assert closing.type == ev.ANSWER_WINDOW_CLOSED
     assert closing.payload["question_id"] == "q1"
     assert closing.payload["at"] == clock.now  # when it noticed, not the deadline
-    assert scheduler.stats.closings == 1 and len(scheduler.stats.lateness_ms) == 1
+    assert scheduler.stats.closings == 1 and scheduler.stats.lateness.count == 1
 
 
 def test_polled_deadlines_are_read_in_small_chunks_earliest_first() -> None:

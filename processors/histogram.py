@@ -1,0 +1,64 @@
+"""Cumulative histograms kept in place: bounded memory however many values they count.
+
+The worker and the scheduler observe into these on the event loop; the metrics endpoint reads
+them from its own thread (`snapshot`), so a scrape never walks a growing list of samples.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 4000, 5000)
+# Lateness of a closing after its deadline; fine around the 10 ms target.
+LATENESS_MS_BUCKETS: tuple[float, ...] = (
+    1,
+    2,
+    5,
+    7.5,
+    10,
+    15,
+    20,
+    30,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10000,
+)
+
+
+@dataclass
+class Histogram:
+    """Counts per bucket (`le` bounds, then +Inf) and the sum of what was observed."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    @property
+    def count(self) -> int:
+        """How many values were observed."""
+        return sum(self.counts)
+
+    def observe(self, value: float) -> None:
+        """Count one value (a value equal to a bound falls in that bound's bucket)."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        """Count each of these values."""
+        for value in values:
+            self.observe(value)
+
+    def snapshot(self) -> tuple[list[int], float]:
+        """A copy of the counts and the sum, for a reader on another thread."""
+        return list(self.counts), self.total
