@@ -258,3 +258,24 @@ def test_drop_removes_every_key_of_a_session(projection_store: RedisProjectionSt
     assert projection_store.ids() == ["idle"]
     assert _raw(projection_store, "busy") == {}
     assert projection_store.timeline("busy") == [] and projection_store.history("busy") == []
+
+
+def test_a_commit_of_many_sessions_applies_each_alone_and_counts_only_those_applied(
+    projection_store: RedisProjectionStore,
+) -> None:
+    """150 sessions go in three script calls; the three already applied conflict, wherever."""
+    store = projection_store
+    sids = [f"many-{i:03d}" for i in range(150)]
+    updates = BatchFolder().fold({}, [r for sid in sids for r in _idle(sid)])
+    stale = [3, 70, 140]  # one in each group of 64
+    assert not store.commit([updates[i] for i in stale]).conflicts
+    folded = store.keys.stat("events")
+    before = int(store.client.hget(folded, "folded"))
+
+    result = store.commit(updates)
+
+    assert result.conflicts == tuple(sids[i] for i in stale)
+    assert result.applied == tuple(sid for i, sid in enumerate(sids) if i not in stale)
+    assert int(store.client.hget(folded, "folded")) == before + 147 * 3
+    stored = store.folded(sids)
+    assert all(stored[u.session_id] == Folded(u.state, u.mark) for u in updates)
