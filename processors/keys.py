@@ -1,7 +1,8 @@
 """Every Redis key name the project uses, in one place.
 
-A session's keys share the hash tag `{s:<id>}`, so one Lua script touches one slot and the layout
-works on Redis Cluster. Global indexes are only ever updated idempotently, outside those scripts.
+A session's keys share the hash tag `{s:<id>}`. The commit script still writes the per-partition
+indexes and the counters and takes up to 64 sessions per call, so the store needs one Redis (or a
+primary with replicas), not a Cluster; splitting it per slot would start from these tags.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The asyncio Redis client the processors use: redis-py's, with commands packed by hiredis (C).
 
 Why: redis.asyncio packs commands in Python (the synchronous client already uses hiredis when it
-is installed). The projector sends one EVALSHA with a dozen or more arguments per session per
-batch, and packing them was ~10 % of a worker's CPU in the profile (docs/PERFORMANCE.md).
+is installed). The projector sends a dozen or more arguments per session of a batch (in EVALSHAs
+of 64 sessions), and packing them was ~10 % of a worker's CPU in the profile (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
