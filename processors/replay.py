@@ -32,6 +32,7 @@ import gc
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -224,9 +225,12 @@ def _in_processes(
             sum(r.undecodable for r in reports.values()),
         )
     finally:
+        reported = len(reports) == len(children)
         for child in children:
+            if reported and child.pid is not None:
+                child.join(timeout=10)  # it has reported: it is flushing its queue and exiting
             if child.is_alive():
-                child.terminate()  # only on failure: the others have reported and are exiting
+                child.terminate()  # on failure, or a child that hangs on its way out
             if child.pid is not None:
                 child.join(timeout=30)
         messages.close()
@@ -234,6 +238,9 @@ def _in_processes(
 
 def _child(job: _Job, ends: dict[int, int], index: int, messages: Any) -> None:
     """A rebuild process: its partitions, reported through `messages`."""
+    # The parent's signal handlers are not this process's: `terminate()` must just end it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
     # What was inherited from the parent stays out of this process's collections (and its
     # memory pages shared): only what the rebuild makes is ever traversed.
     gc.freeze()
