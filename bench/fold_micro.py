@@ -16,7 +16,8 @@ on its own:
 Only a batch's records and updates are alive at a time, and the cache of every session's state,
 as in the worker, so the collector sees the heap it would see there. `--gc default` keeps
 CPython's thresholds (the replay before it tuned them, the harness process); `--gc worker` is the
-worker's (`gc.freeze()` after start-up, threshold 100,000); `--gc off` shows the cost without the
+worker's (`gc.freeze()` after start-up, threshold 1,000,000 since `22a4745`); `--gc rebuild` is the
+rebuild's (threshold 100,000: the worker's before); `--gc off` shows the cost without the
 collector. Each of R runs starts from an empty cache; the best run is reported (µs per event),
 with the median and the worst. One JSON line on stdout with `--json`, else a small table.
 """
@@ -45,7 +46,7 @@ from session_model.signing import TrustedKeys
 
 PARTITIONS = 6
 PHASES = ("decode", "fold", "commit_args")
-GC_MODES = ("default", "worker", "off")
+GC_MODES = ("default", "worker", "rebuild", "off")
 # A fixed clock: the same events, byte for byte, in every run.
 BASE = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -126,7 +127,10 @@ def measure(
     chunks = batches(raws, batch)
     phases = PHASES if args else PHASES[:2]
     gc.collect()
-    if gc_mode == "worker":
+    if gc_mode == "worker":  # milpa_sessions/cli.py, `worker`
+        gc.freeze()
+        gc.set_threshold(1_000_000, 20, 100)
+    elif gc_mode == "rebuild":  # processors/replay.py, `_bulk_collector`
         gc.freeze()
         gc.set_threshold(100_000, 50, 1000)
     elif gc_mode == "off":

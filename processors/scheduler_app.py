@@ -1,9 +1,10 @@
 """The scheduler as a process of its own: polls the projector's indexes, emits what is due.
 
 Why a separate process: inside a worker the scheduler shares one event loop, one GIL and one
-garbage collector with batch folding, so a closing waits for the batch (and the collection) in
-progress — that is what kept expiry lateness p99 far above 10 ms under load (docs/PERFORMANCE.md).
-Alone, the process is idle between deadlines and wakes on time.
+garbage collector with batch folding, so a closing waits for the batch in progress (up to
+`batch_max_records` records, 0.1-0.2 s when the worker is behind). Alone, the process is idle
+between deadlines and wakes on time. When the workers keep up, the scheduler in the worker is as
+punctual on two shared cores (docs/PERFORMANCE.md, "Expiry lateness").
 
 It reads the per-partition deadline and compaction-due indexes the projector maintains (never a
 scan of all sessions), a window `horizon` ahead, every `poll_interval`; it sleeps until the next
