@@ -54,6 +54,7 @@ from processors.redis_store import (
 from processors.replay import partition_for, replay
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import Settings
+from producers.topics import delete_topics
 from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.events import Event
@@ -357,9 +358,7 @@ def measure_projector(
     with run.cleanup.scope() as scope:
         scope.push(
             f"delete topics of {name}",
-            lambda: infra.delete_topics(
-                settings, [settings.decisions_topic, settings.deadletter_topic]
-            ),
+            lambda: delete_topics(settings, [settings.decisions_topic, settings.deadletter_topic]),
         )
         infra.register_prefix(settings, scope)
         procs = Procs(scope, run.procs.workdir)

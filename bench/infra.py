@@ -26,11 +26,10 @@ from typing import Any
 import redis
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient
-from kafka.errors import KafkaError
 
 from processors.keys import Keys
 from producers.settings import Settings
-from producers.topics import ensure_topics
+from producers.topics import delete_topics, ensure_topics
 
 REPO = Path(__file__).resolve().parents[1]
 # Faust reads these from the environment; a dead member must not hold a partition for a minute.
@@ -193,34 +192,7 @@ def figure_settings(stack: Stack, tag: str, name: str, **changes: Any) -> Settin
 def create_topics(settings: Settings, cleanup: Cleanup) -> None:
     """Create the figure's topics; delete them (and its group's internal topics) at cleanup."""
     ensure_topics(settings)
-    names = [settings.events_topic, settings.decisions_topic, settings.deadletter_topic]
-    cleanup.push(
-        f"delete topics of {settings.events_topic}", lambda: delete_topics(settings, names)
-    )
-
-
-def delete_topics(settings: Settings, names: Sequence[str]) -> None:
-    """Delete these topics and the figure's consumer group with its internal topics, if any."""
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
-    try:
-        existing = set(admin.list_topics())
-        doomed = sorted(
-            {n for n in names if n in existing}
-            | {t for t in existing if t.startswith(settings.consumer_group)}
-        )
-        if doomed:
-            admin.delete_topics(doomed, timeout_ms=30_000)
-        group = settings.consumer_group
-        for _ in range(10):  # a member that just left can keep the group non-empty for a moment
-            try:
-                outcome = admin.delete_groups([group]).get(group)
-            except KafkaError as e:
-                outcome = type(e).__name__
-            if outcome in ("OK", "GroupIdNotFoundError", None):
-                break
-            time.sleep(0.5)
-    finally:
-        admin.close()
+    cleanup.push(f"delete topics of {settings.events_topic}", lambda: delete_topics(settings))
 
 
 def clear_prefix(url: str, prefix: str) -> int:

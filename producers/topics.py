@@ -1,7 +1,13 @@
-"""Creating the project's topics with explicit settings (never relying on auto-creation)."""
+"""Creating the project's topics with explicit settings (never relying on auto-creation).
+
+And deleting a deployment's topics and consumer group, for the throw-away deployments of tests and
+benchmarks: the events topic is the record, so nothing in the product calls `delete_topics`.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kafka.admin import KafkaAdminClient, NewTopic
@@ -69,3 +75,36 @@ def ensure_topics(settings: Settings, timeout_ms: int = 30_000) -> dict[str, str
     finally:
         admin.close()
     return outcome
+
+
+def delete_topics(settings: Settings, names: Iterable[str] | None = None) -> None:
+    """Delete these settings' topics (or only `names`), their consumer group and its topics.
+
+    For throw-away deployments (tests, benchmarks). Faust names its internal topics after the
+    group, so every topic starting with the group's name goes too.
+    """
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+    except KafkaError as e:
+        raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
+    try:
+        existing = set(admin.list_topics())
+        chosen = set(names) if names is not None else {spec.name for spec in topic_specs(settings)}
+        doomed = sorted(
+            (chosen & existing) | {t for t in existing if t.startswith(settings.consumer_group)}
+        )
+        if doomed:
+            admin.delete_topics(doomed, timeout_ms=30_000)
+        group = settings.consumer_group
+        for _ in range(10):  # a member that just left can keep the group non-empty for a moment
+            try:
+                outcome = admin.delete_groups([group]).get(group)
+            except KafkaError as e:
+                outcome = type(e).__name__
+            if outcome in ("OK", "GroupIdNotFoundError", None):
+                break
+            time.sleep(0.5)
+    except KafkaError as e:
+        raise LogError(f"deleting topics failed: {e}") from e
+    finally:
+        admin.close()

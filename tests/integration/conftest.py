@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,7 +29,8 @@ from processors.redis_store import RedisProjectionStore
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore
-from producers.topics import ensure_topics
+from producers.topics import delete_topics, ensure_topics
+from schemas.errors import LogError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,8 +108,12 @@ def stack() -> Iterator[Stack]:
 
 
 @pytest.fixture
-def settings(stack: Stack) -> Settings:
-    """Settings with topics, group and key prefix of this test alone (topics created)."""
+def settings(stack: Stack) -> Iterator[Settings]:
+    """Settings with topics, group and key prefix of this test alone (topics created, then deleted).
+
+    Deleted at teardown, after the test's workers stopped: a long-lived local broker would
+    otherwise keep four topics per test run (hundreds after a few runs of the suite).
+    """
     tag = uuid.uuid4().hex[:10]
     s = Settings(
         kafka_bootstrap=stack.kafka_bootstrap,
@@ -121,7 +127,11 @@ def settings(stack: Stack) -> Settings:
         read_timeout=60.0,
     )
     ensure_topics(s)
-    return s
+    yield s
+    try:
+        delete_topics(s)
+    except LogError as e:  # the test's outcome stands; the leftovers are only clutter
+        warnings.warn(f"could not delete the test's topics: {e}", stacklevel=1)
 
 
 @pytest.fixture
