@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiokafka
 from faust.exceptions import ConsumerNotStarted
 
 from processors.batch_consumer import BatchApp
@@ -54,6 +55,59 @@ class TopicSink:
             for key, value, headers in records
         ]
         await asyncio.gather(*pending)
+
+
+class ProducerSink:
+    """Publishes raw bytes to one topic through an aiokafka producer of its own.
+
+    For the scheduler: its closings then go out on a connection of their own, without Faust's
+    per-message machinery, and never wait behind the worker's decisions (aiokafka keeps one request
+    in flight per connection). Keys are partitioned by murmur2 like every other writer's, so a
+    closing lands in its session's partition. Started on first use, inside the running loop.
+    """
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self._producer: aiokafka.AIOKafkaProducer | None = None
+        self._starting: asyncio.Lock | None = None
+
+    async def _started(self) -> aiokafka.AIOKafkaProducer:
+        if self._producer is not None:
+            return self._producer
+        self._starting = self._starting or asyncio.Lock()
+        async with self._starting:
+            if self._producer is None:
+                producer = aiokafka.AIOKafkaProducer(
+                    bootstrap_servers=self.bootstrap.split(","),
+                    acks="all",
+                    enable_idempotence=True,
+                    linger_ms=0,
+                )
+                await producer.start()
+                self._producer = producer
+        return self._producer
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """Send and wait until acknowledged."""
+        await self.publish_many([(key, value, headers)])
+
+    async def publish_many(self, records: Sequence[OutRecord]) -> None:
+        """Queue all in order (per-key order is kept), then wait for every acknowledgement."""
+        producer = await self._started()
+        pending = [
+            await producer.send(self.topic, value=value, key=key, headers=list(headers) or None)
+            for key, value, headers in records
+        ]
+        await asyncio.gather(*pending)
+
+    async def stop(self) -> None:
+        """Flush what is queued and close the connection."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
 
 
 def raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:
@@ -99,7 +153,7 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
     events = raw_topic(app, settings.events_topic, settings.partitions)
     deadletter = TopicSink(raw_topic(app, settings.deadletter_topic))
     decisions = TopicSink(raw_topic(app, settings.decisions_topic))
-    events_sink = TopicSink(events)
+    closings = ProducerSink(settings.kafka_bootstrap, settings.events_topic)
     holder: dict[str, Any] = {}
 
     def worker() -> ProjectionWorker:
@@ -111,7 +165,7 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
             )
             w = ProjectionWorker(store, BatchFolder(keys), deadletter, decisions)
             compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
-            s = Scheduler(w.states, store.due_work, events_sink, compactor)
+            s = Scheduler(w.states, store.due_work, closings, compactor)
             w.listeners.append(s.observe)
             holder["worker"], holder["scheduler"] = w, s
         result: ProjectionWorker = holder["worker"]
@@ -150,6 +204,10 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
             await app.settle()
             worker().forget()
         worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
+
+    @app.on_before_shutdown.connect
+    async def stop_closings(sender: Any, /, *args: Any, **kwargs: Any) -> None:
+        await closings.stop()
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import faust
 from faust.app.base import BootStrategy
 
-from processors.app import TopicSink, raw_topic, serve_metrics
+from processors.app import ProducerSink, serve_metrics
 from processors.keys import Keys
 from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore
@@ -61,7 +61,7 @@ def create_scheduler_app(
     )
     # Producer only: it consumes nothing, so it joins no consumer group.
     app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)
-    events = TopicSink(raw_topic(app, settings.events_topic, settings.partitions))
+    events = ProducerSink(settings.kafka_bootstrap, settings.events_topic)
     keys = Keys(settings.redis_prefix)
     holder: dict[str, Any] = {}
 
@@ -100,6 +100,10 @@ def create_scheduler_app(
     @app.task  # type: ignore[untyped-decorator]
     async def run() -> None:
         await scheduler.run()
+
+    @app.on_before_shutdown.connect
+    async def stop_events(sender: Any, /, *args: Any, **kwargs: Any) -> None:
+        await events.stop()
 
     if settings.metrics_port > 0:
         serve_metrics(app, settings.metrics_port, lambda: None, lambda: scheduler.stats, dict)

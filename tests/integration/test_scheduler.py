@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -10,11 +11,14 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from kafka import KafkaConsumer
 
+from processors.app import ProducerSink
 from processors.indexes import ceil_ms
 from processors.keys import Keys
 from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from processors.replay import partition_for
 from processors.scheduler import Scheduler
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
@@ -299,3 +303,31 @@ def test_due_work_reads_all_deadlines_or_a_window_and_survives_a_script_flush(
     assert everything == {"due-soon": (ceil_ms(soon), 0), "due-later": (ceil_ms(later), 0)}
     assert window == {"due-soon": (ceil_ms(soon), 0)}
     assert compaction == {"due-long": 0}
+
+
+def test_the_schedulers_own_producer_puts_a_closing_in_its_sessions_partition(
+    settings: Settings,
+) -> None:
+    """Closings go out on a producer of their own: keyed like every writer, by murmur2."""
+    sink = ProducerSink(settings.kafka_bootstrap, settings.events_topic)
+    sids = [f"own-producer-{i}" for i in range(24)]
+
+    async def send() -> None:
+        try:
+            await sink.publish_many([(sid.encode(), sid.encode(), ()) for sid in sids])
+        finally:
+            await sink.stop()
+
+    asyncio.run(send())
+    consumer = KafkaConsumer(
+        settings.events_topic,
+        bootstrap_servers=settings.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=10_000,
+    )
+    try:
+        seen = {r.key.decode(): r.partition for r in itertools.islice(consumer, len(sids))}
+    finally:
+        consumer.close()
+    assert seen == {sid: partition_for(sid, settings.partitions) for sid in sids}
+    assert len(set(seen.values())) > 1  # spread over partitions, not all in one
