@@ -273,6 +273,8 @@ class Scheduler:
         if len(self._compacted) > 100_000:
             self._compacted.clear()
         self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
+        if not closings and not compactions:
+            return  # answered, re-asked or not quite due: nothing to send
         # Everything due goes out together, and the next tick does not wait for these acks: a
         # deadline that comes due while they are awaited would otherwise be late by a broker
         # round trip (the producer keeps per-partition order across requests).
