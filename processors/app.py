@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiokafka
 from faust.exceptions import ConsumerNotStarted
 
 from processors.batch_consumer import BatchApp
@@ -26,88 +25,14 @@ from processors.metrics import Metrics
 from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore
 from processors.scheduler import Scheduler, SchedulerStats
-from processors.worker import Consumed, OutRecord, ProjectionWorker, WorkerStats
+from processors.sinks import LazyProducer, ProducerSink
+from processors.worker import Consumed, ProjectionWorker, WorkerStats
 from producers.settings import Settings
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys
 
 log = logging.getLogger(__name__)
-
-
-class TopicSink:
-    """Publishes raw bytes to a Faust topic and waits for the broker's acknowledgement."""
-
-    def __init__(self, topic: Any) -> None:
-        self.topic = topic
-
-    async def publish(
-        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
-    ) -> None:
-        """Send now (not attached to the current event) and wait until acknowledged."""
-        pending = await self.topic.send(key=key, value=value, headers=list(headers), force=True)
-        await pending
-
-    async def publish_many(self, records: Sequence[OutRecord]) -> None:
-        """Queue all in order (per-key order is kept), then wait for every acknowledgement."""
-        pending = [
-            await self.topic.send(key=key, value=value, headers=list(headers), force=True)
-            for key, value, headers in records
-        ]
-        await asyncio.gather(*pending)
-
-
-class ProducerSink:
-    """Publishes raw bytes to one topic through an aiokafka producer of its own.
-
-    For the scheduler: its closings then go out on a connection of their own, without Faust's
-    per-message machinery, and never wait behind the worker's decisions (aiokafka keeps one request
-    in flight per connection). Keys are partitioned by murmur2 like every other writer's, so a
-    closing lands in its session's partition. Started on first use, inside the running loop.
-    """
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self._producer: aiokafka.AIOKafkaProducer | None = None
-        self._starting: asyncio.Lock | None = None
-
-    async def _started(self) -> aiokafka.AIOKafkaProducer:
-        if self._producer is not None:
-            return self._producer
-        self._starting = self._starting or asyncio.Lock()
-        async with self._starting:
-            if self._producer is None:
-                producer = aiokafka.AIOKafkaProducer(
-                    bootstrap_servers=self.bootstrap.split(","),
-                    acks="all",
-                    enable_idempotence=True,
-                    linger_ms=0,
-                )
-                await producer.start()
-                self._producer = producer
-        return self._producer
-
-    async def publish(
-        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
-    ) -> None:
-        """Send and wait until acknowledged."""
-        await self.publish_many([(key, value, headers)])
-
-    async def publish_many(self, records: Sequence[OutRecord]) -> None:
-        """Queue all in order (per-key order is kept), then wait for every acknowledgement."""
-        producer = await self._started()
-        pending = [
-            await producer.send(self.topic, value=value, key=key, headers=list(headers) or None)
-            for key, value, headers in records
-        ]
-        await asyncio.gather(*pending)
-
-    async def stop(self) -> None:
-        """Flush what is queued and close the connection."""
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            await producer.stop()
 
 
 def raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:
@@ -151,9 +76,12 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
         fetch_max_wait=settings.fetch_max_wait,
     )
     events = raw_topic(app, settings.events_topic, settings.partitions)
-    deadletter = TopicSink(raw_topic(app, settings.deadletter_topic))
-    decisions = TopicSink(raw_topic(app, settings.decisions_topic))
-    closings = ProducerSink(settings.kafka_bootstrap, settings.events_topic)
+    # Decisions and dead letters share a producer; closings have their own (see processors.sinks).
+    output = LazyProducer(settings.kafka_bootstrap)
+    deadletter = ProducerSink(output, settings.deadletter_topic)
+    decisions = ProducerSink(output, settings.decisions_topic)
+    scheduling = LazyProducer(settings.kafka_bootstrap)
+    closings = ProducerSink(scheduling, settings.events_topic)
     holder: dict[str, Any] = {}
 
     def worker() -> ProjectionWorker:
@@ -206,8 +134,11 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
         worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
 
     @app.on_before_shutdown.connect
-    async def stop_closings(sender: Any, /, *args: Any, **kwargs: Any) -> None:
-        await closings.stop()
+    async def stop_producers(sender: Any, /, *args: Any, **kwargs: Any) -> None:
+        await scheduling.stop()
+        async with folding:  # the batch being committed publishes its decisions first
+            await app.settle()
+            await output.stop()
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

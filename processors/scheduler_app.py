@@ -26,11 +26,12 @@ from typing import Any
 import faust
 from faust.app.base import BootStrategy
 
-from processors.app import ProducerSink, serve_metrics
+from processors.app import serve_metrics
 from processors.keys import Keys
 from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore
 from processors.scheduler import Scheduler
+from processors.sinks import LazyProducer, ProducerSink
 from producers.settings import Settings
 from schemas.errors import ProjectionError
 from session_model.compaction import Compactor
@@ -61,7 +62,8 @@ def create_scheduler_app(
     )
     # Producer only: it consumes nothing, so it joins no consumer group.
     app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)
-    events = ProducerSink(settings.kafka_bootstrap, settings.events_topic)
+    producer = LazyProducer(settings.kafka_bootstrap)
+    events = ProducerSink(producer, settings.events_topic)
     keys = Keys(settings.redis_prefix)
     holder: dict[str, Any] = {}
 
@@ -103,7 +105,7 @@ def create_scheduler_app(
 
     @app.on_before_shutdown.connect
     async def stop_events(sender: Any, /, *args: Any, **kwargs: Any) -> None:
-        await events.stop()
+        await producer.stop()
 
     if settings.metrics_port > 0:
         serve_metrics(app, settings.metrics_port, lambda: None, lambda: scheduler.stats, dict)

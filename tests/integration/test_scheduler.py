@@ -13,13 +13,13 @@ import pytest
 import redis.asyncio as aioredis
 from kafka import KafkaConsumer
 
-from processors.app import ProducerSink
 from processors.indexes import ceil_ms
 from processors.keys import Keys
 from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from processors.replay import partition_for
 from processors.scheduler import Scheduler
+from processors.sinks import LazyProducer, ProducerSink
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
@@ -309,14 +309,15 @@ def test_the_schedulers_own_producer_puts_a_closing_in_its_sessions_partition(
     settings: Settings,
 ) -> None:
     """Closings go out on a producer of their own: keyed like every writer, by murmur2."""
-    sink = ProducerSink(settings.kafka_bootstrap, settings.events_topic)
+    producer = LazyProducer(settings.kafka_bootstrap)
+    sink = ProducerSink(producer, settings.events_topic)
     sids = [f"own-producer-{i}" for i in range(24)]
 
     async def send() -> None:
         try:
             await sink.publish_many([(sid.encode(), sid.encode(), ()) for sid in sids])
         finally:
-            await sink.stop()
+            await producer.stop()
 
     asyncio.run(send())
     consumer = KafkaConsumer(
