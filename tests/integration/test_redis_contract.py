@@ -6,6 +6,7 @@ here every test gets a fresh, empty `RedisProjectionStore` under a key prefix of
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 
 from processors.keys import Keys
-from processors.redis_store import RedisProjectionStore, stored_sizes
+from processors.redis_client import async_client
+from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore, stored_sizes
 from schemas import events as ev
 from schemas.errors import ProjectionError
 from schemas.events import Event
@@ -279,3 +281,51 @@ def test_a_commit_of_many_sessions_applies_each_alone_and_counts_only_those_appl
     assert int(store.client.hget(folded, "folded")) == before + 147 * 3
     stored = store.folded(sids)
     assert all(stored[u.session_id] == Folded(u.state, u.mark) for u in updates)
+
+
+def test_a_read_of_many_sessions_returns_each_as_read_alone(
+    projection_store: RedisProjectionStore, stack: Stack
+) -> None:
+    """Reads go 64 sessions per script call: every layout, and unknown ids, across the groups."""
+    store = projection_store
+    known: dict[str, list[Record]] = {}
+    for i in range(100):
+        sid = f"read-{i:03d}"
+        known[sid] = _busy(sid, 40) if i % 7 == 0 else _idle(sid)
+        _commit(store, known[sid], 50)
+    big = _records("read-big", [(ev.STARTED, {"goal": "g", "mode": "ask"})])
+    big.append(
+        Record(
+            Event(
+                event_id=str(uuid.uuid4()),
+                session_id="read-big",
+                type=ev.PLAN_SET,
+                occurred_at=T0,
+                producer="layout-test",
+                payload={"plan": "ü" * 1500},
+            ),
+            Position(0, 1),
+        )
+    )
+    _commit(store, big, 2)
+    known["read-big"] = big
+    assert "ids" in _raw(store, "read-000") and "ids" not in _raw(store, "read-001")
+    unknown = [f"unknown-{i}" for i in range(101)]
+    asked = [sid for pair in zip(known, unknown, strict=True) for sid in pair]
+    assert len(asked) == 202  # four calls, the last one short
+
+    together = store.folded(asked)
+
+    assert set(together) == set(known)
+    for sid, records in known.items():
+        assert together[sid] == store.folded([sid])[sid]
+        assert together[sid].state == fold(sid, [r.event for r in records])
+
+    async def read_async() -> dict[str, Folded]:
+        client = async_client(stack.redis_url)
+        try:
+            return await AsyncRedisProjectionStore(client, store.keys).folded(asked)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(read_async()) == together
