@@ -1,9 +1,11 @@
 """Decisions for downstream services: the published record, and a subscriber that de-duplicates.
 
-A decision is published after the Redis commit that accepted it. A redelivered batch is skipped by
-the marks, but a crash between the commit and the publish, or a replayed publish, can send one
-twice; each record carries its source event id and seq, and `DecisionSubscriber` drops any decision
-whose seq is not beyond the last one it yielded for that session.
+A decision is published after the Redis commit that accepted it, at least once: the marks skip a
+redelivered batch, but the worker publishes again the decisions the sessions' states recorded for
+its records (`session_model.projection.redelivered_decisions`), since a worker may have stopped
+between the commit and the broker's acknowledgement. Each record carries its source event id and
+seq, and `DecisionSubscriber` drops any decision whose seq is not beyond the last one it yielded
+for that session.
 """
 
 from __future__ import annotations

@@ -121,6 +121,11 @@ class StatsCollector(Collector):
             "milpa_dead_lettered", "Records sent to the dead-letter topic.", w.dead_lettered
         )
         yield _counter("milpa_decisions_published", "Decisions published.", w.decisions)
+        yield _counter(
+            "milpa_decisions_republished",
+            "Decisions published again for redelivered records (subscribers drop repeats).",
+            w.decisions_republished,
+        )
         yield _labelled("milpa_rejections", "Rejected events, by code.", "code", w.rejections)
         yield _labelled("milpa_pauses", "Questions asked, by reason code.", "reason", w.pauses)
         yield _counter(

@@ -23,7 +23,15 @@ from producers.ports import CommitResult
 from schemas.codec import EventCodec
 from schemas.errors import CodecError, ProjectionError
 from session_model.fold import Kind
-from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
+from session_model.projection import (
+    BatchFolder,
+    Folded,
+    Position,
+    Record,
+    SessionUpdate,
+    redelivered_decisions,
+)
+from session_model.session import Decision
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,6 +76,7 @@ class Prepared:
     records: list[Record]
     updates: tuple[SessionUpdate, ...]
     ends: dict[int, int]  # partition -> last offset of the batch
+    again: tuple[tuple[str, Decision], ...] = ()  # decisions of redelivered records, re-published
 
 
 class Sink(Protocol):
@@ -94,6 +103,7 @@ class WorkerStats:
     redelivered: int = 0
     dead_lettered: int = 0
     decisions: int = 0
+    decisions_republished: int = 0  # of redelivered records (see redelivered_decisions)
     conflicts: int = 0
     redis_round_trips: int = 0
     redis_retries: int = 0
@@ -153,9 +163,9 @@ class ProjectionWorker:
         self.stats.records += len(raws)
         self.stats.batch_sizes.observe(len(raws))
         records = await self._decode(raws)
-        updates = await self._fold(records)
+        updates, again = await self._fold(records)
         ends = {r.partition: r.offset for r in raws}
-        return Prepared(records, updates, ends)
+        return Prepared(records, updates, ends, again)
 
     async def finish(self, prepared: Prepared) -> tuple[SessionUpdate, ...]:
         """Commit a prepared batch (re-folding conflicts), then count and publish its decisions.
@@ -166,7 +176,7 @@ class ProjectionWorker:
         self._count(updates)
         for listener in self.listeners:
             listener(updates)
-        await self._publish_decisions(updates)
+        await self._publish_decisions(updates, prepared.again)
         self.stats.last_offsets.update(prepared.ends)
         return updates
 
@@ -212,16 +222,22 @@ class ProjectionWorker:
         await self.deadletter.publish(raw.key, raw.value or b"", headers)
         self.stats.dead_lettered += 1
 
-    async def _fold(self, records: list[Record]) -> tuple[SessionUpdate, ...]:
+    async def _fold(
+        self, records: list[Record]
+    ) -> tuple[tuple[SessionUpdate, ...], tuple[tuple[str, Decision], ...]]:
+        """Fold onto the cache (loading misses); also the decisions of records already applied."""
         ids = list(dict.fromkeys(r.event.session_id for r in records))
         misses = [sid for sid in ids if sid not in self._cache]
         if misses:
             self._cache.update(await self._retrying(functools.partial(self.store.folded, misses)))
         updates = self.folder.fold(self._cache, records)
-        self.stats.redelivered += len(records) - sum(len(u.steps) for u in updates)
+        skipped = len(records) - sum(len(u.steps) for u in updates)
+        self.stats.redelivered += skipped
+        # Rare (a redelivery): only then is the batch searched, on the states before this fold.
+        again = redelivered_decisions(self._cache, records) if skipped else ()
         for u in updates:
             self._cache[u.session_id] = Folded(u.state, u.mark)
-        return updates
+        return updates, again
 
     async def _commit(
         self, records: list[Record], updates: tuple[SessionUpdate, ...]
@@ -242,7 +258,7 @@ class ProjectionWorker:
             self.stats.redelivered -= len(records) - sum(
                 len(u.steps) for u in updates if u.session_id in conflicted
             )  # counted again by the re-fold
-            updates = await self._fold(records)
+            updates, _ = await self._fold(records)  # what others applied, they publish
         self._trim_cache()
         return tuple(done)
 
@@ -280,17 +296,16 @@ class ProjectionWorker:
             stats.outcomes[kind.value] += n
         stats.applied += kinds[Kind.APPLIED]
 
-    async def _publish_decisions(self, updates: Sequence[SessionUpdate]) -> None:
+    async def _publish_decisions(
+        self, updates: Sequence[SessionUpdate], again: Sequence[tuple[str, Decision]] = ()
+    ) -> None:
         # One wait for the whole batch, not one broker round trip per decision.
+        made = [(u.session_id, d) for u in updates for d, _ in u.decisions]
         records: list[OutRecord] = [
-            (
-                u.session_id.encode(),
-                self.codec.encode_decision(decision_record(u.session_id, d)),
-                (),
-            )
-            for u in updates
-            for d, _ in u.decisions
+            (sid.encode(), self.codec.encode_decision(decision_record(sid, d)), ())
+            for sid, d in (*again, *made)
         ]
         if records:
             await self.decisions.publish_many(records)
-            self.stats.decisions += len(records)
+            self.stats.decisions += len(made)
+            self.stats.decisions_republished += len(again)

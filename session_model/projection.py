@@ -4,7 +4,8 @@ Every projection store applies an update only if the mark it was folded from is 
 mark (compare-and-set). With one owner per partition that always holds; when it does not (a worker
 that lost its partition kept going), the store refuses the update and the projector reloads and
 folds again. Records at or below a session's mark are skipped before folding, so a redelivered
-batch changes nothing.
+batch changes nothing — except that the decisions it had made are published again
+(`redelivered_decisions`): the batch may have been redelivered because its decisions never left.
 """
 
 from __future__ import annotations
@@ -134,3 +135,26 @@ class BatchFolder:
             for sid, (state, mark, base, steps) in current.items()
             if mark is not None and steps
         )
+
+
+def redelivered_decisions(
+    known: Mapping[str, Folded], records: Iterable[Record]
+) -> tuple[tuple[str, Decision], ...]:
+    """The decisions the `known` states hold for records at or below their marks, in state order.
+
+    Why: a worker that stops between a batch's Redis commit and its decisions' acknowledgement
+    leaves them unpublished, and the marks then skip the redelivered records. Publishing what the
+    state recorded for them keeps decisions at-least-once; a subscriber drops repeats by seq.
+    """
+    stale: dict[str, set[str]] = {}
+    for record in records:
+        sid = record.event.session_id
+        folded = known.get(sid)
+        if folded is not None and folded.mark is not None and record.position <= folded.mark:
+            stale.setdefault(sid, set()).add(record.event.event_id)
+    return tuple(
+        (sid, d)
+        for sid, ids in stale.items()
+        for d in known[sid].state.decisions
+        if d.event_id in ids
+    )

@@ -32,6 +32,7 @@ from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
 from schemas import events as ev
 from schemas.codec import EventCodec
+from schemas.errors import LogError
 from schemas.events import Event
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
@@ -614,7 +615,7 @@ def _worker(store: Any, decisions: RecordingSink, deadletter: RecordingSink) -> 
     return ProjectionWorker(store, BatchFolder(), deadletter, decisions)
 
 
-def test_a_redelivered_batch_changes_nothing(
+def test_a_redelivered_batch_changes_nothing_and_publishes_its_decisions_again(
     settings: Settings, projections: RedisProjectionStore
 ) -> None:
     _, events = generate(40)
@@ -637,14 +638,48 @@ def test_a_redelivered_batch_changes_nothing(
         assert await restarted.process(raws) == ()
         assert restarted.stats.redelivered == len(raws)
         assert restarted.stats.conflicts == 0
+        assert restarted.stats.decisions == 0
+        assert restarted.stats.decisions_republished == len(_decided(expected))
         assert dump(projections) == before
         return before
 
     asyncio.run(_with_store(settings, run))
     assert not dead.published
     assert sorted(first.decisions()) == _decided(expected)
-    assert again.published == [] and fresh.published == [], "a redelivery published decisions"
+    # Published again, the very same records (subscribers drop them by seq).
+    assert sorted(again.published) == sorted(first.published)
+    assert sorted(fresh.published) == sorted(first.published)
     assert_equals_the_fold(projections, expected)
+
+
+@dataclass
+class FailingSink(RecordingSink):
+    """Refuses every publish: the worker fails after its Redis commit, before any decision left."""
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        raise LogError("broker unreachable")
+
+
+def test_decisions_lost_between_the_commit_and_the_publish_are_published_after_a_restart(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    _, events = generate(40)
+    raws = raw_records(events)
+    expected = expected_projections(events, TrustedKeys.none())
+    restarted, dead = RecordingSink(), RecordingSink()
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        with pytest.raises(LogError):
+            await _worker(store, FailingSink(), dead).process(raws)
+        assert_equals_the_fold(projections, expected)  # Redis has the batch, nobody the decisions
+        # Kafka redelivers the batch (its offsets were never committed) to the next worker.
+        assert await _worker(store, restarted, dead).process(raws) == ()
+
+    asyncio.run(_with_store(settings, run))
+    assert sorted(restarted.decisions()) == _decided(expected)
+    assert _decided(expected), "the workload answers or closes questions"
 
 
 def test_a_fresh_worker_continues_sessions_another_folded_with_an_overlapping_batch(
