@@ -26,8 +26,8 @@ from milpa_sessions.stats_cli import stats
 from processors.replay import replay
 from producers.settings import Settings
 from producers.store import SessionStore
-from producers.topics import ensure_topics
-from schemas.errors import InvalidCall, MilpaError
+from producers.topics import ensure_topics, group_members
+from schemas.errors import InvalidCall, MilpaError, WorkersRunningError
 from session_model.deadlines import format_instant
 from session_model.principal import Principal
 from session_model.signing import Signer
@@ -165,10 +165,18 @@ def topics_create(ctx: Ctx) -> None:
 
 @main.command("replay")
 @click.option("--session", "session_id", help="Rebuild one session only.")
+@click.option("--force", is_flag=True, help="Rebuild even while workers of the group are running.")
 @pass_ctx
 @_fail_cleanly
-def replay_cmd(ctx: Ctx, session_id: str | None) -> None:
-    """Drop and rebuild projections from the topic (stop the workers first)."""
+def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
+    """Drop and rebuild projections from the topic (refused while workers are running)."""
+    running = [] if force else group_members(ctx.settings)
+    if running:
+        raise WorkersRunningError(
+            f"{len(running)} worker(s) of group {ctx.settings.consumer_group} are running "
+            f"({', '.join(running)}): stop them before a replay, or a worker committing during the "
+            "rebuild can fold new events onto an emptied state (--force to rebuild anyway)"
+        )
     store = wiring.projection_store(ctx.settings)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("replaying", total=None)

@@ -77,6 +77,24 @@ def ensure_topics(settings: Settings, timeout_ms: int = 30_000) -> dict[str, str
     return outcome
 
 
+def group_members(settings: Settings) -> list[str]:
+    """The members of the workers' consumer group now (`client_id@host` each; empty if none)."""
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+    except KafkaError as e:
+        raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
+    try:
+        described = admin.describe_groups([settings.consumer_group]).get(settings.consumer_group)
+    except KafkaError as e:
+        raise LogError(f"describing group {settings.consumer_group} failed: {e}") from e
+    finally:
+        admin.close()
+    members = (described or {}).get("members") or []
+    return sorted(
+        f"{m.get('client_id')}@{str(m.get('client_host', '')).lstrip('/')}" for m in members
+    )
+
+
 def delete_topics(settings: Settings, names: Iterable[str] | None = None) -> None:
     """Delete these settings' topics (or only `names`), their consumer group and its topics.
 

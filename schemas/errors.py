@@ -86,3 +86,7 @@ class NotYetVisibleError(ProjectionError):
 
 class ConfigurationError(MilpaError):
     """A setting is missing or malformed."""
+
+
+class WorkersRunningError(MilpaError):
+    """The operation needs the projector's workers stopped, and its consumer group has members."""

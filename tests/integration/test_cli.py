@@ -13,6 +13,7 @@ from processors.redis_store import RedisProjectionStore
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore
+from producers.topics import group_members
 from session_model.policy import permission_question
 from session_model.projection import Position
 from tests.integration.conftest import wait_until, with_keys
@@ -122,3 +123,29 @@ def test_cli_signs_verified_answers_with_the_configured_key(
     assert session is not None
     assert session.decisions[0].by is not None and session.decisions[0].by.verified is True
     assert session.downgrades == 0
+
+
+def test_replay_is_refused_while_workers_run_and_rebuilds_once_they_stopped(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+) -> None:
+    worker = start_worker()  # type: ignore[operator]
+    agent = SessionStore(kafka_log, projections, producer="agent-1", read_timeout=60)
+    agent.start("rp-1", "keep the projection")
+    agent.record_turn("rp-1", "user", "hello")
+    before = agent.load("rp-1")
+    wait_until(lambda: group_members(settings))
+
+    code, output = _run(settings, "replay")
+
+    assert code == 1
+    assert "WorkersRunningError" in output and "stop them before a replay" in output
+    assert settings.consumer_group in output
+    assert agent.load("rp-1") == before  # nothing was dropped
+    worker.stop()  # type: ignore[attr-defined]
+    wait_until(lambda: not group_members(settings))
+    code, output = _run(settings, "replay")
+    assert code == 0 and "replayed 2 records into 1 sessions" in output
+    assert agent.load("rp-1") == before
