@@ -1,9 +1,10 @@
 """Rebuilding projections from the topic: the same fold, the same store, from offset zero.
 
 Run it with the workers stopped (or against a fresh key prefix): a worker committing while a
-session is being rebuilt could fold its newest events onto an empty state. `milpa-sessions replay`
-checks that the workers' consumer group is empty first; this function does not. The rebuild reads every
-partition up to the end offsets it found when it started, in batches, and publishes no decisions.
+session is being rebuilt could fold its newest events onto an empty state (`milpa-sessions replay`
+checks that the workers' consumer group is empty first; this function does not). The rebuild reads
+every partition up to the end offsets it found when it started, in batches, and publishes no
+decisions.
 
 How it is made fast (issue #5: ≥ 25k events/s on the two-core bench machine):
 
