@@ -34,6 +34,8 @@ from session_model.signing import TrustedKeys
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_SETTLE_S = 10.0  # how long a stopping worker waits for the batch being committed
+
 
 def raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:
     """A Faust topic of raw bytes (the codec lives in the worker, not in Faust)."""
@@ -136,8 +138,14 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
     @app.on_before_shutdown.connect
     async def stop_producers(sender: Any, /, *args: Any, **kwargs: Any) -> None:
         await scheduling.stop()
-        async with folding:  # the batch being committed publishes its decisions first
-            await app.settle()
+        try:
+            # The batch being committed publishes its decisions first, if it can in time (with
+            # Redis or the broker down it would retry for ever): unacknowledged, it is redelivered
+            # and its decisions republished after the restart.
+            await asyncio.wait_for(asyncio.shield(app.settle()), SHUTDOWN_SETTLE_S)
+        except Exception as e:  # shutting down: say why and go on stopping
+            log.warning("stopping with a batch unfinished (redelivered on restart): %r", e)
+        finally:
             await output.stop()
 
     @app.on_partitions_assigned.connect

@@ -15,19 +15,22 @@ from collections.abc import Sequence
 import aiokafka
 
 from processors.worker import OutRecord
+from schemas.errors import LogError
 
 
 class LazyProducer:
     """One aiokafka producer (acks=all, idempotent, murmur2 keys), started on first use.
 
-    Started inside the running loop (aiokafka binds to it). After `stop()` the next send starts a
-    new one, so a batch that finishes during shutdown still publishes rather than failing.
+    Started inside the running loop (aiokafka binds to it). `stop()` is final: a send after it
+    raises `LogError` (a batch then stays unacknowledged and is redelivered, its decisions
+    republished; the scheduler puts a failed tick's closings back on its schedule).
     """
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
         self._producer: aiokafka.AIOKafkaProducer | None = None
         self._starting: asyncio.Lock | None = None
+        self._stopped = False
 
     async def started(self) -> aiokafka.AIOKafkaProducer:
         """The running producer (started now if needed)."""
@@ -35,6 +38,8 @@ class LazyProducer:
             return self._producer
         self._starting = self._starting or asyncio.Lock()
         async with self._starting:
+            if self._stopped:
+                raise LogError(f"the producer to {self.bootstrap} was stopped")
             if self._producer is None:
                 producer = aiokafka.AIOKafkaProducer(
                     bootstrap_servers=self.bootstrap.split(","),
@@ -47,8 +52,11 @@ class LazyProducer:
         return self._producer
 
     async def stop(self) -> None:
-        """Flush what is queued and close the connection."""
-        producer, self._producer = self._producer, None
+        """Flush what is queued and close the connection, for good."""
+        self._starting = self._starting or asyncio.Lock()
+        async with self._starting:  # not while it is being started
+            self._stopped = True
+            producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()
 
@@ -79,8 +87,17 @@ class ProducerSink:
         together: one produce request per partition leader.
         """
         producer = await self.producer.started()
-        pending = [
-            await producer.send(self.topic, value=value, key=key, headers=list(headers) or None)
-            for key, value, headers in records
-        ]
-        await asyncio.gather(*pending)
+        pending: list[asyncio.Future[object]] = []
+        try:
+            for key, value, headers in records:
+                pending.append(
+                    await producer.send(
+                        self.topic, value=value, key=key, headers=list(headers) or None
+                    )
+                )
+        finally:
+            # Every queued record's outcome is awaited, also when a later send raised.
+            results = await asyncio.gather(*pending, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise LogError(f"publishing to {self.topic} failed: {result}") from result

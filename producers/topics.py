@@ -89,7 +89,13 @@ def group_members(settings: Settings) -> list[str]:
         raise LogError(f"describing group {settings.consumer_group} failed: {e}") from e
     finally:
         admin.close()
-    members = (described or {}).get("members") or []
+    if described is None:
+        raise LogError(f"group {settings.consumer_group} was not described")
+    error = described.get("error")
+    if error and "GroupIdNotFoundError" not in str(error):
+        # A coordinator loading or moving answers with no members: that is not "no workers".
+        raise LogError(f"describing group {settings.consumer_group} failed: {error}")
+    members = described.get("members") or []
     return sorted(
         f"{m.get('client_id')}@{str(m.get('client_host', '')).lstrip('/')}" for m in members
     )
