@@ -208,7 +208,7 @@ class Scheduler:
                 await self._sleep()
         finally:
             for sending in list(self._sending):
-                sending.cancel()  # the records stay queued in the producer, which flushes on stop
+                sending.cancel()  # queued records are flushed when the app stops the producer
 
     async def _sleep(self) -> None:
         """Until the next deadline, or until woken by an earlier one or by compaction work."""

@@ -29,11 +29,14 @@ from session_model.projection import (
     Position,
     Record,
     SessionUpdate,
+    joined,
     redelivered_decisions,
 )
 from session_model.session import Decision
 
 log = logging.getLogger(__name__)
+
+SLICE = 500  # records decoded or folded between two yields to the event loop
 T = TypeVar("T")
 
 DEADLETTER_REASON = "milpa-error"
@@ -172,11 +175,11 @@ class ProjectionWorker:
 
         Batches must be finished in the order they were prepared.
         """
-        updates = await self._commit(prepared.records, prepared.updates)
+        updates, refolded = await self._commit(prepared.records, prepared.updates)
         self._count(updates)
         for listener in self.listeners:
             listener(updates)
-        await self._publish_decisions(updates, prepared.again)
+        await self._publish_decisions(updates, (*prepared.again, *refolded))
         self.stats.last_offsets.update(prepared.ends)
         return updates
 
@@ -192,7 +195,9 @@ class ProjectionWorker:
         append = records.append
         decode = self.codec.decode
         unreadable: list[tuple[Consumed, str]] = []
-        for raw in raws:
+        for i, raw in enumerate(raws):
+            if i and not i % SLICE:
+                await asyncio.sleep(0)  # let timers (the scheduler's deadlines) run
             value = raw.value
             try:
                 if value is None:
@@ -225,24 +230,57 @@ class ProjectionWorker:
     async def _fold(
         self, records: list[Record]
     ) -> tuple[tuple[SessionUpdate, ...], tuple[tuple[str, Decision], ...]]:
-        """Fold onto the cache (loading misses); also the decisions of records already applied."""
+        """Fold onto the cache (loading misses); also the decisions of records already applied.
+
+        In slices of SLICE records with a yield between them: a 4,000-record batch held the loop
+        for ≈ 50 ms of folding, and a deadline of the scheduler in this loop waited as long. A
+        session touched in several slices gets one update (`joined`), based on its mark before the
+        batch. A slice re-reads a session that left the cache meanwhile (a conflict of the batch
+        being committed drops it); the commit's compare-and-set catches a state folded on both.
+        """
         ids = list(dict.fromkeys(r.event.session_id for r in records))
-        misses = [sid for sid in ids if sid not in self._cache]
+        new: set[str] = set()  # read and not found: sessions this batch starts
+        await self._load_missing(ids, new)
+        merged: dict[str, SessionUpdate] = {}
+        again: list[tuple[str, Decision]] = []
+        fold, cache = self.folder.fold, self._cache
+        for at in range(0, len(records), SLICE):
+            chunk = records[at : at + SLICE]
+            if at:
+                await asyncio.sleep(0)  # let timers (the scheduler's deadlines) run
+                await self._load_missing([r.event.session_id for r in chunk], new)
+            updates = fold(cache, chunk)
+            skipped = len(chunk) - sum(len(u.steps) for u in updates)
+            if skipped:  # rare (a redelivery): only then is the slice searched, before its fold
+                self.stats.redelivered += skipped
+                again.extend(redelivered_decisions(cache, chunk))
+            for u in updates:
+                sid = u.session_id
+                cache[sid] = Folded(u.state, u.mark)
+                before = merged.get(sid)
+                merged[sid] = u if before is None else joined(before, u)
+        return tuple(merged.values()), tuple(again)
+
+    async def _load_missing(self, session_ids: list[str], new: set[str]) -> None:
+        """Read the sessions neither cached nor known to be new (one round trip, if any)."""
+        cache = self._cache
+        misses = list(dict.fromkeys(s for s in session_ids if s not in cache and s not in new))
         if misses:
-            self._cache.update(await self._retrying(functools.partial(self.store.folded, misses)))
-        updates = self.folder.fold(self._cache, records)
-        skipped = len(records) - sum(len(u.steps) for u in updates)
-        self.stats.redelivered += skipped
-        # Rare (a redelivery): only then is the batch searched, on the states before this fold.
-        again = redelivered_decisions(self._cache, records) if skipped else ()
-        for u in updates:
-            self._cache[u.session_id] = Folded(u.state, u.mark)
-        return updates, again
+            found = await self._retrying(functools.partial(self.store.folded, misses))
+            cache.update(found)
+            new.update(s for s in misses if s not in found)
 
     async def _commit(
         self, records: list[Record], updates: tuple[SessionUpdate, ...]
-    ) -> tuple[SessionUpdate, ...]:
+    ) -> tuple[tuple[SessionUpdate, ...], list[tuple[str, Decision]]]:
+        """Commit, re-folding conflicted sessions from Redis until none conflicts.
+
+        Returns the updates applied and the decisions of records a re-fold found already applied:
+        whoever applied them (a stale owner, or this worker's own earlier fold) may never have
+        published them, so they are published again.
+        """
         done: list[SessionUpdate] = []
+        again: list[tuple[str, Decision]] = []
         while updates:
             result: CommitResult = await self._retrying(
                 functools.partial(self.store.commit, updates)
@@ -258,9 +296,10 @@ class ProjectionWorker:
             self.stats.redelivered -= len(records) - sum(
                 len(u.steps) for u in updates if u.session_id in conflicted
             )  # counted again by the re-fold
-            updates, _ = await self._fold(records)  # what others applied, they publish
+            updates, more = await self._fold(records)
+            again.extend(more)
         self._trim_cache()
-        return tuple(done)
+        return tuple(done), again
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         delay = self.retry_initial
@@ -301,6 +340,8 @@ class ProjectionWorker:
     ) -> None:
         # One wait for the whole batch, not one broker round trip per decision.
         made = [(u.session_id, d) for u in updates for d, _ in u.decisions]
+        if again:  # each once, older first: per session the seqs keep increasing
+            again = list({(sid, d.seq): (sid, d) for sid, d in again}.values())
         records: list[OutRecord] = [
             (sid.encode(), self.codec.encode_decision(decision_record(sid, d)), ())
             for sid, d in (*again, *made)

@@ -158,3 +158,14 @@ def redelivered_decisions(
         for d in known[sid].state.decisions
         if d.event_id in ids
     )
+
+
+def joined(first: SessionUpdate, later: SessionUpdate) -> SessionUpdate:
+    """One update of a session out of two consecutive ones (`later` folded onto `first`'s state)."""
+    if later.session_id != first.session_id or later.base != first.mark:
+        raise ValueError(
+            f"{later.session_id}@{later.base} does not follow {first.session_id}@{first.mark}"
+        )
+    return SessionUpdate(
+        first.session_id, first.base, later.mark, later.state, first.steps + later.steps
+    )

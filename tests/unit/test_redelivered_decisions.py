@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from session_model.projection import BatchFolder, Folded, Position, Record, redelivered_decisions
+import pytest
+
+from session_model.projection import (
+    BatchFolder,
+    Folded,
+    Position,
+    Record,
+    joined,
+    redelivered_decisions,
+)
 from tests.unit.builders import answer, ask, started, turn
 
 
@@ -37,3 +46,16 @@ def test_records_beyond_the_mark_or_of_unknown_sessions_give_nothing() -> None:
     assert redelivered_decisions({}, records) == ()
     other = [Record(started(session_id="s2"), Position(0, 0))]
     assert redelivered_decisions(_applied(records), other) == ()
+
+
+def test_two_consecutive_updates_join_into_the_update_of_both() -> None:
+    events = [started(), ask("q1"), turn("user", "a"), answer("q1"), turn("user", "b")]
+    records = _records(events)
+    folder = BatchFolder()
+    (whole,) = folder.fold({}, records)
+    (first,) = folder.fold({}, records[:2])
+    (later,) = folder.fold({"s1": Folded(first.state, first.mark)}, records[2:])
+
+    assert joined(first, later) == whole
+    with pytest.raises(ValueError, match="does not follow"):
+        joined(later, first)
