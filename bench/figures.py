@@ -105,6 +105,8 @@ class Sizes:
     e2e_poll_s: float = 0.002
     expiry_deadlines: int = 10_000
     expiry_spread_s: float = 5.0
+    # The same again while other sessions' events arrive at this rate (0: not measured).
+    expiry_load_per_s: int = 12_000
     memory_sessions: int = 100_000
 
     @classmethod
@@ -1060,6 +1062,8 @@ def expiry(run: Run) -> None:
     alone = _expiry_run(run, standalone=True)
     inside = _expiry_run(run, standalone=False)
     run.log(f"expiry lateness: in the worker p99 {inside['p99']} ms, standalone {alone['p99']} ms")
+    if run.sizes.expiry_load_per_s:
+        _expiry_loaded(run)
     run.put(Figure("expiry_lateness_p50_ms", inside["p50"], "ms", params=inside["params"]))
     run.put(
         Figure(
@@ -1095,9 +1099,64 @@ def expiry(run: Run) -> None:
     )
 
 
-def _expiry_run(run: Run, *, standalone: bool) -> dict[str, Any]:
+def _expiry_loaded(run: Run) -> None:
+    """Expiry lateness while the worker also folds other sessions' events (not a target).
+
+    The scheduler in the worker shares its event loop with folding; a deadline falling due while a
+    batch is decoded and folded waits for it. Standalone, the scheduler only shares the cores.
+    """
+    inside = _expiry_run(run, standalone=False, load=True)
+    alone = _expiry_run(run, standalone=True, load=True)
+    rate = run.sizes.expiry_load_per_s
+    run.log(
+        f"expiry lateness under {rate} events/s of load: in the worker p99 {inside['p99']} ms, "
+        f"standalone {alone['p99']} ms"
+    )
+    run.put(
+        Figure(
+            "expiry_lateness_loaded_p99_ms",
+            inside["p99"],
+            "ms",
+            baseline=alone["p99"],
+            params={
+                "scheduler": "inside the worker",
+                "baseline": "the same with the scheduler as a process of its own",
+                "load": f"{rate} events/s of other sessions (the projector workload) sent "
+                "through the same topic from 1 s before the first deadline to the last",
+                "p50_ms": inside["p50"],
+                "standalone_p50_ms": alone["p50"],
+                "in_worker": inside["params"],
+                "standalone": alone["params"],
+            },
+        )
+    )
+
+
+def _load(
+    run: Run, settings: Settings, events: Sequence[Event], start_at: float, per_second: int
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """A thread that sends `events` at `per_second` from `start_at` (time.time()) on."""
+    out: dict[str, Any] = {}
+    log = KafkaEventLog(run.stack.kafka_bootstrap, settings.events_topic)
+
+    def send() -> None:
+        try:
+            time.sleep(max(0.0, start_at - time.time()))
+            seconds, behind = _paced(log, events, per_second)
+            log.flush(timeout=60)
+            out.update(sent=len(events), seconds=seconds, late_sends=behind)
+            out["events_per_s"] = rate(len(events), seconds)
+        finally:
+            log.close(timeout=5)
+
+    thread = threading.Thread(target=send, name="expiry-load", daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _expiry_run(run: Run, *, standalone: bool, load: bool = False) -> dict[str, Any]:
     s = run.sizes
-    name = "expiry" if standalone else "expiryw"
+    name = ("expiry" if standalone else "expiryw") + ("l" if load else "")
     settings = run.settings(name, scheduler_enabled=not standalone)
     infra.create_topics(settings, run.cleanup)
     infra.register_prefix(settings, run.cleanup)
@@ -1137,6 +1196,11 @@ def _expiry_run(run: Run, *, standalone: bool) -> dict[str, Any]:
     )
     fold_rate = (n - n1) / max(time.monotonic() - t1, 0.1)
 
+    extra: list[Event] = []
+    if load:  # generated now, untimed: 19 events per session of the projector's workload
+        wanted = int(s.expiry_load_per_s * (s.expiry_spread_s + 1.0))
+        extra = workload.sessions_workload(wanted // 19 + 1, f"{name}{run.tag}").events[:wanted]
+
     # Phase 2: one question each, deadlines evenly spread over `spread` seconds, far enough out
     # that every question is folded (and scheduled) before the first deadline.
     lead = max(3.0, 3 * n / fold_rate)
@@ -1160,6 +1224,11 @@ def _expiry_run(run: Run, *, standalone: bool) -> dict[str, Any]:
     folded_at_ms = time.time() * 1000
     margin_ms = first_deadline_ms - folded_at_ms
     run.log(f"expiry: {n} questions folded {margin_ms:.0f} ms before the first deadline")
+    loader: tuple[threading.Thread, dict[str, Any]] | None = None
+    if load:
+        # From 1 s before the first deadline to the last one, other sessions' events keep the
+        # worker folding.
+        loader = _load(run, settings, extra, first_deadline_ms / 1000 - 1.0, s.expiry_load_per_s)
 
     def closings() -> float:
         text = measured.metrics()
@@ -1174,6 +1243,10 @@ def _expiry_run(run: Run, *, standalone: bool) -> dict[str, Any]:
     wait_s = (deadlines[-1] / 1000 - time.time()) + 60
     infra.wait_for(lambda: closings() >= n, wait_s, "expiry: every window closed", 0.25, watched)
     usage = cpu.stop()
+    load_params: dict[str, Any] = {}
+    if loader is not None:
+        loader[0].join(timeout=120)
+        load_params = {**loader[1], **_scrape([worker])}
     closed_after_last_deadline_s = time.time() - deadlines[-1] / 1000
     _profile_summary(run, name, spy)
     text = measured.metrics()
@@ -1247,6 +1320,8 @@ def _expiry_run(run: Run, *, standalone: bool) -> dict[str, Any]:
         ],
         "cpu_while_closing": usage,
     }
+    if load:
+        params["load"] = load_params
     run.log(f"expiry lateness ({params['scheduler']}): p50 ≈ {p50} ms, p99 ≈ {p99} ms")
     return {"p50": p50, "p99": p99, "params": params}
 
