@@ -175,7 +175,8 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
         raise WorkersRunningError(
             f"{len(running)} worker(s) of group {ctx.settings.consumer_group} are running "
             f"({', '.join(running)}): stop them before a replay, or a worker committing during the "
-            "rebuild can fold new events onto an emptied state (--force to rebuild anyway)"
+            "rebuild can fold new events onto an emptied state (a worker killed without a clean "
+            "stop stays listed until its session times out; --force to rebuild anyway)"
         )
     store = wiring.projection_store(ctx.settings)
     with Progress(console=err, transient=True) as bar:

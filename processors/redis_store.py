@@ -283,10 +283,9 @@ return applied
 """
 )
 
-# KEYS: state hash, turns list, event-id string. ARGV: "1" to include the event ids.
-# Returns false, or {state blob ("" if none of this layout), mark, turns, packed event ids}.
 # KEYS: per session, in order: state hash, turns list, event-id string. ARGV[1]: "1" to read the
-# event ids too. Returns per session, in order: false (unknown) or {state, mark, turns, ids}.
+# event ids too. Returns per session, in order: false (unknown) or {state blob ("" if none of this
+# layout), mark, turns, packed event ids}.
 # Sessions are read up to READ_GROUP per call: most reads of a busy worker are of sessions it has
 # never seen, where the script call itself was most of the cost (≈ 4 µs of Redis each).
 READ_SCRIPT = (
