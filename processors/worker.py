@@ -262,10 +262,16 @@ class ProjectionWorker:
         return tuple(merged.values()), tuple(again)
 
     async def _load_missing(self, session_ids: list[str], new: set[str]) -> None:
-        """Read the sessions neither cached nor known to be new (one round trip, if any)."""
+        """Read the sessions neither cached nor known to be new (one round trip, if any).
+
+        Checked again after each read: while it was awaited, the batch being committed may have
+        trimmed the cache or dropped a conflicted session, and the fold that follows without a
+        yield must find every session it folds.
+        """
         cache = self._cache
-        misses = list(dict.fromkeys(s for s in session_ids if s not in cache and s not in new))
-        if misses:
+        while misses := list(
+            dict.fromkeys(s for s in session_ids if s not in cache and s not in new)
+        ):
             found = await self._retrying(functools.partial(self.store.folded, misses))
             cache.update(found)
             new.update(s for s in misses if s not in found)

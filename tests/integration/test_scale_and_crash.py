@@ -704,6 +704,34 @@ def test_a_batch_folded_in_many_slices_equals_the_fold(
     assert_equals_the_fold(projections, expected)
 
 
+def test_trimming_the_cache_while_the_next_batch_folds_refuses_nothing(
+    settings: Settings, projections: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch N's commit overlaps batch N+1's fold (as in the app), and the cache is full."""
+    monkeypatch.setattr(worker_module, "SLICE", 10)  # many yields, each slice reading new ids
+    _, old = generate(40)
+    _, fresh = generate(40, prefix="n")
+    half = len(old) // 2
+    mixed = itertools.zip_longest(old[half:], fresh)
+    events = old[:half] + [e for pair in mixed for e in pair if e is not None]
+    raws = raw_records(events)
+    cut = half
+    expected = expected_projections(events, TrustedKeys.none())
+    decisions, dead = RecordingSink(), RecordingSink()
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        worker = ProjectionWorker(store, BatchFolder(), dead, decisions, cache_limit=30)
+        first = await worker.prepare(raws[:cut])
+        committing = asyncio.ensure_future(worker.finish(first))
+        second = await worker.prepare(raws[cut:])
+        await committing
+        await worker.finish(second)
+        assert worker.stats.conflicts == 0, "a session trimmed mid-fold was folded from nothing"
+
+    asyncio.run(_with_store(settings, run))
+    assert_equals_the_fold(projections, expected)
+
+
 def test_a_fresh_worker_continues_sessions_another_folded_with_an_overlapping_batch(
     settings: Settings, projections: RedisProjectionStore
 ) -> None:
