@@ -197,7 +197,7 @@ class ProjectionWorker:
         unreadable: list[tuple[Consumed, str]] = []
         for i, raw in enumerate(raws):
             if i and not i % SLICE:
-                await asyncio.sleep(0)  # let timers (the scheduler's deadlines) run
+                await self._pause()
             value = raw.value
             try:
                 if value is None:
@@ -247,8 +247,9 @@ class ProjectionWorker:
         for at in range(0, len(records), SLICE):
             chunk = records[at : at + SLICE]
             if at:
-                await asyncio.sleep(0)  # let timers (the scheduler's deadlines) run
+                await self._pause()
                 await self._load_missing([r.event.session_id for r in chunk], new)
+                self._refold_replaced(records[:at], chunk, merged)
             updates = fold(cache, chunk)
             skipped = len(chunk) - sum(len(u.steps) for u in updates)
             if skipped:  # rare (a redelivery): only then is the slice searched, before its fold
@@ -260,6 +261,36 @@ class ProjectionWorker:
                 before = merged.get(sid)
                 merged[sid] = u if before is None else joined(before, u)
         return tuple(merged.values()), tuple(again)
+
+    def _refold_replaced(
+        self, earlier: list[Record], chunk: list[Record], merged: dict[str, SessionUpdate]
+    ) -> None:
+        """Fold again the earlier slices' records of sessions whose cached state was replaced.
+
+        While the batch yielded, the one being committed may have trimmed the cache or re-read a
+        conflicted session: the cache then no longer holds what the earlier slices folded, and
+        this slice's update would not follow theirs. Their records are folded again onto what the
+        cache holds now (those at or below its mark are skipped), so the batch keeps one update
+        per session that follows from one state.
+        """
+        cache = self._cache
+        replaced = {
+            sid
+            for sid in {r.event.session_id for r in chunk}
+            if sid in merged and ((f := cache.get(sid)) is None or f.mark != merged[sid].mark)
+        }
+        if not replaced:
+            return
+        for sid in replaced:
+            del merged[sid]
+        redone = self.folder.fold(cache, [r for r in earlier if r.event.session_id in replaced])
+        for u in redone:
+            cache[u.session_id] = Folded(u.state, u.mark)
+            merged[u.session_id] = u
+
+    async def _pause(self) -> None:
+        """Let other tasks (the scheduler's deadlines) run between two slices of a batch."""
+        await asyncio.sleep(0)
 
     async def _load_missing(self, session_ids: list[str], new: set[str]) -> None:
         """Read the sessions neither cached nor known to be new (one round trip, if any).

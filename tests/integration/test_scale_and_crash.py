@@ -732,6 +732,51 @@ def test_trimming_the_cache_while_the_next_batch_folds_refuses_nothing(
     assert_equals_the_fold(projections, expected)
 
 
+class EvictingWorker(ProjectionWorker):
+    """At its `at`-th yield, the cache loses every session (as to a trim or a conflict)."""
+
+    at = 0
+    pauses = 0
+    evicted = False
+
+    async def _pause(self) -> None:
+        self.pauses += 1
+        if self.pauses == self.at:
+            self.evicted = True
+            self.forget()
+        await super()._pause()
+
+
+@pytest.mark.parametrize("known_before", [False, True])
+def test_sessions_leaving_the_cache_between_slices_are_folded_again(
+    settings: Settings,
+    projections: RedisProjectionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    known_before: bool,
+) -> None:
+    """Sessions folded in one slice and gone from the cache at the next: one consistent update."""
+    monkeypatch.setattr(worker_module, "SLICE", 7)
+    _, events = generate(20)
+    raws = raw_records(events)
+    head = 3 * 20 if known_before else 0  # the first three events of each session, applied before
+    expected = expected_projections(events, TrustedKeys.none())
+    decisions, dead = RecordingSink(), RecordingSink()
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        if head:
+            await _worker(store, RecordingSink(), dead).process(raws[:head])
+        worker = EvictingWorker(store, BatchFolder(), dead, decisions)
+        batch = raws[head:]
+        worker.at = (len(batch) - 1) // 7 + 1  # the decode's yields, then the fold's first
+        await worker.process(batch)
+        assert worker.evicted
+        assert worker.stats.conflicts == 0
+
+    asyncio.run(_with_store(settings, run))
+    assert sorted(decisions.decisions()) == _decided(expected)
+    assert_equals_the_fold(projections, expected)
+
+
 def test_a_fresh_worker_continues_sessions_another_folded_with_an_overlapping_batch(
     settings: Settings, projections: RedisProjectionStore
 ) -> None:
