@@ -90,6 +90,19 @@ def _idle(sid: str) -> list[Record]:
     )
 
 
+def _plan(sid: str, plan: str, offset: int) -> Record:
+    """A `plan_set` of `sid` at offset `offset` of partition 0."""
+    event = Event(
+        event_id=str(uuid.uuid4()),
+        session_id=sid,
+        type=ev.PLAN_SET,
+        occurred_at=T0,
+        producer="layout-test",
+        payload={"plan": plan},
+    )
+    return Record(event, Position(0, offset))
+
+
 def _busy(sid: str, n: int) -> list[Record]:
     specs: list[tuple[str, dict[str, Any]]] = [(ev.STARTED, {"goal": "g", "mode": "ask"})]
     for i in range(n):
@@ -212,20 +225,7 @@ def test_the_big_state_goes_back_into_chunks(projection_store: RedisProjectionSt
     _commit(projection_store, records, 1)
     fields = _raw(projection_store, "s1")["state"][2]
     assert fields[b"n"][:1] == b"w" and b"s" in fields and b"s1" not in fields
-    shorter = [
-        *records,
-        Record(
-            Event(
-                event_id=str(uuid.uuid4()),
-                session_id="s1",
-                type=ev.PLAN_SET,
-                occurred_at=T0,
-                producer="layout-test",
-                payload={"plan": "short"},
-            ),
-            Position(0, 2),
-        ),
-    ]
+    shorter = [*records, _plan("s1", "short", 2)]
     _commit(projection_store, shorter, 1)
     fields = _raw(projection_store, "s1")["state"][2]
     assert fields[b"n"][:1] == b"1" and b"s" not in fields and b"s1" in fields
@@ -294,19 +294,7 @@ def test_a_read_of_many_sessions_returns_each_as_read_alone(
         known[sid] = _busy(sid, 40) if i % 7 == 0 else _idle(sid)
         _commit(store, known[sid], 50)
     big = _records("read-big", [(ev.STARTED, {"goal": "g", "mode": "ask"})])
-    big.append(
-        Record(
-            Event(
-                event_id=str(uuid.uuid4()),
-                session_id="read-big",
-                type=ev.PLAN_SET,
-                occurred_at=T0,
-                producer="layout-test",
-                payload={"plan": "ü" * 1500},
-            ),
-            Position(0, 1),
-        )
-    )
+    big.append(_plan("read-big", "ü" * 1500, 1))
     _commit(store, big, 2)
     known["read-big"] = big
     assert "ids" in _raw(store, "read-000") and "ids" not in _raw(store, "read-001")
