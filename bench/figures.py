@@ -52,13 +52,14 @@ from processors.redis_store import (
     grouped,
     read_groups,
 )
-from processors.replay import partition_for, replay
+from processors.replay import replay
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import Settings
 from producers.topics import delete_topics
 from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.events import Event
+from session_model.partitioning import partition_for
 from session_model.projection import BatchFolder, Folded, Position, Record
 from session_model.signing import TrustedKeys
 

@@ -39,8 +39,8 @@ from typing import Any
 from bench.workload import sessions_workload
 from processors.keys import Keys
 from processors.redis_store import commit_call
-from processors.replay import partition_for
 from schemas.codec import EventCodec
+from session_model.partitioning import partition_for
 from session_model.projection import BatchFolder, Folded, Position, Record
 from session_model.signing import TrustedKeys
 

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from processors.replay import partition_for
 from producers.memory import InMemoryEventLog, InMemoryProjectionStore
 from producers.store import SessionStore, deadline_in
 from schemas.events import Event
 from session_model.deadlines import format_instant
+from session_model.partitioning import partition_for
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
 from session_model.session import Question

@@ -196,14 +196,15 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
     data = {
         "records": report.records,
         "sessions": report.applied_sessions,
-        "undecodable": report.undecodable,
+        "refused": dict(report.refused),
     }
+    refused = ", ".join(f"{n} {code}" for code, n in sorted(report.refused.items()))
     _emit(
         ctx,
         data,
         lambda: out.print(
             f"replayed {report.records} records into {report.applied_sessions} sessions"
-            f" ({report.undecodable} undecodable skipped)"
+            f" ({report.refused_total} refused{': ' + refused if refused else ''})"
         ),
     )
 

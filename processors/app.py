@@ -150,6 +150,10 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # The topic's own partition count (the broker's metadata), which the partitioner used:
+        # a record outside the partition its key maps to is refused, never folded.
+        count = app.consumer.topic_partitions(events.get_topic_name()) or settings.partitions
+        worker().set_partitions(count)
         await scheduler().assign(owned_partitions())
         holder["assigned"] = True
 

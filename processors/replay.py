@@ -1,5 +1,9 @@
 """Rebuilding projections from the topic: the same fold, the same store, from offset zero.
 
+It applies exactly the records the live worker applies: both admit records through
+`session_model.intake.Intake` (same refusals, same codes; a rebuild counts what it refuses and never
+folds it), and a session's mark is a position in its own partition only.
+
 Run it with the workers stopped (or against a fresh key prefix): a worker committing while a
 session is being rebuilt could fold its newest events onto an empty state (`milpa-sessions replay`
 checks that the workers' consumer group is empty first; this function does not). The rebuild reads
@@ -36,19 +40,21 @@ import os
 import queue
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from kafka.partitioner.default import murmur2
 
 from processors.redis_store import RedisProjectionStore
 from producers.projector import Projector
 from schemas.codec import EventCodec
-from schemas.errors import BackendError, CodecError, LogError, MilpaError
-from session_model.projection import BatchFolder, Position, Record
+from schemas.errors import BackendError, LogError, MilpaError
+from session_model.intake import Intake
+from session_model.partitioning import partition_for
+from session_model.projection import BatchFolder, Record
 from session_model.signing import TrustedKeys
 
 Progress = Callable[[int, int], None]
@@ -67,16 +73,16 @@ RawRecord = tuple[int, int, bytes | None, bytes | None]
 
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
-    """What a rebuild read and applied."""
+    """What a rebuild read and applied, and what it refused (by refusal code)."""
 
     records: int
     applied_sessions: int
-    undecodable: int
+    refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
-
-def partition_for(session_id: str, partitions: int) -> int:
-    """The partition the default (murmur2) partitioner gives a session id's key."""
-    return int(murmur2(session_id.encode()) & 0x7FFFFFFF) % partitions
+    @property
+    def refused_total(self) -> int:
+        """Records refused, whatever the reason."""
+        return sum(self.refused.values())
 
 
 def replay(
@@ -102,13 +108,13 @@ def replay(
         # The session's pauses and outcomes are already in the global counters: rebuilding its
         # projection must not count them a second time.
         store = dataclasses.replace(store, count_stats=False)
-    ends = _end_offsets(bootstrap, topic, session_id)
+    ends, partitions = _end_offsets(bootstrap, topic, session_id)
     total = sum(ends.values())
     if session_id is None:
         store.clear()
     else:
         store.drop(session_id)
-    job = _Job(bootstrap, topic, store, keys, session_id, batch_size, codec)
+    job = _Job(bootstrap, topic, store, keys, session_id, batch_size, Intake(codec, partitions))
     groups = _groups(sorted(ends), processes)
     if len(groups) <= 1:
         return job.run(ends, None if progress is None else lambda read: progress(read, total))
@@ -139,12 +145,12 @@ class _Job:
     keys: TrustedKeys
     session_id: str | None
     batch_size: int
-    codec: EventCodec
+    intake: Intake
 
     def run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
         """Rebuild these partitions up to these offsets, in this process."""
         if not ends:
-            return ReplayReport(0, 0, 0)
+            return ReplayReport(0, 0)
         # The states are released (`_run` returned) before the thresholds are restored, or the
         # first allocation after would collect them all, inside the rebuild's time.
         with _bulk_collector():
@@ -156,8 +162,9 @@ class _Job:
             self.store, BatchFolder(self.keys), cache=True, cache_limit=CACHE_LIMIT
         )
         wanted = None if self.session_id is None else self.session_id.encode()
-        decode = self.codec.decode
-        read = undecodable = 0
+        admit = self.intake.admit
+        read = 0
+        refused: Counter[str] = Counter()
         applied: set[str] = set()
         fetcher = _Fetcher(self.bootstrap, self.topic, ends, self.batch_size)
         with fetcher:
@@ -167,17 +174,17 @@ class _Job:
                     read += 1
                     if wanted is not None and key != wanted:
                         continue
-                    try:
-                        event = decode(value)  # type: ignore[arg-type] # None: corrupt
-                    except CodecError:
-                        undecodable += 1  # the live worker dead-lettered it already
-                        continue
-                    records.append(Record(event, Position(partition, offset)))
+                    admitted = admit(key, value, partition, offset)
+                    if type(admitted) is Record:
+                        records.append(admitted)
+                    else:  # the live worker dead-lettered it
+                        refused[admitted.code] += 1  # type: ignore[union-attr]
                 if records:
                     applied.update([u.session_id for u in projector.project(records)])
                 if progress is not None:
                     progress(read)
-        return ReplayReport(read, len(applied), undecodable)
+        refused.update(projector.refused)
+        return ReplayReport(read, len(applied), dict(refused))
 
 
 def _in_processes(
@@ -221,10 +228,13 @@ def _in_processes(
                     progress(sum(reads), total)
             else:
                 reports[index] = value
+        refused: Counter[str] = Counter()
+        for r in reports.values():
+            refused.update(r.refused)
         return ReplayReport(
             sum(r.records for r in reports.values()),
             sum(r.applied_sessions for r in reports.values()),
-            sum(r.undecodable for r in reports.values()),
+            dict(refused),
         )
     finally:
         reported = len(reports) == len(children)
@@ -273,9 +283,11 @@ def _bulk_collector() -> Iterator[None]:
         gc.set_threshold(*previous)
 
 
-def _end_offsets(bootstrap: str, topic: str, session_id: str | None) -> dict[int, int]:
-    """partition -> end offset now, of the partitions to rebuild that hold anything (LogError)."""
+def _end_offsets(bootstrap: str, topic: str, session_id: str | None) -> tuple[dict[int, int], int]:
+    """partition -> end offset now, of the partitions to rebuild that hold anything, and the
+    topic's partition count (LogError)."""
     found: dict[int, int] = {}
+    count: list[int] = []
 
     async def ask() -> None:
         async with _consumer(bootstrap) as consumer:
@@ -290,6 +302,7 @@ def _end_offsets(bootstrap: str, topic: str, session_id: str | None) -> dict[int
                     raise LogError(f"no partitions of {topic} after {_ASSIGNMENT_TIMEOUT_S}s")
                 await asyncio.sleep(0.01)
             partitions = sorted(tp.partition for tp in consumer.assignment())
+            count.append(len(partitions))
             consumer.unsubscribe()
             if session_id is not None:
                 partitions = [partition_for(session_id, len(partitions))]
@@ -297,7 +310,7 @@ def _end_offsets(bootstrap: str, topic: str, session_id: str | None) -> dict[int
             found.update({tp.partition: end for tp, end in ends.items() if end > 0})
 
     _in_a_thread(ask, f"reading {topic} failed")
-    return found
+    return found, count[0]
 
 
 @contextlib.asynccontextmanager

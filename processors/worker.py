@@ -21,14 +21,15 @@ from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
 from processors.redis_store import AsyncRedisProjectionStore
 from producers.ports import CommitResult
 from schemas.codec import EventCodec
-from schemas.errors import CodecError, ProjectionError
+from schemas.errors import ProjectionError
 from session_model.fold import Kind
+from session_model.intake import WRONG_PARTITION, Intake, Refusal
 from session_model.projection import (
     BatchFolder,
     Folded,
-    Position,
     Record,
     SessionUpdate,
+    foreign_records,
     joined,
     redelivered_decisions,
 )
@@ -39,7 +40,10 @@ log = logging.getLogger(__name__)
 SLICE = 500  # records decoded or folded between two yields to the event loop
 T = TypeVar("T")
 
+# Dead-letter headers. `milpa-source` (topic:partition:offset of the refused record) is the dead
+# letter's stable id: a redelivered batch dead-letters its refusals again; consumers dedupe on it.
 DEADLETTER_REASON = "milpa-error"
+DEADLETTER_CODE = "milpa-refusal"
 DEADLETTER_SOURCE = "milpa-source"
 
 
@@ -80,6 +84,7 @@ class Prepared:
     updates: tuple[SessionUpdate, ...]
     ends: dict[int, int]  # partition -> last offset of the batch
     again: tuple[tuple[str, Decision], ...] = ()  # decisions of redelivered records, re-published
+    raws: tuple[Consumed, ...] = ()  # as consumed (a refusal found by the fold is dead-lettered)
 
 
 class Sink(Protocol):
@@ -105,6 +110,7 @@ class WorkerStats:
     applied: int = 0
     redelivered: int = 0
     dead_lettered: int = 0
+    refused: Counter[str] = field(default_factory=Counter)  # dead-lettered, by refusal code
     decisions: int = 0
     decisions_republished: int = 0  # of redelivered records (see redelivered_decisions)
     conflicts: int = 0
@@ -129,6 +135,7 @@ class ProjectionWorker:
         decisions: Sink,
         *,
         codec: EventCodec | None = None,
+        partitions: int | None = None,
         cache_limit: int = 100_000,
         retry_initial: float = 0.05,
         retry_max: float = 5.0,
@@ -138,6 +145,7 @@ class ProjectionWorker:
         self.deadletter = deadletter
         self.decisions = decisions
         self.codec = codec or EventCodec()
+        self.intake = Intake(self.codec, partitions)
         self.cache_limit = cache_limit
         self.retry_initial = retry_initial
         self.retry_max = retry_max
@@ -166,16 +174,20 @@ class ProjectionWorker:
         self.stats.records += len(raws)
         self.stats.batch_sizes.observe(len(raws))
         records = await self._decode(raws)
-        updates, again = await self._fold(records)
+        updates, again, foreign = await self._fold(records)
+        if foreign:
+            await self._refuse_foreign(raws, foreign)
+            strays = {id(r) for r in foreign}
+            records = [r for r in records if id(r) not in strays]
         ends = {r.partition: r.offset for r in raws}
-        return Prepared(records, updates, ends, again)
+        return Prepared(records, updates, ends, again, tuple(raws))
 
     async def finish(self, prepared: Prepared) -> tuple[SessionUpdate, ...]:
         """Commit a prepared batch (re-folding conflicts), then count and publish its decisions.
 
         Batches must be finished in the order they were prepared.
         """
-        updates, refolded = await self._commit(prepared.records, prepared.updates)
+        updates, refolded = await self._commit(prepared)
         self._count(updates)
         for listener in self.listeners:
             listener(updates)
@@ -190,47 +202,45 @@ class ProjectionWorker:
             self._cache.update(await self._retrying(functools.partial(self.store.folded, misses)))
         return {sid: self._cache[sid] for sid in session_ids if sid in self._cache}
 
+    def set_partitions(self, partitions: int | None) -> None:
+        """The events topic's partition count: records outside their key's partition are refused."""
+        if partitions != self.intake.partitions:
+            self.intake = Intake(self.codec, partitions)
+
     async def _decode(self, raws: Sequence[Consumed]) -> list[Record]:
         records: list[Record] = []
         append = records.append
-        decode = self.codec.decode
-        unreadable: list[tuple[Consumed, str]] = []
+        admit = self.intake.admit
+        refused: list[tuple[Consumed, Refusal]] = []
         for i, raw in enumerate(raws):
             if i and not i % SLICE:
                 await self._pause()
-            value = raw.value
-            try:
-                if value is None:
-                    raise CodecError("empty record value")
-                event = decode(value)
-            except CodecError as e:
-                unreadable.append((raw, f"{type(e).__name__}: {e}"))
-                continue
-            key = raw.key
-            if key is not None and key != event.session_id.encode():
-                reason = "key does not match session_id: the event would lose its ordering"
-                unreadable.append((raw, reason))
-            elif not event.session_id:
-                unreadable.append((raw, "empty session_id"))
+            admitted = admit(raw.key, raw.value, raw.partition, raw.offset)
+            if type(admitted) is Record:
+                append(admitted)
             else:
-                append(Record(event, Position(raw.partition, raw.offset)))
-        for raw, reason in unreadable:
-            await self._dead_letter(raw, reason)
+                refused.append((raw, admitted))  # type: ignore[arg-type] # a Refusal
+        for raw, refusal in refused:
+            await self._dead_letter(raw, refusal)
         return records
 
-    async def _dead_letter(self, raw: Consumed, reason: str) -> None:
+    async def _dead_letter(self, raw: Consumed, refusal: Refusal) -> None:
+        source = f"{raw.topic}:{raw.partition}:{raw.offset}"
         headers = [
-            (DEADLETTER_REASON, reason.encode()),
-            (DEADLETTER_SOURCE, f"{raw.topic}:{raw.partition}:{raw.offset}".encode()),
+            (DEADLETTER_REASON, refusal.reason.encode()),
+            (DEADLETTER_CODE, refusal.code.encode()),
+            (DEADLETTER_SOURCE, source.encode()),
         ]
-        log.warning("dead-lettering %s:%s:%s: %s", raw.topic, raw.partition, raw.offset, reason)
+        log.warning("dead-lettering %s: %s", source, refusal.reason)
         await self.deadletter.publish(raw.key, raw.value or b"", headers)
         self.stats.dead_lettered += 1
+        self.stats.refused[refusal.code] += 1
 
     async def _fold(
         self, records: list[Record]
-    ) -> tuple[tuple[SessionUpdate, ...], tuple[tuple[str, Decision], ...]]:
-        """Fold onto the cache (loading misses); also the decisions of records already applied.
+    ) -> tuple[tuple[SessionUpdate, ...], tuple[tuple[str, Decision], ...], list[Record]]:
+        """Fold onto the cache (loading misses); also the decisions of records already applied,
+        and the records left unfolded because their session is projected from another partition.
 
         In slices of SLICE records with a yield between them: a 4,000-record batch held the loop
         for ≈ 50 ms of folding, and a deadline of the scheduler in this loop waited as long. A
@@ -243,6 +253,7 @@ class ProjectionWorker:
         await self._load_missing(ids, new)
         merged: dict[str, SessionUpdate] = {}
         again: list[tuple[str, Decision]] = []
+        foreign: list[Record] = []
         fold, cache = self.folder.fold, self._cache
         for at in range(0, len(records), SLICE):
             chunk = records[at : at + SLICE]
@@ -253,14 +264,16 @@ class ProjectionWorker:
             updates = fold(cache, chunk)
             skipped = len(chunk) - sum(len(u.steps) for u in updates)
             if skipped:  # rare (a redelivery): only then is the slice searched, before its fold
-                self.stats.redelivered += skipped
+                strays = foreign_records(cache, chunk)
+                foreign.extend(strays)
+                self.stats.redelivered += skipped - len(strays)
                 again.extend(redelivered_decisions(cache, chunk))
             for u in updates:
                 sid = u.session_id
                 cache[sid] = Folded(u.state, u.mark)
                 before = merged.get(sid)
                 merged[sid] = u if before is None else joined(before, u)
-        return tuple(merged.values()), tuple(again)
+        return tuple(merged.values()), tuple(again), foreign
 
     def _refold_replaced(
         self, earlier: list[Record], chunk: list[Record], merged: dict[str, SessionUpdate]
@@ -307,8 +320,21 @@ class ProjectionWorker:
             cache.update(found)
             new.update(s for s in misses if s not in found)
 
+    async def _refuse_foreign(self, raws: Sequence[Consumed], foreign: Sequence[Record]) -> None:
+        """Dead-letter the records of sessions projected from another partition (as consumed)."""
+        by_position = {(raw.partition, raw.offset): raw for raw in raws}
+        for record in foreign:
+            sid, p = record.event.session_id, record.position
+            await self._dead_letter(
+                by_position[(p.partition, p.offset)],
+                Refusal(
+                    WRONG_PARTITION,
+                    f"session {sid!r} is projected from another partition than {p.partition}",
+                ),
+            )
+
     async def _commit(
-        self, records: list[Record], updates: tuple[SessionUpdate, ...]
+        self, prepared: Prepared
     ) -> tuple[tuple[SessionUpdate, ...], list[tuple[str, Decision]]]:
         """Commit, re-folding conflicted sessions from Redis until none conflicts.
 
@@ -316,6 +342,7 @@ class ProjectionWorker:
         whoever applied them (a stale owner, or this worker's own earlier fold) may never have
         published them, so they are published again.
         """
+        records, updates = prepared.records, prepared.updates
         done: list[SessionUpdate] = []
         again: list[tuple[str, Decision]] = []
         while updates:
@@ -333,8 +360,12 @@ class ProjectionWorker:
             self.stats.redelivered -= len(records) - sum(
                 len(u.steps) for u in updates if u.session_id in conflicted
             )  # counted again by the re-fold
-            updates, more = await self._fold(records)
+            updates, more, foreign = await self._fold(records)
             again.extend(more)
+            if foreign:
+                await self._refuse_foreign(prepared.raws, foreign)
+                strays = {id(r) for r in foreign}
+                records = [r for r in records if id(r) not in strays]
         self._trim_cache()
         return tuple(done), again
 

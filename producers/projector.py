@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from producers.ports import ProjectionStore
 from schemas.errors import ProjectionError
-from session_model.projection import BatchFolder, Folded, Record, SessionUpdate
+from session_model.intake import WRONG_PARTITION
+from session_model.projection import BatchFolder, Folded, Record, SessionUpdate, foreign_records
 
 MAX_CONFLICT_RETRIES = 5
 
@@ -19,22 +21,27 @@ class Projector:
     With `cache=True` it keeps the states it committed and reads the store only for sessions it
     has not seen (a rebuild that owns the store); a conflict drops the cached state and reloads.
     Beyond `cache_limit` sessions the older half is dropped (read back if they show up again).
+    Records in another partition than their session's are never folded; `refused` counts them.
     """
 
     store: ProjectionStore
     folder: BatchFolder
     cache: bool = False
     cache_limit: int | None = None
+    refused: Counter[str] = field(default_factory=Counter)
     _states: dict[str, Folded] = field(default_factory=dict, repr=False)
 
     def project(self, records: Sequence[Record]) -> tuple[SessionUpdate, ...]:
         """Fold and commit one batch; on a conflict reload those sessions and fold again."""
         done: list[SessionUpdate] = []
-        pending = list(records)
+        pending = records
         for _ in range(MAX_CONFLICT_RETRIES):
             ids = list(dict.fromkeys(r.event.session_id for r in pending))
             known = self._known(ids)
             updates = self.folder.fold(known, pending)
+            if pending is records and sum(len(u.steps) for u in updates) < len(pending):
+                # Skipped: redelivered (at or below a mark) or foreign; only the latter are counted.
+                self.refused[WRONG_PARTITION] += len(foreign_records(known, pending))
             result = self.store.commit(updates)
             conflicted = set(result.conflicts)
             for u in updates:

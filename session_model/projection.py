@@ -6,6 +6,10 @@ that lost its partition kept going), the store refuses the update and the projec
 folds again. Records at or below a session's mark are skipped before folding, so a redelivered
 batch changes nothing — except that the decisions it had made are published again
 (`redelivered_decisions`): the batch may have been redelivered because its decisions never left.
+
+A mark is a position in the session's own partition: a record from another partition is never
+compared with it and never folded (`foreign_records` finds them; `session_model.intake` already
+refuses a record outside the partition its key maps to).
 """
 
 from __future__ import annotations
@@ -122,10 +126,9 @@ class BatchFolder:
             mark = entry[1]
             position = record.position
             if mark is not None and (
-                position.partition < mark.partition
-                or (position.partition == mark.partition and position.offset <= mark.offset)
+                position.partition != mark.partition or position.offset <= mark.offset
             ):
-                continue  # at or below the mark (`position <= mark`): already applied
+                continue  # already applied, or from another partition (`foreign_records`)
             result = step(entry[0], event, keys)
             entry[0] = result.state
             entry[1] = position
@@ -135,6 +138,23 @@ class BatchFolder:
             for sid, (state, mark, base, steps) in current.items()
             if mark is not None and steps
         )
+
+
+def foreign_records(known: Mapping[str, Folded], records: Iterable[Record]) -> tuple[Record, ...]:
+    """The records `BatchFolder.fold` skips because they sit in another partition than their
+    session's (its stored mark's partition, or for a new session the first record's)."""
+    home: dict[str, int] = {}
+    found: list[Record] = []
+    for record in records:
+        sid = record.event.session_id
+        partition = home.get(sid)
+        if partition is None:
+            folded = known.get(sid)
+            mark = None if folded is None else folded.mark
+            partition = home[sid] = record.position.partition if mark is None else mark.partition
+        if record.position.partition != partition:
+            found.append(record)
+    return tuple(found)
 
 
 def redelivered_decisions(
@@ -150,7 +170,12 @@ def redelivered_decisions(
     for record in records:
         sid = record.event.session_id
         folded = known.get(sid)
-        if folded is not None and folded.mark is not None and record.position <= folded.mark:
+        mark = None if folded is None else folded.mark
+        if (
+            mark is not None
+            and record.position.partition == mark.partition
+            and record.position.offset <= mark.offset
+        ):
             stale.setdefault(sid, set()).add(record.event.event_id)
     return tuple(
         (sid, d)

@@ -139,8 +139,8 @@ def test_poison_records_land_in_the_dead_letter_topic_and_the_worker_stays_up(
         "garbage": "CorruptRecordError",
         "truncated": "CorruptRecordError",
         "unknown fingerprint": "UnknownFingerprintError",
-        "key mismatch": "key does not match session_id",
-        "empty value": "empty record value",
+        "key mismatch": "key_mismatch: ",
+        "empty value": "no_value: ",
     }
     reasons = {}
     for name, (k, value) in poison.items():
@@ -279,7 +279,7 @@ def test_redis_flushed_then_replay_gives_identical_projections(
     assert records_in(settings, settings.decisions_topic) == decisions_published, (
         "a rebuild published decisions"
     )
-    assert (report.records, report.applied_sessions, report.undecodable) == (
+    assert (report.records, report.applied_sessions, report.refused_total) == (
         len(events),
         len(sids),
         0,

@@ -90,7 +90,7 @@ def test_small_batches_report_progress_and_rebuild_every_session(
         batch_size=7,
         progress=lambda read, total: seen.append((read, total)),
     )
-    assert (report.records, report.applied_sessions, report.undecodable) == (len(events), 12, 0)
+    assert (report.records, report.applied_sessions, report.refused_total) == (len(events), 12, 0)
     assert len(seen) > 1
     assert [r for r, _ in seen] == sorted(r for r, _ in seen)
     assert seen[-1] == (len(events), len(events))

@@ -567,7 +567,7 @@ class CountingStore:
 
 def raw_records(events: Sequence[Event], partitions: int = 6) -> list[RawRecord]:
     """The records as Kafka would hand them over: keyed, encoded, at per-partition offsets."""
-    from processors.replay import partition_for  # noqa: PLC0415 - the producer's partitioner
+    from session_model.partitioning import partition_for  # noqa: PLC0415
 
     codec = EventCodec()
     next_offset = dict.fromkeys(range(partitions), 0)

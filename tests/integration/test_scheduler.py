@@ -17,7 +17,6 @@ from processors.indexes import ceil_ms
 from processors.keys import Keys
 from processors.redis_client import async_client
 from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
-from processors.replay import partition_for
 from processors.scheduler import Scheduler
 from processors.sinks import LazyProducer, ProducerSink
 from producers.kafka_log import KafkaEventLog
@@ -26,6 +25,7 @@ from producers.store import SessionStore, deadline_in
 from schemas.codec import EventCodec
 from session_model.compaction import Compactor
 from session_model.deadlines import format_instant, parse_deadline
+from session_model.partitioning import partition_for
 from session_model.policy import permission_question
 from session_model.principal import Principal
 from session_model.projection import BatchFolder, Folded, Position, Record
