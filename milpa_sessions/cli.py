@@ -6,7 +6,6 @@ import functools
 import gc
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from rich.table import Table
 
 from milpa_sessions import wiring
 from milpa_sessions.demo import run_demo
+from milpa_sessions.failures import CleanGroup
 from milpa_sessions.fleet import FleetConfig
 from milpa_sessions.render import out, render_session, render_timeline, session_summary
 from milpa_sessions.stats_cli import stats
@@ -27,7 +27,7 @@ from processors.replay import replay
 from producers.settings import Settings
 from producers.store import SessionStore
 from producers.topics import ensure_topics, group_members
-from schemas.errors import InvalidCall, MilpaError, WorkersRunningError
+from schemas.errors import InvalidCall, WorkersRunningError
 from session_model.deadlines import format_instant
 from session_model.principal import Principal
 from session_model.signing import Signer
@@ -44,23 +44,6 @@ class Ctx:
     as_json: bool
 
 
-def _fail_cleanly(fn: F) -> F:
-    """Turn the project's errors into one line on stderr and a non-zero exit."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except InvalidCall as e:
-            err.print(f"error: {e}", markup=False, highlight=False)
-            sys.exit(2)
-        except MilpaError as e:
-            err.print(f"error: {type(e).__name__}: {e}", markup=False, highlight=False)
-            sys.exit(1)
-
-    return wrapper  # type: ignore[return-value]
-
-
 def _emit(ctx: Ctx, data: Any, render: Callable[[], None]) -> None:
     if ctx.as_json:
         out.print_json(json.dumps(data, default=str, ensure_ascii=False))
@@ -68,7 +51,7 @@ def _emit(ctx: Ctx, data: Any, render: Callable[[], None]) -> None:
         render()
 
 
-@click.group()
+@click.group(cls=CleanGroup)
 @click.option("--kafka", "kafka", help="Kafka bootstrap (MILPA_KAFKA_BOOTSTRAP).")
 @click.option("--redis", "redis_url", help="Redis URL (MILPA_REDIS_URL).")
 @click.option("--topic", "events_topic", help="Events topic (MILPA_EVENTS_TOPIC).")
@@ -97,15 +80,14 @@ pass_ctx = click.make_pass_decorator(Ctx)
 @main.command()
 @click.option("--loglevel", default="warning", show_default=True)
 @pass_ctx
-@_fail_cleanly
 def worker(ctx: Ctx, loglevel: str) -> None:
     """Run the projector (a Faust worker in the consumer group)."""
-    import faust  # noqa: PLC0415 - only the worker needs Faust's import-time cost
+    from processors.app import create_app  # noqa: PLC0415 - Faust's import-time cost
+    from processors.faust_process import Worker  # noqa: PLC0415
 
-    from processors.app import create_app  # noqa: PLC0415
-
-    ensure_topics(ctx.settings)
-    projector = create_app(ctx.settings, wiring.trusted_keys(ctx.settings))
+    keys = wiring.trusted_keys(ctx.settings)
+    wiring.wait_for_stack(ctx.settings)
+    projector = create_app(ctx.settings, keys)
     # Everything allocated so far lives as long as the process: freeze it out of the collector,
     # and collect the young generation only after a million net allocations. Reference counting
     # frees a batch's objects; what a collection finds is the batches in flight (two of up to
@@ -117,7 +99,9 @@ def worker(ctx: Ctx, loglevel: str) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(1_000_000, 20, 100)
-    faust.Worker(projector.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    Worker(
+        projector.app, loglevel=loglevel, quiet=True, grace=ctx.settings.shutdown_grace
+    ).execute_from_commandline()
 
 
 @main.command()
@@ -130,18 +114,18 @@ def worker(ctx: Ctx, loglevel: str) -> None:
     help="Seconds between reads of the due-work indexes.",
 )
 @pass_ctx
-@_fail_cleanly
 def scheduler(ctx: Ctx, loglevel: str, poll_interval: float) -> None:
     """Run the scheduler on its own (run workers with MILPA_SCHEDULER_ENABLED=false)."""
-    import faust  # noqa: PLC0415
-
+    from processors.faust_process import Worker  # noqa: PLC0415 - Faust's import-time cost
     from processors.scheduler_app import create_scheduler_app  # noqa: PLC0415
 
-    ensure_topics(ctx.settings)
+    wiring.wait_for_stack(ctx.settings)
     app = create_scheduler_app(ctx.settings, poll_interval=poll_interval)
     gc.collect()  # as in the worker: the start-up heap never needs scanning again
     gc.freeze()
-    faust.Worker(app.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    Worker(
+        app.app, loglevel=loglevel, quiet=True, grace=ctx.settings.shutdown_grace
+    ).execute_from_commandline()
 
 
 @main.group()
@@ -151,7 +135,6 @@ def topics() -> None:
 
 @topics.command("create")
 @pass_ctx
-@_fail_cleanly
 def topics_create(ctx: Ctx) -> None:
     """Create the events, decisions and dead-letter topics (idempotent)."""
     result = ensure_topics(ctx.settings)
@@ -167,7 +150,6 @@ def topics_create(ctx: Ctx) -> None:
 @click.option("--session", "session_id", help="Rebuild one session only.")
 @click.option("--force", is_flag=True, help="Rebuild even while workers of the group are running.")
 @pass_ctx
-@_fail_cleanly
 def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
     """Drop and rebuild projections from the topic (refused while workers are running)."""
     running = [] if force else group_members(ctx.settings)
@@ -218,7 +200,6 @@ def _store(ctx: Ctx) -> SessionStore:
 
 @main.command("list")
 @pass_ctx
-@_fail_cleanly
 def list_cmd(ctx: Ctx) -> None:
     """Every session with its status."""
     projections = wiring.projection_store(ctx.settings)
@@ -238,7 +219,6 @@ def list_cmd(ctx: Ctx) -> None:
 @main.command()
 @click.argument("session_id")
 @pass_ctx
-@_fail_cleanly
 def show(ctx: Ctx, session_id: str) -> None:
     """One session: state, todos, decisions, rejections."""
     s = _store(ctx).load(session_id)
@@ -263,7 +243,6 @@ def show(ctx: Ctx, session_id: str) -> None:
 @main.command()
 @click.argument("session_id")
 @pass_ctx
-@_fail_cleanly
 def window(ctx: Ctx, session_id: str) -> None:
     """What the model would be sent now."""
     messages = _store(ctx).load(session_id).window()
@@ -282,7 +261,6 @@ def window(ctx: Ctx, session_id: str) -> None:
 @click.option("--since", default=0, show_default=True, help="Only entries after this seq.")
 @click.option("--follow", is_flag=True, help="Keep printing new entries.")
 @pass_ctx
-@_fail_cleanly
 def timeline(ctx: Ctx, session_id: str, since: int, follow: bool) -> None:
     """The session's timeline (what a board shows)."""
     projections = wiring.projection_store(ctx.settings)
@@ -306,7 +284,6 @@ def timeline(ctx: Ctx, session_id: str, since: int, follow: bool) -> None:
 @click.option("--by", "by", help="Principal id (default: cli:<user>@<host>, unverified).")
 @click.option("--verified", is_flag=True, help="Claim a verified identity (needs a signing key).")
 @pass_ctx
-@_fail_cleanly
 def answer(  # noqa: PLR0917 - click passes every argument and option positionally
     ctx: Ctx, session_id: str, question_id: str, answer: str, by: str | None, verified: bool
 ) -> None:
@@ -328,7 +305,6 @@ def _steer(name: str, action: Callable[[SessionStore, str, str], Any], help_: st
     @click.argument("session_id")
     @click.argument("value")
     @pass_ctx
-    @_fail_cleanly
     def command(ctx: Ctx, session_id: str, value: str) -> None:
         position = action(_store(ctx), session_id, value)
         _emit(
@@ -350,7 +326,6 @@ def keys() -> None:
 @keys.command("generate")
 @click.argument("key_id")
 @click.option("--dir", "directory", type=click.Path(path_type=Path), default=Path("."))
-@_fail_cleanly
 def keys_generate(key_id: str, directory: Path) -> None:
     """Write <dir>/<key_id>.key (private) and <dir>/trusted/<key_id>.pem (public)."""
     from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
@@ -382,7 +357,6 @@ def keys_generate(key_id: str, directory: Path) -> None:
 @click.option("--agents", default=8, show_default=True, help="How many simulated agents.")
 @click.option("--seed", default=7, show_default=True, help="Seed of the simulated fleet.")
 @pass_ctx
-@_fail_cleanly
 def demo(ctx: Ctx, in_memory: bool, agents: int, seed: int) -> None:
     """Run a simulated fleet through the real pipeline and show what an operator sees."""
     run_demo(ctx.settings, in_memory=in_memory, config=FleetConfig(agents=agents, seed=seed))

@@ -6,11 +6,9 @@ them from there (importing `milpa_sessions.cli` here would be an import cycle).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -21,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from milpa_sessions import wiring
+from milpa_sessions.failures import CleanGroup
 from processors.analytics import (
     GROUPINGS,
     Analytics,
@@ -34,7 +33,6 @@ from processors.analytics import (
 )
 from processors.indexes import TTA_BUCKETS
 from producers.settings import Settings
-from schemas.errors import MilpaError
 
 out = Console()
 err = Console(stderr=True)
@@ -86,20 +84,6 @@ def _analytics(settings: Settings) -> Analytics:
     return Analytics(store.client, store.keys)
 
 
-def _fail_cleanly(fn: F) -> F:
-    """Turn the project's errors into one line on stderr and exit status 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except MilpaError as e:
-            err.print(f"error: {type(e).__name__}: {e}", markup=False, highlight=False)
-            sys.exit(1)
-
-    return cast(F, wrapper)
-
-
 def _emit(as_json: bool, data: Any, render: Callable[[], None]) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str, ensure_ascii=False))
@@ -127,7 +111,7 @@ def pause_rows_json(rows: Sequence[PausesByReason | PausesByHour | PausesByOutco
     return data
 
 
-@click.group()
+@click.group(cls=CleanGroup)
 def stats() -> None:
     """Analytics: why sessions pause, how they end, how fast humans answer."""
 
@@ -141,7 +125,6 @@ def stats() -> None:
     help="Window: <n>m, <n>h, <n>d, or all (whole UTC hours).",
 )
 @click.option("--by", "by", type=click.Choice(GROUPINGS), default="reason", show_default=True)
-@_fail_cleanly
 def pauses(since: timedelta | None, by: str) -> None:
     """Pauses (questions asked) by reason, hour or outcome."""
     settings, as_json = _settings()
@@ -182,7 +165,6 @@ def pauses(since: timedelta | None, by: str) -> None:
 
 
 @stats.command()
-@_fail_cleanly
 def tta() -> None:
     """Time to answer: histogram per reason (answered questions only)."""
     settings, as_json = _settings()
@@ -230,7 +212,6 @@ def _counts_table(title: str, header: str, rows: Sequence[Count]) -> None:
 
 
 @stats.command()
-@_fail_cleanly
 def rejections() -> None:
     """Rejected events by code, and authority claims the fold downgraded."""
     settings, as_json = _settings()

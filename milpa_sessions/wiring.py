@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
+import redis
+
 from processors.keys import Keys
+from processors.redis_client import redacted, sync_client
 from processors.redis_store import RedisProjectionStore
-from producers.kafka_log import KafkaEventLog
+from processors.running import wait_for
+from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import Settings
 from producers.store import SessionStore
-from schemas.errors import ConfigurationError
+from producers.topics import ensure_topics
+from schemas.errors import ConfigurationError, ProjectionError
 from session_model.signing import Signer, TrustedKeys
 
 
@@ -32,14 +40,20 @@ def signer(settings: Settings) -> Signer | None:
 def projection_store(settings: Settings) -> RedisProjectionStore:
     """The Redis projection store under the configured key prefix."""
     return RedisProjectionStore.from_url(
-        settings.redis_url, Keys(settings.redis_prefix), settings.compactor_max_turns
+        settings.redis_url,
+        Keys(settings.redis_prefix),
+        settings.compactor_max_turns,
+        timeout=settings.redis_timeout,
     )
 
 
 def session_store(settings: Settings, *, producer: str | None = None) -> SessionStore:
     """A `SessionStore` writing to Kafka and reading the Redis projections."""
     log = KafkaEventLog(
-        settings.kafka_bootstrap, settings.events_topic, client_id=producer or settings.producer_id
+        settings.kafka_bootstrap,
+        settings.events_topic,
+        client_id=producer or settings.producer_id,
+        config=ProducerConfig(max_block=settings.kafka_timeout),
     )
     return SessionStore(
         log,
@@ -48,3 +62,47 @@ def session_store(settings: Settings, *, producer: str | None = None) -> Session
         signer=signer(settings),
         read_timeout=settings.read_timeout,
     )
+
+
+def ping_redis(settings: Settings) -> None:
+    """Raise `ProjectionError` unless Redis answers a PING within the configured timeout."""
+    client = sync_client(settings.redis_url, settings.redis_timeout)
+    try:
+        client.ping()
+    except redis.RedisError as e:
+        raise ProjectionError(f"{type(e).__name__}: {e}") from e
+    finally:
+        client.close()
+
+
+def wait_for_stack(settings: Settings) -> None:
+    """Block until Kafka (the project's topics exist) and Redis answer, with backoff.
+
+    For long-running processes started before their services: a status line every
+    `startup_status_every` seconds; `startup_timeout` > 0 gives up with the last error.
+    """
+    with _quiet("kafka"):
+        wait_for(
+            f"Kafka at {settings.kafka_bootstrap}",
+            lambda: ensure_topics(settings, timeout_ms=int(settings.kafka_timeout * 1000)),
+            timeout=settings.startup_timeout,
+            status_every=settings.startup_status_every,
+        )
+    wait_for(
+        f"Redis at {redacted(settings.redis_url)}",
+        lambda: ping_redis(settings),
+        timeout=settings.startup_timeout,
+        status_every=settings.startup_status_every,
+    )
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Silence a client library's own logging while the caller reports its failures."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

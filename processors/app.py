@@ -34,8 +34,6 @@ from session_model.signing import TrustedKeys
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_SETTLE_S = 10.0  # how long a stopping worker waits for the batch being committed
-
 
 def raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:
     """A Faust topic of raw bytes (the codec lives in the worker, not in Faust)."""
@@ -89,7 +87,7 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
         if "worker" not in holder:
-            client = async_client(settings.redis_url)
+            client = async_client(settings.redis_url, settings.redis_timeout)
             store = AsyncRedisProjectionStore(
                 client, Keys(settings.redis_prefix), settings.compactor_max_turns
             )
@@ -142,7 +140,8 @@ def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
             # The batch being committed publishes its decisions first, if it can in time (with
             # Redis or the broker down it would retry for ever): unacknowledged, it is redelivered
             # and its decisions republished after the restart.
-            await asyncio.wait_for(asyncio.shield(app.settle()), SHUTDOWN_SETTLE_S)
+            # Half the grace: the rest is for stopping the clients before the watchdog's exit.
+            await asyncio.wait_for(asyncio.shield(app.settle()), settings.shutdown_grace / 2)
         except Exception as e:  # shutting down: say why and go on stopping
             log.warning("stopping with a batch unfinished (redelivered on restart): %r", e)
         finally:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import hiredis
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import (
     Connection,
@@ -19,7 +21,12 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
     parse_url,
 )
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 from redis.exceptions import DataError
+from redis.retry import Retry
+
+from schemas.errors import ConfigurationError
 
 
 def _pack(args: tuple[Any, ...]) -> bytes:
@@ -67,8 +74,39 @@ _PACKING: dict[type, type] = {
 }
 
 
-def async_client(url: str) -> aioredis.Redis:
-    """A `redis.asyncio` client for `url` whose connections pack commands with hiredis."""
-    options = parse_url(url)  # raises ValueError for an unsupported scheme, as from_url does
+def async_client(url: str, timeout: float | None = None) -> aioredis.Redis:
+    """A `redis.asyncio` client for `url` whose connections pack commands with hiredis.
+
+    `timeout` bounds a connect and a reply; a failed call is retried once by the client (the
+    worker's own loop retries with backoff, and says so), not ten times as redis-py's default.
+    """
+    try:
+        options: dict[str, Any] = dict(parse_url(url))
+    except ValueError as e:
+        raise ConfigurationError(f"Redis URL {redacted(url)}: {e}") from e
     options["connection_class"] = _PACKING[options.get("connection_class", Connection)]
+    if timeout is not None:
+        options["socket_timeout"] = options["socket_connect_timeout"] = timeout
+    options["retry"] = AsyncRetry(NoBackoff(), 1)
     return aioredis.Redis.from_pool(ConnectionPool(**options))
+
+
+def sync_client(url: str, timeout: float | None = None) -> redis.Redis:
+    """A synchronous client for `url`: bounded connect and reply times, no retry (a reader
+    fails fast and says why; it can run again)."""
+    options: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
+    if timeout is not None:
+        options["socket_timeout"] = options["socket_connect_timeout"] = timeout
+    try:
+        return redis.Redis.from_url(url, **options)
+    except ValueError as e:
+        raise ConfigurationError(f"Redis URL {redacted(url)}: {e}") from e
+
+
+def redacted(url: str) -> str:
+    """`url` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

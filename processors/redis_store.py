@@ -57,6 +57,7 @@ from processors.projection_codec import (
     turn_to_json,
     unpack_event_ids,
 )
+from processors.redis_client import sync_client
 from producers.ports import CommitResult
 from schemas.errors import NotYetVisibleError, ProjectionError
 from session_model.fold import Kind
@@ -483,10 +484,14 @@ class RedisProjectionStore:
 
     @classmethod
     def from_url(
-        cls, url: str, keys: Keys | None = None, compact_after: int | None = None
+        cls,
+        url: str,
+        keys: Keys | None = None,
+        compact_after: int | None = None,
+        timeout: float | None = None,
     ) -> RedisProjectionStore:
-        """Connect to `url`."""
-        return cls(redis.Redis.from_url(url), keys or Keys(), compact_after=compact_after)
+        """A store on `url` (`timeout`: seconds a connect or a reply may take; one retry)."""
+        return cls(sync_client(url, timeout), keys or Keys(), compact_after=compact_after)
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip."""

@@ -70,7 +70,9 @@ def create_scheduler_app(
     def store() -> AsyncRedisProjectionStore:
         # redis.asyncio clients belong to the loop they were created in: create it in the app's.
         if "store" not in holder:
-            holder["store"] = AsyncRedisProjectionStore(async_client(settings.redis_url), keys)
+            holder["store"] = AsyncRedisProjectionStore(
+                async_client(settings.redis_url, settings.redis_timeout), keys
+            )
         result: AsyncRedisProjectionStore = holder["store"]
         return result
 

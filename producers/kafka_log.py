@@ -29,11 +29,16 @@ class ProducerConfig:
     max_in_flight: int = 5
     compression_type: str | None = None
     ack_timeout: float = 30.0
+    # Seconds the bootstrap, or a send waiting for metadata or buffer room, may block.
+    max_block: float = 60.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class KafkaEventLog:
-    """Appends session events to Kafka; an append returns its position once acknowledged."""
+    """Appends session events to Kafka; an append returns its position once acknowledged.
+
+    The producer connects on the first append, so a reader that never writes needs no broker.
+    """
 
     def __init__(
         self,
@@ -45,22 +50,33 @@ class KafkaEventLog:
         client_id: str = "milpa-sessions",
     ) -> None:
         self.topic = topic
+        self.bootstrap = bootstrap
         self.codec = codec or EventCodec()
         self.config = config or ProducerConfig()
-        try:
-            self._producer = KafkaProducer(
-                bootstrap_servers=bootstrap.split(","),
-                client_id=client_id,
-                acks="all",
-                enable_idempotence=True,
-                max_in_flight_requests_per_connection=self.config.max_in_flight,
-                linger_ms=self.config.linger_ms,
-                batch_size=self.config.batch_size,
-                compression_type=self.config.compression_type,
-                **self.config.extra,
-            )
-        except KafkaError as e:
-            raise LogError(f"cannot connect a producer to {bootstrap}: {e}") from e
+        self.client_id = client_id
+        self._client: KafkaProducer | None = None
+
+    @property
+    def _producer(self) -> KafkaProducer:
+        if self._client is None:
+            c = self.config
+            try:
+                self._client = KafkaProducer(
+                    bootstrap_servers=self.bootstrap.split(","),
+                    client_id=self.client_id,
+                    acks="all",
+                    enable_idempotence=True,
+                    max_in_flight_requests_per_connection=c.max_in_flight,
+                    linger_ms=c.linger_ms,
+                    batch_size=c.batch_size,
+                    compression_type=c.compression_type,
+                    max_block_ms=int(c.max_block * 1000),
+                    bootstrap_timeout_ms=int(c.max_block * 1000),
+                    **c.extra,
+                )
+            except KafkaError as e:
+                raise LogError(f"cannot connect a producer to {self.bootstrap}: {e}") from e
+        return self._client
 
     def send(self, event: Event) -> Any:
         """Queue one event without waiting; returns kafka-python's future (see `flush`)."""
@@ -81,15 +97,19 @@ class KafkaEventLog:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued event is acknowledged (or failed)."""
+        if self._client is None:
+            return
         try:
             self._producer.flush(timeout=timeout)
         except KafkaError as e:
             raise LogError(f"flush failed: {e}") from e
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Flush and close the producer."""
+        """Flush and close the producer (if it was ever connected)."""
+        if self._client is None:
+            return
         try:
-            self._producer.close(timeout=timeout)
+            self._client.close(timeout=timeout)
         except KafkaError as e:
             raise LogError(f"close failed: {e}") from e
 

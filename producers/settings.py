@@ -39,6 +39,16 @@ class Settings:
     signing_key: Path | None = None
     metrics_port: int = 0
     read_timeout: float = 10.0
+    # Seconds a Redis connect or reply may take before the call fails (the CLI then exits with
+    # one line; the worker retries with backoff), and a Kafka client's bootstrap and metadata.
+    redis_timeout: float = 3.0
+    kafka_timeout: float = 5.0
+    # How long a stopping worker or scheduler may take after SIGTERM before it exits regardless
+    # (what it had not committed is redelivered), and how long one waits at start-up for Kafka
+    # and Redis (0: for ever, printing a status line every startup_status_every seconds).
+    shutdown_grace: float = 10.0
+    startup_timeout: float = 0.0
+    startup_status_every: float = 10.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:

@@ -45,6 +45,7 @@ def ensure_topics(settings: Settings, timeout_ms: int = 30_000) -> dict[str, str
             bootstrap_servers=settings.kafka_bootstrap.split(","),
             client_id=f"{settings.producer_id}-admin",
             request_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=int(settings.kafka_timeout * 1000),
         )
     except KafkaError as e:
         raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
@@ -80,7 +81,11 @@ def ensure_topics(settings: Settings, timeout_ms: int = 30_000) -> dict[str, str
 def group_members(settings: Settings) -> list[str]:
     """The members of the workers' consumer group now (`client_id@host` each; empty if none)."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+        admin = KafkaAdminClient(
+            bootstrap_servers=settings.kafka_bootstrap.split(","),
+            request_timeout_ms=int(settings.kafka_timeout * 1000),
+            bootstrap_timeout_ms=int(settings.kafka_timeout * 1000),
+        )
     except KafkaError as e:
         raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
     try:
