@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from kafka import KafkaProducer
 
 from processors.keys import Keys
 from processors.redis_store import RedisProjectionStore
@@ -149,6 +150,14 @@ def kafka_log(settings: Settings) -> Iterator[KafkaEventLog]:
     log = KafkaEventLog(settings.kafka_bootstrap, settings.events_topic)
     yield log
     log.close()
+
+
+@pytest.fixture
+def raw_producer(settings: Settings) -> Iterator[KafkaProducer]:
+    """A plain kafka-python producer: it writes whatever bytes it is given, where it is told."""
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap.split(","), acks="all")
+    yield producer
+    producer.close(timeout=10)
 
 
 @pytest.fixture

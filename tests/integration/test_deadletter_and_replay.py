@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from io import BytesIO
 from pathlib import Path
@@ -38,14 +37,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 OCCURRED = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def raw_producer(settings: Settings) -> Iterator[KafkaProducer]:
-    """A plain kafka-python producer: it writes whatever bytes it is given."""
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap.split(","), acks="all")
-    yield producer
-    producer.close(timeout=10)
 
 
 def _event(sid: str, n: int, type_: str, payload: dict[str, Any]) -> Event:

@@ -12,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -32,25 +30,12 @@ from session_model.projection import Position
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import REPO
 from tests.integration.expected import expected_projections
-from tests.integration.test_deadletter_and_replay import _consume_all
+from tests.integration.test_deadletter_and_replay import _consume_all, _event
 from tests.integration.test_scale_and_crash import assert_equals_the_fold, dump, wait_for_all
 
 pytestmark = pytest.mark.integration
 
-OCCURRED = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 SID = "s-rebuild"
-
-
-@pytest.fixture
-def raw_producer(settings: Settings) -> Iterator[KafkaProducer]:
-    """A plain kafka-python producer that sends what it is given, where it is told."""
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap.split(","), acks="all")
-    yield producer
-    producer.close(timeout=10)
-
-
-def _event(sid: str, n: int, type_: str, payload: dict[str, Any]) -> Event:
-    return Event(f"{sid}-e{n}", sid, type_, OCCURRED, "it-agent", payload)
 
 
 def _other_key(settings: Settings, sid: str) -> str:

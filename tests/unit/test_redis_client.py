@@ -13,7 +13,9 @@ from processors.redis_client import (
     HiredisSSLConnection,
     HiredisUnixConnection,
     async_client,
+    redacted,
 )
+from schemas.errors import ConfigurationError
 
 COMMANDS: list[tuple[Any, ...]] = [
     ("PING",),
@@ -73,5 +75,10 @@ def test_the_url_options_are_kept() -> None:
 
 
 def test_an_unsupported_scheme_is_refused() -> None:
-    with pytest.raises(ValueError, match="redis://"):
+    with pytest.raises(ConfigurationError, match="redis://"):
         async_client("http://127.0.0.1:6379")
+
+
+def test_messages_show_a_redis_url_without_its_password() -> None:
+    assert redacted("redis://u:secret@h:1/0") == "redis://u:***@h:1/0"
+    assert redacted("redis://h:1/0") == "redis://h:1/0"
