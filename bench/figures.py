@@ -41,10 +41,14 @@ from bench.stats import (
     rate,
     summary,
 )
-from processors.indexes import ceil_ms
-from processors.keys import Keys
-from processors.redis_client import async_client
-from processors.redis_store import (
+from processors.replay import replay
+from producers.kafka_log import KafkaEventLog, ProducerConfig
+from producers.settings import Settings
+from producers.topics import delete_topics
+from projections.indexes import ceil_ms
+from projections.keys import Keys
+from projections.redis_client import async_client
+from projections.redis_store import (
     COMMIT_SCRIPT,
     READ_SCRIPT,
     RedisProjectionStore,
@@ -52,10 +56,6 @@ from processors.redis_store import (
     grouped,
     read_groups,
 )
-from processors.replay import replay
-from producers.kafka_log import KafkaEventLog, ProducerConfig
-from producers.settings import Settings
-from producers.topics import delete_topics
 from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.events import Event
@@ -1412,9 +1412,9 @@ def memory(run: Run) -> None:
     if batch:
         flush()
     key_sum = sum(by_kind.values())
-    # What a sample of the state hashes hold (the layout: processors/redis_store.py).
-    from processors.projection_codec import STATE_VERSION  # noqa: PLC0415 - only here
-    from processors.redis_store import stored_sizes  # noqa: PLC0415 - only this figure uses it
+    # What a sample of the state hashes hold (the layout: projections/redis_store.py).
+    from projections.codec import STATE_VERSION  # noqa: PLC0415 - only here
+    from projections.redis_store import stored_sizes  # noqa: PLC0415 - only this figure uses it
 
     sample = work.sessions[:: max(n // 200, 1)]
     pipe = client.pipeline(transaction=False)
@@ -1452,7 +1452,7 @@ def memory(run: Run) -> None:
                 "key_memory_usage_gib_per_1m": extrapolate(key_sum, n, 1_000_000) / GIB,
                 "bytes_per_session_by_key": {k: v / n for k, v in sorted(by_kind.items())},
                 "layout": f"{STATE_VERSION}: one state hash per session holding state, event ids "
-                "and timeline in chunks (processors/redis_store.py)",
+                "and timeline in chunks (projections/redis_store.py)",
                 "state_hash_encodings": dict(sorted(encodings.items())),
                 "state_hash_fields_mean": mean("fields"),
                 "state_bytes_mean": mean("state"),

@@ -9,7 +9,7 @@ on its own:
 - `decode`: `EventCodec.decode` of every record value, into `Record`s;
 - `fold`: `BatchFolder.fold` onto the states the previous batches left (the cache the worker and
   the replay keep), and the cache update;
-- `commit_args`: `processors.redis_store.commit_call` of every update: state JSON, turns, the
+- `commit_args`: `projections.redis_store.commit_call` of every update: state JSON, turns, the
   timeline entries (`SessionUpdate.timeline`) and their JSON, indexes, counters — the rest of the
   worker's per-event work before Redis.
 
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.workload import sessions_workload
-from processors.keys import Keys
-from processors.redis_store import commit_call
+from projections.keys import Keys
+from projections.redis_store import commit_call
 from schemas.codec import EventCodec
 from session_model.partitioning import partition_for
 from session_model.projection import BatchFolder, Folded, Position, Record

@@ -27,9 +27,9 @@ import redis
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
-from processors.keys import Keys
 from producers.settings import Settings
 from producers.topics import delete_topics, ensure_topics
+from projections.keys import Keys
 
 REPO = Path(__file__).resolve().parents[1]
 # Faust reads these from the environment; a dead member must not hold a partition for a minute.

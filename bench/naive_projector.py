@@ -25,8 +25,8 @@ def create_app(settings: Any) -> Any:
     import faust  # noqa: PLC0415
     import redis.asyncio as aioredis  # noqa: PLC0415
 
-    from processors.keys import Keys  # noqa: PLC0415
-    from processors.redis_store import AsyncRedisProjectionStore  # noqa: PLC0415
+    from projections.keys import Keys  # noqa: PLC0415
+    from projections.redis_store import AsyncRedisProjectionStore  # noqa: PLC0415
     from schemas.codec import EventCodec  # noqa: PLC0415
     from session_model.projection import BatchFolder, Folded, Position, Record  # noqa: PLC0415
 

@@ -94,20 +94,20 @@ def _frame_name(frame: str) -> str:
 # "Weak" rules (the event loop itself) apply only when no other frame of the stack matches.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scheduler (processors/scheduler.py)", ("processors/scheduler.py",)),
-    ("decisions publish", ("_publish_decisions", "processors/decisions.py")),
+    ("decisions publish", ("_publish_decisions", "producers/decisions.py")),
     ("avro decode/encode (schemas/codec.py, fastavro)", ("schemas/codec.py", "fastavro")),
     (
         "commit arguments: state JSON, timeline JSON, indexes",
-        ("commit_call", "processors/projection_codec.py", "processors/indexes.py"),
+        ("commit_call", "projections/codec.py", "projections/indexes.py"),
     ),
     ("timeline entries (session_model/timeline.py)", ("session_model/timeline.py",)),
     ("fold (session_model)", ("session_model/",)),
     (
-        "replay loop (processors/replay.py, producers/projector.py)",
-        ("processors/replay.py", "producers/projector.py"),
+        "replay loop (processors/replay.py, projections/projector.py)",
+        ("processors/replay.py", "projections/projector.py"),
     ),
     ("redis client (redis-py: pack, send, parse)", ("redis/", "hiredis")),
-    ("redis store glue (processors/redis_store.py)", ("processors/redis_store.py",)),
+    ("redis store glue (projections/redis_store.py)", ("projections/redis_store.py",)),
     ("worker batch glue (processors/worker.py)", ("processors/worker.py",)),
     ("faust agent glue (processors/app.py)", ("processors/app.py",)),
     ("kafka consumer (aiokafka)", ("aiokafka/", "kafka/")),

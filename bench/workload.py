@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from producers.memory import InMemoryEventLog, InMemoryProjectionStore
+from producers.memory import InMemoryEventLog
 from producers.store import SessionStore, deadline_in
+from projections.memory import InMemoryProjectionStore
 from schemas.events import Event
 from session_model.deadlines import format_instant
 from session_model.partitioning import partition_for

@@ -16,8 +16,8 @@ import redis
 from kafka.errors import KafkaError
 from rich.console import Console
 
-from processors.redis_client import redacted
 from producers.settings import Settings
+from projections.redis_client import redacted
 from schemas.errors import InvalidCall, LogError, MilpaError, ProjectionError
 
 err = Console(stderr=True, soft_wrap=True)

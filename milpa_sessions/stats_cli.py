@@ -20,7 +20,8 @@ from rich.table import Table
 
 from milpa_sessions import wiring
 from milpa_sessions.failures import CleanGroup
-from processors.analytics import (
+from producers.settings import Settings
+from projections.analytics import (
     GROUPINGS,
     Analytics,
     Count,
@@ -31,8 +32,7 @@ from processors.analytics import (
     parse_hour,
     window_hours,
 )
-from processors.indexes import TTA_BUCKETS
-from producers.settings import Settings
+from projections.indexes import TTA_BUCKETS
 
 out = Console()
 err = Console(stderr=True)

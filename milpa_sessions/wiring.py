@@ -9,14 +9,14 @@ from pathlib import Path
 
 import redis
 
-from processors.keys import Keys
-from processors.redis_client import redacted, sync_client
-from processors.redis_store import RedisProjectionStore
 from processors.running import wait_for
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import Settings
 from producers.store import SessionStore
 from producers.topics import ensure_topics
+from projections.keys import Keys
+from projections.redis_client import redacted, sync_client
+from projections.redis_store import RedisProjectionStore
 from schemas.errors import ConfigurationError, ProjectionError
 from session_model.signing import Signer, TrustedKeys
 

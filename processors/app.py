@@ -20,14 +20,14 @@ from typing import Any
 from faust.exceptions import ConsumerNotStarted
 
 from processors.batch_consumer import BatchApp
-from processors.keys import Keys
 from processors.metrics import Metrics
-from processors.redis_client import async_client
-from processors.redis_store import AsyncRedisProjectionStore
 from processors.scheduler import Scheduler, SchedulerStats
 from processors.sinks import LazyProducer, ProducerSink
 from processors.worker import Consumed, ProjectionWorker, WorkerStats
 from producers.settings import Settings
+from projections.keys import Keys
+from projections.redis_client import async_client
+from projections.redis_store import AsyncRedisProjectionStore
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys

@@ -48,8 +48,8 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from processors.redis_store import RedisProjectionStore
-from producers.projector import Projector
+from projections.projector import Projector
+from projections.redis_store import RedisProjectionStore
 from schemas.codec import EventCodec
 from schemas.errors import BackendError, LogError, MilpaError
 from session_model.intake import Intake

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from processors.histogram import LATENESS_MS_BUCKETS, Histogram
-from processors.indexes import ceil_ms, compaction_due
 from processors.worker import Sink
+from projections.indexes import ceil_ms, compaction_due
 from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.events import Event, utc_millis

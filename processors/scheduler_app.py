@@ -27,12 +27,12 @@ import faust
 from faust.app.base import BootStrategy
 
 from processors.app import serve_metrics
-from processors.keys import Keys
-from processors.redis_client import async_client
-from processors.redis_store import AsyncRedisProjectionStore
 from processors.scheduler import Scheduler
 from processors.sinks import LazyProducer, ProducerSink
 from producers.settings import Settings
+from projections.keys import Keys
+from projections.redis_client import async_client
+from projections.redis_store import AsyncRedisProjectionStore
 from schemas.errors import ProjectionError
 from session_model.compaction import Compactor
 from session_model.projection import Folded

@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from processors.decisions import decision_record
 from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
-from processors.redis_store import AsyncRedisProjectionStore
-from producers.ports import CommitResult
+from producers.decisions import decision_record
+from projections.redis_store import AsyncRedisProjectionStore
 from schemas.codec import EventCodec
 from schemas.errors import ProjectionError
 from session_model.fold import Kind
 from session_model.intake import WRONG_PARTITION, Intake, Refusal
+from session_model.ports import CommitResult
 from session_model.projection import (
     BatchFolder,
     Folded,

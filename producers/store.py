@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from producers.memory import in_memory_backend
-from producers.ports import EventLog, ProjectionStore
 from schemas import events as ev
 from schemas.errors import (
     InvalidCall,
@@ -30,6 +29,7 @@ from session_model.canonical import argument_digest as digest_of
 from session_model.deadlines import format_instant
 from session_model.modes import Mode, parse_mode
 from session_model.policy import ceiling_for
+from session_model.ports import EventLog, ProjectionStore
 from session_model.principal import Principal
 from session_model.projection import Position
 from session_model.session import ROLES, TODO_STATUSES, Question, Session, Todo, Turn

@@ -1,4 +1,4 @@
-"""The contract every `ProjectionStore` (producers/ports.py) passes, written once.
+"""The contract every `ProjectionStore` (session_model/ports.py) passes, written once.
 
 Not collected by itself (the module name does not start with `test_`). A suite runs the contract
 for a concrete store by subclassing `ProjectionStoreContract` in a `test_*.py` module that defines a
@@ -31,12 +31,12 @@ from typing import Any
 
 import pytest
 
-from producers.ports import CommitResult, ProjectionStore
-from producers.projector import MAX_CONFLICT_RETRIES, Projector
+from projections.projector import MAX_CONFLICT_RETRIES, Projector
 from schemas import events as ev
 from schemas.errors import NotYetVisibleError, ProjectionError
 from schemas.events import Event
 from session_model.fold import fold, step
+from session_model.ports import CommitResult, ProjectionStore
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
 from session_model.signing import TrustedKeys
 from session_model.timeline import translate

@@ -25,12 +25,12 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
-from processors.keys import Keys
-from processors.redis_store import RedisProjectionStore
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore
 from producers.topics import delete_topics, ensure_topics
+from projections.keys import Keys
+from projections.redis_store import RedisProjectionStore
 from schemas.errors import LogError
 
 REPO = Path(__file__).resolve().parents[2]

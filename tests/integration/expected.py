@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from processors.redis_store import RedisProjectionStore
 from producers.kafka_log import KafkaEventLog
+from projections.redis_store import RedisProjectionStore
 from schemas.events import Event
 from session_model.fold import step
 from session_model.projection import Position

@@ -23,11 +23,11 @@ from kafka.admin import KafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from milpa_sessions.cli import main
-from processors.analytics import Analytics, Count, PausesByReason
-from processors.redis_store import RedisProjectionStore
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
+from projections.analytics import Analytics, Count, PausesByReason
+from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
 from session_model.session import Question

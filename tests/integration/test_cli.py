@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from milpa_sessions.cli import main
-from processors.redis_store import RedisProjectionStore
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore
 from producers.topics import group_members
+from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question
 from session_model.projection import Position
 from tests.integration.conftest import wait_until, with_keys

@@ -13,11 +13,11 @@ from fastavro import parse_schema, schemaless_writer
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from milpa_sessions import wiring
-from processors.redis_store import RedisProjectionStore
 from processors.replay import replay
 from processors.worker import DEADLETTER_REASON, DEADLETTER_SOURCE
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
+from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import ENVELOPE_SCHEMA, MARKER, EventCodec, SchemaRegistry, schema_fingerprint
 from schemas.events import Event

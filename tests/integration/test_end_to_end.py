@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from processors.decisions import DecisionSubscriber
-from processors.redis_store import RedisProjectionStore
+from producers.decisions import DecisionSubscriber
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
+from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.errors import NotYetVisibleError
 from session_model.policy import permission_question

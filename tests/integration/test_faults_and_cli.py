@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import redis
 
-from processors.keys import Keys
-from processors.redis_store import RedisProjectionStore
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore
+from projections.keys import Keys
+from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question
 from tests.integration.conftest import REPO, wait_until, with_keys
 from tests.unit.builders import started, turn

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from processors.keys import Keys
-from processors.redis_client import async_client
-from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore, stored_sizes
+from projections.keys import Keys
+from projections.redis_client import async_client
+from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore, stored_sizes
 from schemas import events as ev
 from schemas.errors import ProjectionError
 from schemas.events import Event

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from processors.keys import Keys
-from processors.redis_store import RedisProjectionStore
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
+from projections.keys import Keys
+from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.errors import BackendError, LogError, ProjectionError

@@ -24,13 +24,14 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
 from processors import worker as worker_module
-from processors.keys import Keys
-from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from processors.worker import ProjectionWorker, RawRecord
 from producers.kafka_log import KafkaEventLog
-from producers.memory import InMemoryEventLog, InMemoryProjectionStore
+from producers.memory import InMemoryEventLog
 from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
+from projections.keys import Keys
+from projections.memory import InMemoryProjectionStore
+from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.errors import LogError

@@ -13,15 +13,15 @@ import pytest
 import redis.asyncio as aioredis
 from kafka import KafkaConsumer
 
-from processors.indexes import ceil_ms
-from processors.keys import Keys
-from processors.redis_client import async_client
-from processors.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from processors.scheduler import Scheduler
 from processors.sinks import LazyProducer, ProducerSink
 from producers.kafka_log import KafkaEventLog
 from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
+from projections.indexes import ceil_ms
+from projections.keys import Keys
+from projections.redis_client import async_client
+from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas.codec import EventCodec
 from session_model.compaction import Compactor
 from session_model.deadlines import format_instant, parse_deadline

@@ -13,7 +13,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from milpa_sessions.stats_cli import describe_window, parse_since, pause_rows_json
-from processors.analytics import (
+from processors.histogram import LATENESS_MS_BUCKETS, Histogram
+from processors.metrics import Metrics, consumer_lag
+from processors.scheduler import SchedulerStats
+from processors.worker import WorkerStats
+from projections.analytics import (
     Analytics,
     Count,
     PausesByHour,
@@ -28,12 +32,8 @@ from processors.analytics import (
     tta_labels,
     window_hours,
 )
-from processors.histogram import LATENESS_MS_BUCKETS, Histogram
-from processors.indexes import TTA_BUCKETS, hour_of, tta_bucket
-from processors.keys import Keys
-from processors.metrics import Metrics, consumer_lag
-from processors.scheduler import SchedulerStats
-from processors.worker import WorkerStats
+from projections.indexes import TTA_BUCKETS, hour_of, tta_bucket
+from projections.keys import Keys
 from schemas.errors import ProjectionError
 
 NOW = datetime(2026, 3, 10, 10, 15, 30, tzinfo=UTC)

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from producers.memory import InMemoryProjectionStore
-from producers.projector import Projector
+from projections.memory import InMemoryProjectionStore
+from projections.projector import Projector
 from schemas.codec import EventCodec
 from session_model import intake
 from session_model.intake import Intake, Refusal

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.projection_codec import (
+from projections.codec import (
     NOT_IN_STATE,
     STATE_VERSION,
     STORED_FIELDS,

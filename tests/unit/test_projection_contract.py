@@ -13,11 +13,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from producers.memory import InMemoryProjectionStore, in_memory_backend
-from producers.ports import ProjectionStore
+from producers.memory import in_memory_backend
+from projections.memory import InMemoryProjectionStore
 from schemas import events as ev
 from schemas.errors import NotYetVisibleError
 from schemas.events import Event
+from session_model.ports import ProjectionStore
 from session_model.projection import Position
 from tests.contract_projection import ProjectionStoreContract
 

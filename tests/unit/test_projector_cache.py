@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from producers.memory import InMemoryProjectionStore
-from producers.projector import Projector
+from projections.memory import InMemoryProjectionStore
+from projections.projector import Projector
 from session_model.fold import fold
 from session_model.projection import BatchFolder, Folded, Position, Record
 from tests.unit.builders import started, turn

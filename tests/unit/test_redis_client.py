@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from processors.redis_client import (
+from projections.redis_client import (
     HiredisConnection,
     HiredisSSLConnection,
     HiredisUnixConnection,

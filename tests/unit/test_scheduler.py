@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from processors.indexes import ceil_ms
 from processors.scheduler import Scheduler
+from projections.indexes import ceil_ms
 from schemas import events as ev
 from schemas.codec import EventCodec
 from session_model.compaction import Compactor

@@ -17,8 +17,8 @@ from typing import Any, Literal, overload
 
 import redis
 
-from processors.indexes import TTA_BUCKETS, UNSPECIFIED, hour_of
-from processors.keys import Keys
+from projections.indexes import TTA_BUCKETS, UNSPECIFIED, hour_of
+from projections.keys import Keys
 from schemas.errors import ProjectionError
 
 Grouping = Literal["reason", "hour", "outcome"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from processors.keys import Keys
+from projections.keys import Keys
 from session_model.projection import SessionUpdate
 from session_model.session import Session
 

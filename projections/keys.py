@@ -15,7 +15,7 @@ DEFAULT_PREFIX = "ms"
 
 @dataclass(frozen=True, slots=True)
 class SessionKeys:
-    """The keys of one session (layout: `processors/redis_store.py`)."""
+    """The keys of one session (layout: `projections/redis_store.py`)."""
 
     state: str  # hash: mark, window, state; while small also the event ids and timeline entries
     turns: str  # list: every turn, summarised ones included (JSON)

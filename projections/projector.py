@@ -6,9 +6,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from producers.ports import ProjectionStore
 from schemas.errors import ProjectionError
 from session_model.intake import WRONG_PARTITION
+from session_model.ports import ProjectionStore
 from session_model.projection import BatchFolder, Folded, Record, SessionUpdate, foreign_records
 
 MAX_CONFLICT_RETRIES = 5

@@ -44,9 +44,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-from processors.indexes import index_changes
-from processors.keys import Keys
-from processors.projection_codec import (
+from projections.codec import (
     check_version,
     entry_from_json,
     entry_to_json,
@@ -57,10 +55,12 @@ from processors.projection_codec import (
     turn_to_json,
     unpack_event_ids,
 )
-from processors.redis_client import sync_client
-from producers.ports import CommitResult
+from projections.indexes import index_changes
+from projections.keys import Keys
+from projections.redis_client import sync_client
 from schemas.errors import NotYetVisibleError, ProjectionError
 from session_model.fold import Kind
+from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.session import Session, Turn
 from session_model.timeline import TimelineEntry
