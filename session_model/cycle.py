@@ -1,0 +1,255 @@
+"""The projector's fold → commit → conflict loop, sans I/O: one loop for every projector.
+
+`ProjectionCycle` keeps the folded states it knows (its cache) and, instead of calling a store,
+yields requests: `Read` (the stored states of sessions it does not know), `Write` (a batch of
+updates, answered with a `CommitResult`) and `Pause` (a point where an event loop may run others).
+A shell answers them: `run` with a synchronous `ProjectionStore` (the in-memory projector, replay),
+the worker with the asynchronous Redis store (retrying, and yielding to the event loop on `Pause`).
+Every projector thus folds, skips, commits and re-folds conflicts by the same rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from schemas.errors import ProjectionError
+from session_model.ports import CommitResult, ProjectionStore
+from session_model.projection import (
+    BatchFolder,
+    Folded,
+    Record,
+    SessionUpdate,
+    foreign_records,
+    joined,
+    redelivered_decisions,
+)
+from session_model.session import Decision
+
+T = TypeVar("T")
+SLICE = 500  # records folded between two pauses
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Request: the stored state and mark of these sessions (answered with `dict[str, Folded]`)."""
+
+    session_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """Request: commit these updates (answered with a `CommitResult`)."""
+
+    updates: tuple[SessionUpdate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Request: let other work run (answered with None)."""
+
+
+PAUSE = Pause()
+Request = Read | Write | Pause
+Steps = Generator[Request, Any, T]
+Redecided = tuple[tuple[str, Decision], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Folding:
+    """A batch folded, not yet committed."""
+
+    records: tuple[Record, ...]  # those folded or skipped as redelivered (foreign ones left out)
+    updates: tuple[SessionUpdate, ...]
+    again: Redecided = ()  # decisions of records already applied (published again)
+    foreign: tuple[Record, ...] = ()  # records of sessions projected from another partition
+    redelivered: int = 0  # records at or below their session's mark
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What committing a folded batch did."""
+
+    updates: tuple[SessionUpdate, ...]
+    again: Redecided = ()  # decisions a re-fold found already applied
+    foreign: tuple[Record, ...] = ()  # found by a re-fold
+    conflicts: int = 0
+    redelivered: int = 0  # the re-folds' count, less what the conflicted folds had counted
+
+
+@dataclass
+class ProjectionCycle:
+    """Folds batches onto the states it knows and commits them, re-folding conflicts.
+
+    The folded states enter the cache at once, so a next batch can be folded while this one is
+    committed: a state is determined by its mark, so whoever folds a session's partition up to
+    offset X gets the same state. A conflict drops the session from the cache and re-folds its
+    records from the store. With `keep=False` the cache lasts one batch (a store with other
+    writers); beyond `cache_limit` sessions the older half is dropped after a commit.
+    """
+
+    folder: BatchFolder
+    keep: bool = True
+    cache_limit: int | None = None
+    slice_size: int = SLICE
+    max_rounds: int | None = None  # conflict rounds before giving up (None: never)
+    cache: dict[str, Folded] = field(default_factory=dict)
+
+    def forget(self) -> None:
+        """Drop every known state (another projector may have advanced these sessions)."""
+        self.cache.clear()
+
+    def project(self, records: Sequence[Record]) -> Steps[tuple[Folding, Committed]]:
+        """Fold and commit one batch."""
+        folding = yield from self.fold(records)
+        return folding, (yield from self.commit(folding))
+
+    def states(self, session_ids: Sequence[str]) -> Steps[dict[str, Folded]]:
+        """The latest folded state of these sessions (known first, one read for the others)."""
+        cache = self.cache
+        misses = tuple(sid for sid in session_ids if sid not in cache)
+        if misses:
+            cache.update((yield Read(misses)))
+        return {sid: cache[sid] for sid in session_ids if sid in cache}
+
+    def fold(self, records: Sequence[Record]) -> Steps[Folding]:
+        """Fold onto the known states (reading the others), in slices with a pause between.
+
+        A session touched in several slices gets one update (`joined`), based on its mark before
+        the batch. A slice re-reads a session that left the cache meanwhile (a conflict of the
+        batch being committed drops it); the commit's compare-and-set catches a state folded twice.
+        """
+        ids = list(dict.fromkeys(r.event.session_id for r in records))
+        new: set[str] = set()  # read and not found: sessions this batch starts
+        yield from self._read_missing(ids, new)
+        merged: dict[str, SessionUpdate] = {}
+        again: list[tuple[str, Decision]] = []
+        foreign: list[Record] = []
+        redelivered = 0
+        fold, cache, size = self.folder.fold, self.cache, self.slice_size
+        for at in range(0, len(records), size):
+            chunk = records[at : at + size]
+            if at:
+                yield PAUSE
+                yield from self._read_missing([r.event.session_id for r in chunk], new)
+                self._refold_replaced(records[:at], chunk, merged)
+            updates = fold(cache, chunk)
+            skipped = len(chunk) - sum(len(u.steps) for u in updates)
+            if skipped:  # rare (a redelivery): only then is the slice searched, before its fold
+                strays = foreign_records(cache, chunk)
+                foreign.extend(strays)
+                redelivered += skipped - len(strays)
+                again.extend(redelivered_decisions(cache, chunk))
+            for u in updates:
+                sid = u.session_id
+                cache[sid] = Folded(u.state, u.mark)
+                before = merged.get(sid)
+                merged[sid] = u if before is None else joined(before, u)
+        kept = tuple(records)
+        if foreign:
+            gone = {id(r) for r in foreign}
+            kept = tuple(r for r in records if id(r) not in gone)
+        return Folding(kept, tuple(merged.values()), tuple(again), tuple(foreign), redelivered)
+
+    def commit(self, folding: Folding) -> Steps[Committed]:
+        """Commit a folded batch, re-folding conflicted sessions from the store until none is.
+
+        Batches must be committed in the order they were folded. A re-fold may find records
+        already applied (by a stale owner, or by this projector's own earlier fold) whose
+        decisions may never have been published: they are returned in `again`.
+        """
+        records, updates = folding.records, folding.updates
+        done: list[SessionUpdate] = []
+        again: list[tuple[str, Decision]] = []
+        foreign: list[Record] = []
+        conflicts = redelivered = rounds = 0
+        while updates:
+            result: CommitResult = yield Write(updates)
+            conflicted = set(result.conflicts)
+            done.extend(u for u in updates if u.session_id not in conflicted)
+            if not conflicted:
+                break
+            rounds += 1
+            if self.max_rounds is not None and rounds >= self.max_rounds:
+                raise ProjectionError(f"sessions kept conflicting: {sorted(conflicted)}")
+            conflicts += len(conflicted)
+            for sid in conflicted:
+                self.cache.pop(sid, None)  # re-read: someone else moved this session's mark
+            records = tuple(r for r in records if r.event.session_id in conflicted)
+            redelivered -= len(records) - sum(
+                len(u.steps) for u in updates if u.session_id in conflicted
+            )  # counted again by the re-fold
+            refolded = yield from self.fold(records)
+            records, updates = refolded.records, refolded.updates
+            again.extend(refolded.again)
+            foreign.extend(refolded.foreign)
+            redelivered += refolded.redelivered
+        self._trim()
+        return Committed(tuple(done), tuple(again), tuple(foreign), conflicts, redelivered)
+
+    def _read_missing(self, session_ids: Sequence[str], new: set[str]) -> Steps[None]:
+        """Read the sessions neither known nor known to be new (one read, if any).
+
+        Checked again after each read: while it was answered, a batch being committed may have
+        trimmed the cache or dropped a conflicted session, and the fold that follows must find
+        every session it folds.
+        """
+        cache = self.cache
+        while misses := tuple(
+            dict.fromkeys(s for s in session_ids if s not in cache and s not in new)
+        ):
+            found: dict[str, Folded] = yield Read(misses)
+            cache.update(found)
+            new.update(s for s in misses if s not in found)
+
+    def _refold_replaced(
+        self, earlier: Sequence[Record], chunk: Sequence[Record], merged: dict[str, SessionUpdate]
+    ) -> None:
+        """Fold again the earlier slices' records of sessions whose known state was replaced.
+
+        During a pause a batch being committed may have trimmed the cache or re-read a conflicted
+        session: the cache then no longer holds what the earlier slices folded, and this slice's
+        update would not follow theirs. Their records are folded again onto what the cache holds
+        now (those at or below its mark are skipped): one update per session, from one state.
+        """
+        cache = self.cache
+        replaced = {
+            sid
+            for sid in {r.event.session_id for r in chunk}
+            if sid in merged and ((f := cache.get(sid)) is None or f.mark != merged[sid].mark)
+        }
+        if not replaced:
+            return
+        for sid in replaced:
+            del merged[sid]
+        redone = self.folder.fold(cache, [r for r in earlier if r.event.session_id in replaced])
+        for u in redone:
+            cache[u.session_id] = Folded(u.state, u.mark)
+            merged[u.session_id] = u
+
+    def _trim(self) -> None:
+        cache = self.cache
+        if not self.keep:
+            cache.clear()
+        elif self.cache_limit is not None and len(cache) > self.cache_limit:
+            # In insertion order: the sessions known first are dropped first.
+            for sid in list(cache)[: len(cache) // 2]:
+                del cache[sid]
+
+
+def run(steps: Steps[T], store: ProjectionStore) -> T:
+    """Answer a cycle's requests with a synchronous store; the cycle's result."""
+    reply: Any = None
+    while True:
+        try:
+            request = steps.send(reply)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        if type(request) is Read:
+            reply = store.folded(request.session_ids)
+        elif type(request) is Write:
+            reply = store.commit(request.updates)
+        else:
+            reply = None
