@@ -41,9 +41,9 @@ from bench.stats import (
     rate,
     summary,
 )
+from milpa_sessions.settings import Settings
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog, ProducerConfig
-from producers.settings import Settings
 from producers.topics import delete_topics
 from projections.indexes import ceil_ms
 from projections.keys import Keys

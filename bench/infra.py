@@ -27,7 +27,7 @@ import redis
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
-from producers.settings import Settings
+from milpa_sessions.settings import Settings
 from producers.topics import delete_topics, ensure_topics
 from projections.keys import Keys
 

@@ -26,7 +26,8 @@ from typing import Any
 from bench import infra
 from bench.figures import FIGURES, Run, Sizes
 from bench.stats import Figure, table
-from producers.settings import ENV_PREFIX, Settings
+from milpa_sessions.settings import Settings
+from producers.settings import ENV_PREFIX
 
 
 def git_state() -> dict[str, object]:

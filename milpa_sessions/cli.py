@@ -22,9 +22,9 @@ from milpa_sessions.demo import run_demo
 from milpa_sessions.failures import CleanGroup
 from milpa_sessions.fleet import FleetConfig
 from milpa_sessions.render import out, render_session, render_timeline, session_summary
+from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
 from processors.replay import replay
-from producers.settings import Settings
 from producers.store import SessionStore
 from producers.topics import ensure_topics, group_members
 from schemas.errors import InvalidCall, WorkersRunningError

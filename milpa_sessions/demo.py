@@ -29,9 +29,9 @@ from rich.table import Table
 from milpa_sessions import wiring
 from milpa_sessions.fleet import FleetConfig, FleetProgress, run_fleet
 from milpa_sessions.render import out, render_session, render_timeline
+from milpa_sessions.settings import Settings
 from producers.decisions import DecisionSubscriber, PublishedDecision
 from producers.memory import in_memory_backend
-from producers.settings import Settings
 from producers.store import SessionStore
 from producers.topics import ensure_topics
 from session_model.ports import EventLog, ProjectionStore

@@ -16,7 +16,7 @@ import redis
 from kafka.errors import KafkaError
 from rich.console import Console
 
-from producers.settings import Settings
+from milpa_sessions.settings import Settings
 from projections.redis_client import redacted
 from schemas.errors import InvalidCall, LogError, MilpaError, ProjectionError
 

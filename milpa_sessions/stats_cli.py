@@ -20,7 +20,7 @@ from rich.table import Table
 
 from milpa_sessions import wiring
 from milpa_sessions.failures import CleanGroup
-from producers.settings import Settings
+from milpa_sessions.settings import Settings
 from projections.analytics import (
     GROUPINGS,
     Analytics,

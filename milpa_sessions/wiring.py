@@ -10,8 +10,9 @@ from pathlib import Path
 import redis
 
 from processors.running import wait_for
+from processors.settings import WorkerSettings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
-from producers.settings import Settings
+from producers.settings import StackSettings, WriterSettings
 from producers.store import SessionStore
 from producers.topics import ensure_topics
 from projections.keys import Keys
@@ -21,7 +22,7 @@ from schemas.errors import ConfigurationError, ProjectionError
 from session_model.signing import Signer, TrustedKeys
 
 
-def trusted_keys(settings: Settings) -> TrustedKeys:
+def trusted_keys(settings: StackSettings) -> TrustedKeys:
     """The answering keys the fold trusts: every `*.pem` public key in `trusted_keys_dir`."""
     directory = settings.trusted_keys_dir
     if directory is None:
@@ -31,13 +32,13 @@ def trusted_keys(settings: Settings) -> TrustedKeys:
     return TrustedKeys.from_pem_files(sorted(directory.glob("*.pem")))
 
 
-def signer(settings: Settings) -> Signer | None:
+def signer(settings: WriterSettings) -> Signer | None:
     """The answering key of this surface, if configured (its file stem is the key id)."""
     path: Path | None = settings.signing_key
     return Signer.from_pem_file(path) if path is not None else None
 
 
-def projection_store(settings: Settings) -> RedisProjectionStore:
+def projection_store(settings: StackSettings) -> RedisProjectionStore:
     """The Redis projection store under the configured key prefix."""
     return RedisProjectionStore.from_url(
         settings.redis_url,
@@ -47,7 +48,7 @@ def projection_store(settings: Settings) -> RedisProjectionStore:
     )
 
 
-def session_store(settings: Settings, *, producer: str | None = None) -> SessionStore:
+def session_store(settings: WriterSettings, *, producer: str | None = None) -> SessionStore:
     """A `SessionStore` writing to Kafka and reading the Redis projections."""
     log = KafkaEventLog(
         settings.kafka_bootstrap,
@@ -64,7 +65,7 @@ def session_store(settings: Settings, *, producer: str | None = None) -> Session
     )
 
 
-def ping_redis(settings: Settings) -> None:
+def ping_redis(settings: StackSettings) -> None:
     """Raise `ProjectionError` unless Redis answers a PING within the configured timeout."""
     client = sync_client(settings.redis_url, settings.redis_timeout)
     try:
@@ -75,7 +76,7 @@ def ping_redis(settings: Settings) -> None:
         client.close()
 
 
-def wait_for_stack(settings: Settings) -> None:
+def wait_for_stack(settings: WorkerSettings) -> None:
     """Block until Kafka (the project's topics exist) and Redis answer, with backoff.
 
     For long-running processes started before their services: a status line every

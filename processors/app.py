@@ -22,9 +22,9 @@ from faust.exceptions import ConsumerNotStarted
 from processors.batch_consumer import BatchApp
 from processors.metrics import Metrics
 from processors.scheduler import Scheduler, SchedulerStats
+from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
 from processors.worker import Consumed, ProjectionWorker, WorkerStats
-from producers.settings import Settings
 from projections.keys import Keys
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore
@@ -57,7 +57,7 @@ class ProjectorApp:
     scheduler: Callable[[], Scheduler]
 
 
-def create_app(settings: Settings, keys: TrustedKeys) -> ProjectorApp:
+def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     """Build the Faust app for these settings (nothing connects until it runs)."""
     app = BatchApp(
         settings.consumer_group,

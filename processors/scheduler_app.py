@@ -28,8 +28,8 @@ from faust.app.base import BootStrategy
 
 from processors.app import serve_metrics
 from processors.scheduler import Scheduler
+from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
-from producers.settings import Settings
 from projections.keys import Keys
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore
@@ -49,7 +49,7 @@ class SchedulerApp:
 
 
 def create_scheduler_app(
-    settings: Settings, *, poll_interval: float = 0.1, horizon: float = 1.0
+    settings: WorkerSettings, *, poll_interval: float = 0.1, horizon: float = 1.0
 ) -> SchedulerApp:
     """Build the standalone scheduler for every partition of the events topic."""
     app = faust.App(

@@ -1,20 +1,25 @@
-"""The one typed settings object: read from the environment by the CLI, passed in elsewhere."""
+"""Settings every process shares, and the writer's: typed, read from `MILPA_*` by the CLI."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from schemas.errors import ConfigurationError
 
 ENV_PREFIX = "MILPA_"
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Where the stack is and how the pipeline behaves. Defaults point at a local stack."""
+@dataclass(frozen=True)
+class StackSettings:
+    """What every process reads: where Kafka and Redis are, the names in them, the shared rules.
+
+    Each reader's settings extend this one (`WriterSettings` here, `processors.settings.
+    WorkerSettings`, `milpa_sessions.settings.ConsoleSettings`); `milpa_sessions.settings.Settings`
+    is all of them, as the CLI reads it. Every field `x` is read from `MILPA_X`.
+    """
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -24,34 +29,19 @@ class Settings:
     deadletter_topic: str = "sessions.deadletter"
     partitions: int = 6
     replication_factor: int = 1
-    consumer_group: str = "milpa-projector"
-    producer_id: str = "milpa-sessions"
-    # Records per fetch, folded and committed together: a larger batch shares each session's one
-    # Redis script among more of its events (docs/PERFORMANCE.md: 500 -> 4000 records).
-    batch_max_records: int = 4000
-    fetch_max_wait: float = 0.02  # seconds the broker may hold a fetch that finds no data
-    commit_interval: float = 0.5
-    commit_every: int = 10_000
+    consumer_group: str = "milpa-projector"  # the workers' group (replay checks it is empty)
+    # Directory of the `*.pem` public keys whose answers count as verified (writer and fold).
+    trusted_keys_dir: Path | None = None
+    # The compaction rule every writer of projections must agree on (the due index, the cut).
     compactor_max_turns: int = 40
     compactor_keep_recent: int = 12
-    scheduler_enabled: bool = True
-    trusted_keys_dir: Path | None = None
-    signing_key: Path | None = None
-    metrics_port: int = 0
-    read_timeout: float = 10.0
     # Seconds a Redis connect or reply may take before the call fails (the CLI then exits with
     # one line; the worker retries with backoff), and a Kafka client's bootstrap and metadata.
     redis_timeout: float = 3.0
     kafka_timeout: float = 5.0
-    # How long a stopping worker or scheduler may take after SIGTERM before it exits regardless
-    # (what it had not committed is redelivered), and how long one waits at start-up for Kafka
-    # and Redis (0: for ever, printing a status line every startup_status_every seconds).
-    shutdown_grace: float = 10.0
-    startup_timeout: float = 0.0
-    startup_status_every: float = 10.0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
+    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> Self:
         """Read `MILPA_<FIELD>` variables (e.g. MILPA_KAFKA_BOOTSTRAP); overrides win."""
         values: dict[str, Any] = {}
         for f in fields(cls):
@@ -69,6 +59,15 @@ class Settings:
             if value is not None:
                 env[ENV_PREFIX + f.name.upper()] = str(value)
         return env
+
+
+@dataclass(frozen=True)
+class WriterSettings(StackSettings):
+    """What a writer reads (`SessionStore` over Kafka: agents, the CLI's writing commands)."""
+
+    producer_id: str = "milpa-sessions"
+    signing_key: Path | None = None  # the operator's private key the CLI signs answers with
+    read_timeout: float = 10.0  # seconds a read waits for the projection to apply a write
 
 
 def _convert(name: str, type_: Any, raw: str) -> Any:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from producers.settings import Settings
+from producers.settings import StackSettings
 from schemas.errors import LogError
+
+ADMIN_CLIENT_ID = "milpa-sessions-admin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +29,7 @@ class TopicSpec:
     config: dict[str, str]
 
 
-def topic_specs(settings: Settings) -> list[TopicSpec]:
+def topic_specs(settings: StackSettings) -> list[TopicSpec]:
     """The events topic (the record: unlimited retention), decisions, and the dead letters."""
     keep_forever = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
     rf = settings.replication_factor
@@ -38,12 +40,12 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     ]
 
 
-def ensure_topics(settings: Settings, timeout_ms: int = 30_000) -> dict[str, str]:
+def ensure_topics(settings: StackSettings, timeout_ms: int = 30_000) -> dict[str, str]:
     """Create missing topics; returns `{name: "created" | "exists"}`."""
     try:
         admin = KafkaAdminClient(
             bootstrap_servers=settings.kafka_bootstrap.split(","),
-            client_id=f"{settings.producer_id}-admin",
+            client_id=ADMIN_CLIENT_ID,
             request_timeout_ms=timeout_ms,
             bootstrap_timeout_ms=int(settings.kafka_timeout * 1000),
         )
@@ -78,7 +80,7 @@ def ensure_topics(settings: Settings, timeout_ms: int = 30_000) -> dict[str, str
     return outcome
 
 
-def group_members(settings: Settings) -> list[str]:
+def group_members(settings: StackSettings) -> list[str]:
     """The members of the workers' consumer group now (`client_id@host` each; empty if none)."""
     try:
         admin = KafkaAdminClient(
@@ -106,7 +108,7 @@ def group_members(settings: Settings) -> list[str]:
     )
 
 
-def delete_topics(settings: Settings, names: Iterable[str] | None = None) -> None:
+def delete_topics(settings: StackSettings, names: Iterable[str] | None = None) -> None:
     """Delete these settings' topics (or only `names`), their consumer group and its topics.
 
     For throw-away deployments (tests, benchmarks). Faust names its internal topics after the

@@ -25,8 +25,8 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
+from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from producers.store import SessionStore
 from producers.topics import delete_topics, ensure_topics
 from projections.keys import Keys

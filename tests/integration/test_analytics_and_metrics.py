@@ -23,8 +23,8 @@ from kafka.admin import KafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from milpa_sessions.cli import main
+from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
 from projections.analytics import Analytics, Count, PausesByReason
 from projections.redis_store import RedisProjectionStore

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from projections.redis_store import RedisProjectionStore
 from tests.integration.conftest import REPO, wait_until, with_keys
 from tests.unit.builders import started, turn

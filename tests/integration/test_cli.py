@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from milpa_sessions.cli import main
+from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from producers.store import SessionStore
 from producers.topics import group_members
 from projections.redis_store import RedisProjectionStore

@@ -13,10 +13,10 @@ from fastavro import parse_schema, schemaless_writer
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from milpa_sessions import wiring
+from milpa_sessions.settings import Settings
 from processors.replay import replay
 from processors.worker import DEADLETTER_REASON, DEADLETTER_SOURCE
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import ENVELOPE_SCHEMA, MARKER, EventCodec, SchemaRegistry, schema_fingerprint

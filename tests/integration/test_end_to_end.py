@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from milpa_sessions.settings import Settings
 from producers.decisions import DecisionSubscriber
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev

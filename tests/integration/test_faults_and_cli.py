@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import redis
 
+from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from producers.store import SessionStore
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore

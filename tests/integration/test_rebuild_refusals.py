@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
+from milpa_sessions.settings import Settings
 from processors.worker import DEADLETTER_CODE, DEADLETTER_SOURCE
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import EventCodec

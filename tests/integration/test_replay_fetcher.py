@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from milpa_sessions.settings import Settings
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev

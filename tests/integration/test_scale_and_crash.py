@@ -23,11 +23,11 @@ import redis.asyncio as aioredis
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
+from milpa_sessions.settings import Settings
 from processors import worker as worker_module
 from processors.worker import ProjectionWorker, RawRecord
 from producers.kafka_log import KafkaEventLog
 from producers.memory import InMemoryEventLog
-from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
 from projections.keys import Keys
 from projections.memory import InMemoryProjectionStore

@@ -13,10 +13,10 @@ import pytest
 import redis.asyncio as aioredis
 from kafka import KafkaConsumer
 
+from milpa_sessions.settings import Settings
 from processors.scheduler import Scheduler
 from processors.sinks import LazyProducer, ProducerSink
 from producers.kafka_log import KafkaEventLog
-from producers.settings import Settings
 from producers.store import SessionStore, deadline_in
 from projections.indexes import ceil_ms
 from projections.keys import Keys

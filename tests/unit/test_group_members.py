@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from milpa_sessions.settings import Settings
 from producers import topics
-from producers.settings import Settings
 from schemas.errors import LogError
 
 

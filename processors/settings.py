@@ -1,0 +1,27 @@
+"""What the long-running processes read: the projector worker and the standalone scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from producers.settings import StackSettings
+
+
+@dataclass(frozen=True)
+class WorkerSettings(StackSettings):
+    """The worker's (and scheduler's) batching, commit, metrics and lifecycle knobs."""
+
+    # Records per fetch, folded and committed together: a larger batch shares each session's one
+    # Redis script among more of its events (docs/PERFORMANCE.md: 500 -> 4000 records).
+    batch_max_records: int = 4000
+    fetch_max_wait: float = 0.02  # seconds the broker may hold a fetch that finds no data
+    commit_interval: float = 0.5  # seconds between offset commits (of batches fully applied)
+    commit_every: int = 10_000  # or after this many records
+    scheduler_enabled: bool = True  # the in-worker scheduler (expiry and compaction events)
+    metrics_port: int = 0  # Prometheus text on 127.0.0.1:port/metrics (0: off)
+    # How long a stopping worker or scheduler may take after SIGTERM before it exits regardless
+    # (what it had not committed is redelivered), and how long one waits at start-up for Kafka
+    # and Redis (0: for ever, printing a status line every startup_status_every seconds).
+    shutdown_grace: float = 10.0
+    startup_timeout: float = 0.0
+    startup_status_every: float = 10.0
