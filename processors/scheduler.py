@@ -17,23 +17,21 @@ import contextlib
 import heapq
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from processors.histogram import LATENESS_MS_BUCKETS, Histogram
 from processors.worker import Sink
-from projections.indexes import ceil_ms, compaction_due
-from schemas import events as ev
+from projections.indexes import ceil_ms
 from schemas.codec import EventCodec
-from schemas.events import Event, utc_millis
-from session_model.compaction import Compactor
+from schemas.events import Event
+from session_model.compaction import Compactor, compaction_due
 from session_model.projection import Folded, SessionUpdate
+from session_model.scheduled import compacted, window_closed
 from session_model.session import Session
 
 log = logging.getLogger(__name__)
-_NAMESPACE = uuid.UUID("9a4c2f57-1a0e-4f3b-8d1e-6d696c706173")
 
 States = Callable[[Sequence[str]], Awaitable[dict[str, Folded]]]
 # (sid -> (deadline ms, partition), sid -> partition) for the given partitions.
@@ -314,28 +312,12 @@ class Scheduler:
         return self._closing_event(sid, question_id, seq, now), deadline
 
     def _closing_event(self, sid: str, question_id: str, seq: int, now: datetime) -> Event:
-        return Event(
-            event_id=str(uuid.uuid5(_NAMESPACE, f"{sid}:window:{seq}")),
-            session_id=sid,
-            type=ev.ANSWER_WINDOW_CLOSED,
-            occurred_at=utc_millis(now),
-            producer=self.producer,
-            payload={"question_id": question_id, "at": utc_millis(now)},
-        )
+        return window_closed(sid, question_id, seq, now, self.producer)
 
     def _compaction(self, session: Session, now: datetime) -> Event | None:
         """The `compacted` event to append, or None when nothing is due."""
         plan = self.compactor.plan(session)
-        if plan is None:
-            return None
-        return Event(
-            event_id=str(uuid.uuid5(_NAMESPACE, f"{session.id}:compact:{plan.through}")),
-            session_id=session.id,
-            type=ev.COMPACTED,
-            occurred_at=utc_millis(now),
-            producer=self.producer,
-            payload={"summary": plan.summary, "through": plan.through},
-        )
+        return None if plan is None else compacted(session.id, plan, now, self.producer)
 
     async def _emit(
         self,

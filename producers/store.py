@@ -26,12 +26,14 @@ from schemas.errors import (
 )
 from schemas.events import Event, utc_millis
 from session_model.canonical import argument_digest as digest_of
+from session_model.compaction import CompactionPlan
 from session_model.deadlines import format_instant
 from session_model.modes import Mode, parse_mode
 from session_model.policy import ceiling_for
 from session_model.ports import EventLog, ProjectionStore
 from session_model.principal import Principal
 from session_model.projection import Position
+from session_model.scheduled import compacted, window_closed
 from session_model.session import ROLES, TODO_STATUSES, Question, Session, Todo, Turn
 from session_model.signing import Signer, TrustedKeys
 from session_model.timeline import TimelineEntry
@@ -321,11 +323,10 @@ class SessionStore:
         question = session.question
         if session.ended or question is None or not question.has_expired(now):
             return False
-        self._emit(
-            session_id,
-            ev.ANSWER_WINDOW_CLOSED,
-            {"question_id": question.id, "at": utc_millis(now)},
+        closing = window_closed(
+            session_id, question.id, question.seq, now, self.producer, event_id=self._new_id()
         )
+        self.append(closing)
         return True
 
     def grant(self, session_id: str, operation: str) -> Position:
@@ -369,7 +370,10 @@ class SessionStore:
         if through < 1:
             raise InvalidCall("through must be a seq (>= 1)")
         self._live(session_id)
-        return self._emit(session_id, ev.COMPACTED, {"summary": summary, "through": through})
+        plan = CompactionPlan(summary, through)
+        return self.append(
+            compacted(session_id, plan, self._clock(), self.producer, event_id=self._new_id())
+        )
 
     def end(self, session_id: str, because: str) -> Position:
         """End the session."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from projections.keys import Keys
+from session_model.compaction import compaction_due
 from session_model.projection import SessionUpdate
-from session_model.session import Session
 
 # Upper bounds (seconds) of the time-to-answer histogram buckets.
 TTA_BUCKETS: tuple[int, ...] = (1, 5, 30, 60, 300, 1800, 3600, 21600, 86400)
@@ -45,11 +45,6 @@ def tta_bucket(seconds: float) -> str:
         if seconds <= bound:
             return f"le_{bound}s"
     return f"gt_{TTA_BUCKETS[-1]}s"
-
-
-def compaction_due(state: Session, max_turns: int | None) -> bool:
-    """More unsummarised turns than the compactor allows (never for an ended session)."""
-    return max_turns is not None and not state.ended and len(state.turns) > max_turns
 
 
 def index_changes(update: SessionUpdate, keys: Keys, max_turns: int | None) -> IndexChanges:

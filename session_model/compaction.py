@@ -21,6 +21,15 @@ RESULT_BOUND = 500
 FACTS_HEADER = "Operational facts (JSON, version 1):"
 
 
+def compaction_due(session: Session, max_turns: int | None) -> bool:
+    """The one compaction rule: more unsummarised turns than `max_turns`, in a live session.
+
+    The worker's due index, the scheduler and `Compactor` all ask this. `Session.turns` holds
+    exactly the unsummarised turns (`seq > compacted_through`).
+    """
+    return max_turns is not None and not session.ended and len(session.turns) > max_turns
+
+
 class CompactionTarget(Protocol):
     """Anything that can append a `compacted` event (a `SessionStore`)."""
 
@@ -175,11 +184,10 @@ class Compactor:
             raise ConfigurationError("Compactor needs max_turns > keep_recent >= 0")
 
     def cut(self, session: Session) -> int | None:
-        """The seq to compact through, or None when unsummarised turns do not exceed max_turns."""
-        unsummarised = [t for t in session.turns if t.seq > session.compacted_through]
-        if len(unsummarised) <= self.max_turns:
+        """The seq to compact through (keeping `keep_recent` turns), or None when none is due."""
+        if not compaction_due(session, self.max_turns):
             return None
-        return unsummarised[len(unsummarised) - self.keep_recent - 1].seq
+        return session.turns[len(session.turns) - self.keep_recent - 1].seq
 
     def summary(self, session: Session, through: int) -> str:
         """The summarizer's prose followed by the operational-facts block no summarizer removes."""
@@ -189,8 +197,6 @@ class Compactor:
 
     def plan(self, session: Session) -> CompactionPlan | None:
         """What to append, or None when nothing is due (or the session has ended)."""
-        if session.ended:
-            return None
         through = self.cut(session)
         if through is None:
             return None
