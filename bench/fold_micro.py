@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.workload import sessions_workload
 from projections.keys import Keys
-from projections.redis_store import commit_call
+from projections.requests import commit_call
 from schemas.codec import EventCodec
 from session_model.partitioning import partition_for
 from session_model.projection import BatchFolder, Folded, Position, Record

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from projections.keys import Keys
+from projections.layout import stored_sizes
 from projections.redis_client import async_client
-from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore, stored_sizes
+from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas import events as ev
 from schemas.errors import ProjectionError
 from schemas.events import Event

@@ -1,0 +1,168 @@
+-- The commit of a group of sessions (header.lua is prepended).
+-- KEYS: per session, in order: state hash, turns list, timeline list, event-id string, deadlines
+--       zset, compaction-due set, then one key per counter hash of that session.
+-- ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
+--       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
+--       compaction due ("1"/"0"), new event ids (packed), n_turns, turns..., n_tl, entries...,
+--       n_counters, (key index among the session's KEYS, field, increment)...
+-- Returns one 1 (applied) or 0 (conflict: nothing written) per session, in order. The counters of
+-- the sessions applied are summed and written once per (key, field) at the end.
+local acc = {}  -- counter key -> field -> increment, over the sessions applied
+
+-- RPUSH items[first .. first + count - 1] to `key`, in slices Lua can unpack.
+local function push(key, items, first, count)
+  for j = first, first + count - 1, 4000 do
+    redis.call('RPUSH', key, unpack(items, j, math.min(j + 3999, first + count - 1)))
+  end
+end
+
+local function push_entries(key, text)  -- entries, each ended by a newline
+  local all = {}
+  for entry in string.gmatch(text, '([^\n]*)\n') do all[#all + 1] = entry end
+  push(key, all, 1, #all)
+end
+
+-- One session: its KEYS start after `ko`, its arguments after `ao`.
+local function commit(ko, ao)
+  H = KEYS[ko + 1]
+  local state, window, ids = ARGV[ao + 3], ARGV[ao + 4], ARGV[ao + 8]
+  local turns_at = ao + 10
+  local n_turns = tonumber(ARGV[ao + 9])
+  local tl_at = turns_at + n_turns + 1
+  local n_tl = tonumber(ARGV[tl_at - 1])
+  local counters_at = tl_at + n_tl
+  if window == '0' then window = '' end
+
+  local got = redis.call('HMGET', H, 'mark', 'n')
+  if (got[1] or '') ~= ARGV[ao + 1] then return 0 end
+  local sc, ic, tc = header(got[2])
+  local set, del = {'mark', ARGV[ao + 2]}, {}
+
+  local function put_chunks(names, k, data)  -- data into names[k + 1], names[k + 2], ...
+    for p = 1, #data, CHUNK do
+      k = k + 1
+      set[#set + 1] = names[k]
+      set[#set + 1] = string.sub(data, p, p + CHUNK - 1)
+    end
+    return k
+  end
+
+  local function drop(names, from, to)
+    for k = from, to do del[#del + 1] = names[k] end
+  end
+
+  -- Append `data` to the inline stream of `n` chunks whose last one is `last`.
+  local function append(names, n, last, data)
+    if n > 0 and #last < CHUNK then
+      return put_chunks(names, n - 1, last .. data)
+    end
+    return put_chunks(names, n, data)
+  end
+
+  if ic == ELSEWHERE then
+    -- Spread: the state whole, the ids and the timeline in keys of their own.
+    if #ids > 0 then redis.call('APPEND', KEYS[ko + 4], ids) end
+    if n_tl > 0 then push(KEYS[ko + 3], ARGV, tl_at, n_tl) end
+    set[#set + 1] = 's'
+    set[#set + 1] = state
+    sc = WHOLE
+  else
+    local new_tl = {}
+    for j = tl_at, tl_at + n_tl - 1 do
+      new_tl[#new_tl + 1] = ARGV[j]
+      new_tl[#new_tl + 1] = '\n'
+    end
+    new_tl = table.concat(new_tl)
+    -- The last chunk of each stream appended to.
+    local want = {}
+    if #ids > 0 and ic > 0 then want[#want + 1] = I[ic] end
+    if #new_tl > 0 and tc ~= ELSEWHERE and tc > 0 then want[#want + 1] = T[tc] end
+    local last = {}
+    if #want > 0 then
+      local values = redis.call('HMGET', H, unpack(want))
+      for k = 1, #want do last[want[k]] = values[k] end
+    end
+    local id_last = ic > 0 and last[I[ic]] or ''
+    if (ic > 0 and (ic - 1) * CHUNK + #(id_last or '') or 0) + #ids > @IDS_INLINE@ then
+      -- Too many events: spread the session out, for good.
+      redis.call('SET', KEYS[ko + 4], table.concat(chunks(I, 1, ic)) .. ids)
+      drop(I, 1, ic)
+      ic = ELSEWHERE
+      if tc ~= ELSEWHERE then
+        push_entries(KEYS[ko + 3], table.concat(chunks(T, 1, tc)))
+        drop(T, 1, tc)
+        tc = ELSEWHERE
+      end
+      if n_tl > 0 then push(KEYS[ko + 3], ARGV, tl_at, n_tl) end
+    else
+      if #ids > 0 then ic = append(I, ic, id_last, ids) end
+      if #new_tl > 0 then
+        if tc == ELSEWHERE then
+          push(KEYS[ko + 3], ARGV, tl_at, n_tl)
+        else
+          local tl_last = tc > 0 and last[T[tc]] or ''
+          if (tc > 0 and (tc - 1) * CHUNK + #tl_last or 0) + #new_tl > @TIMELINE_INLINE@ then
+            push_entries(KEYS[ko + 3], table.concat(chunks(T, 1, tc)) .. new_tl)
+            drop(T, 1, tc)
+            tc = ELSEWHERE
+          else
+            tc = append(T, tc, tl_last, new_tl)
+          end
+        end
+      end
+    end
+    local before = sc
+    if ic ~= ELSEWHERE and #state <= @STATE_INLINE@ then
+      sc = put_chunks(S, 0, state)
+      if before == WHOLE then
+        del[#del + 1] = 's'
+      else
+        drop(S, sc + 1, before)
+      end
+    else
+      set[#set + 1] = 's'
+      set[#set + 1] = state
+      if before ~= WHOLE then drop(S, 1, before) end
+      sc = WHOLE
+    end
+  end
+  set[#set + 1] = 'n'
+  set[#set + 1] = count(sc) .. count(ic) .. count(tc) .. window
+  if #del > 0 then redis.call('HDEL', H, unpack(del)) end
+  redis.call('HSET', H, unpack(set))
+  if n_turns > 0 then push(KEYS[ko + 2], ARGV, turns_at, n_turns) end
+  local sid = ARGV[ao + 5]
+  if ARGV[ao + 6] == '' then
+    redis.call('ZREM', KEYS[ko + 5], sid)
+  else
+    redis.call('ZADD', KEYS[ko + 5], ARGV[ao + 6], sid)
+  end
+  if ARGV[ao + 7] == '1' then
+    redis.call('SADD', KEYS[ko + 6], sid)
+  else
+    redis.call('SREM', KEYS[ko + 6], sid)
+  end
+  for c = 1, tonumber(ARGV[counters_at]) do
+    local base = counters_at + (c - 1) * 3
+    local key, f = KEYS[ko + tonumber(ARGV[base + 1])], ARGV[base + 2]
+    local fields = acc[key]
+    if not fields then
+      fields = {}
+      acc[key] = fields
+    end
+    fields[f] = (fields[f] or 0) + tonumber(ARGV[base + 3])
+  end
+  return 1
+end
+
+local applied, ko, ao = {}, 0, 0
+while ao < #ARGV do
+  local n_keys, n_args = tonumber(ARGV[ao + 1]), tonumber(ARGV[ao + 2])
+  applied[#applied + 1] = commit(ko, ao + 2)
+  ko = ko + n_keys
+  ao = ao + 2 + n_args
+end
+for key, fields in pairs(acc) do
+  for f, n in pairs(fields) do redis.call('HINCRBY', key, f, n) end
+end
+return applied

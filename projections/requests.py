@@ -1,0 +1,269 @@
+"""Redis requests built once, run by a synchronous or an asynchronous executor.
+
+A `Request` is the commands of one pipelined round trip and how to read their replies. The sync
+store (readers, replay) and the async store (the worker, the scheduler) build the same requests
+and differ only in the executor: `execute` or `execute_async`. Both load the scripts once when
+the server lost them (a restart, `SCRIPT FLUSH`) and wrap driver errors in `ProjectionError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
+
+from projections import scripts
+from projections.codec import (
+    check_version,
+    entry_from_json,
+    entry_to_json,
+    pack_event_ids,
+    session_from_blob,
+    session_to_blob,
+    turn_from_json,
+    turn_to_json,
+    unpack_event_ids,
+)
+from projections.indexes import index_changes
+from projections.keys import Keys
+from projections.layout import ELSEWHERE, WHOLE
+from schemas.errors import ProjectionError
+from session_model.fold import Kind
+from session_model.ports import CommitResult
+from session_model.projection import Folded, Position, SessionUpdate
+from session_model.timeline import TimelineEntry
+
+T = TypeVar("T")
+Call = tuple[list[str], list[str | int | bytes]]
+"""A script call's KEYS and ARGV."""
+
+# Sessions per commit script call: the per-call cost (KEYS and ARGV tables, the call itself) and
+# the counters are paid once per group, while Redis still serves other clients between groups
+# (a group of 64 runs for ~1-2 ms).
+COMMIT_GROUP = 64
+# Sessions per read script call: most reads of a busy worker are of sessions it has never seen,
+# where the script call itself was most of the cost (≈ 4 µs of Redis each).
+READ_GROUP = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Request(Generic[T]):
+    """The commands of one pipelined round trip and how to read their replies."""
+
+    commands: list[tuple[Any, ...]]
+    parse: Callable[[list[Any]], T]
+    failure: str  # what failed, for the error message
+
+
+def execute(client: redis.Redis, request: Request[T]) -> T:
+    """Run a request on a synchronous client."""
+    try:
+        for attempt in (1, 2):
+            pipe = client.pipeline(transaction=False)
+            for command in request.commands:
+                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+            try:
+                return request.parse(pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for script in scripts.ALL:
+                    client.script_load(script.source)
+    except redis.RedisError as e:
+        raise ProjectionError(f"{request.failure}: {e}") from e
+    raise AssertionError("unreachable")
+
+
+async def execute_async(client: aioredis.Redis, request: Request[T]) -> T:
+    """Run a request on an asyncio client (never blocks the event loop)."""
+    try:
+        for attempt in (1, 2):
+            pipe = client.pipeline(transaction=False)
+            for command in request.commands:
+                pipe.execute_command(*command)
+            try:
+                return request.parse(await pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for script in scripts.ALL:
+                    await client.script_load(script.source)
+    except redis.RedisError as e:
+        raise ProjectionError(f"{request.failure}: {e}") from e
+    raise AssertionError("unreachable")
+
+
+# -- reading folded states ---------------------------------------------------------------------
+
+
+def read_groups(keys: Keys, session_ids: Sequence[str], size: int = READ_GROUP) -> list[list[str]]:
+    """The KEYS of read script calls reading these sessions, up to `size` per call, in order."""
+    groups: list[list[str]] = []
+    for at in range(0, len(session_ids), size):
+        group: list[str] = []
+        for sid in session_ids[at : at + size]:
+            k = keys.session(sid)
+            group += (k.state, k.turns, k.event_ids)
+        groups.append(group)
+    return groups
+
+
+def parse_read(raw: Any, session_id: str) -> Folded | None:
+    """Turn the read script's reply into a state and its mark."""
+    if not raw:
+        return None
+    state, mark, turns, packed = raw
+    check_version(state, session_id)
+    return Folded(
+        session_from_blob(
+            state,
+            session_id,
+            tuple(turn_from_json(t) for t in turns),
+            frozenset(unpack_event_ids(packed)),
+        ),
+        Position.parse(text(mark)),
+    )
+
+
+def read(
+    keys: Keys, session_ids: Sequence[str], *, event_ids: bool = True
+) -> Request[dict[str, Folded]]:
+    """State, mark (and event ids) of the known sessions among `session_ids`."""
+    flag = "1" if event_ids else "0"
+    sha = scripts.READ.sha
+    commands = [("EVALSHA", sha, len(ks), *ks, flag) for ks in read_groups(keys, session_ids)]
+
+    def parse(replies: list[Any]) -> dict[str, Folded]:
+        raws = [raw for group in replies for raw in group]
+        found = {sid: parse_read(raw, sid) for sid, raw in zip(session_ids, raws, strict=True)}
+        return {sid: f for sid, f in found.items() if f is not None}
+
+    return Request(commands, parse, "reading projections failed")
+
+
+# -- committing updates ------------------------------------------------------------------------
+
+
+def commit_call(
+    keys: Keys, update: SessionUpdate, compact_after: int | None, count: bool = True
+) -> Call:
+    """The KEYS and ARGV of one session's commit (state, appends, indexes, counters)."""
+    sid = update.session_id
+    k = keys.session(sid)
+    partition = update.mark.partition
+    turns = [turn_to_json(t) for t in update.turns]
+    timeline = [entry_to_json(e, sid) for e in update.timeline]
+    ids = pack_event_ids(
+        s.event.event_id for s in update.steps if s.outcome.kind is not Kind.DUPLICATE
+    )
+    changes = index_changes(update, keys, compact_after)
+    counters = changes.counters if count else ()
+    script_keys = [*k.all(), keys.deadlines(partition), keys.compaction_due(partition)]
+    counter_args: list[str | int | bytes] = []
+    for key, field_, increment in counters:
+        if key not in script_keys[6:]:
+            script_keys.append(key)
+        counter_args.extend((script_keys.index(key, 6) + 1, field_, increment))
+    args: list[str | int | bytes] = [
+        "" if update.base is None else str(update.base),
+        str(update.mark),
+        session_to_blob(update.state),
+        len(update.state.turns),
+        sid,
+        "" if changes.deadline_ms is None else changes.deadline_ms,
+        "1" if changes.compaction_due else "0",
+        ids,
+        len(turns),
+        *turns,
+        len(timeline),
+        *timeline,
+        len(counters),
+        *counter_args,
+    ]
+    return script_keys, args
+
+
+def grouped(calls: Sequence[Call], size: int = COMMIT_GROUP) -> list[Call]:
+    """Sessions' commit calls joined into calls of the commit script of up to `size` sessions."""
+    groups: list[Call] = []
+    for at in range(0, len(calls), size):
+        keys: list[str] = []
+        args: list[str | int | bytes] = []
+        for session_keys, session_args in calls[at : at + size]:
+            keys += session_keys
+            args.append(len(session_keys))
+            args.append(len(session_args))
+            args += session_args
+        groups.append((keys, args))
+    return groups
+
+
+def commit(updates: Sequence[SessionUpdate], calls: Sequence[Call]) -> Request[CommitResult]:
+    """Apply every update (compare-and-set on its mark); `calls` are their `commit_call`s."""
+    sha = scripts.COMMIT.sha
+    commands = [("EVALSHA", sha, len(ks), *ks, *args) for ks, args in grouped(calls)]
+
+    def parse(replies: list[Any]) -> CommitResult:
+        flags = [flag for group in replies for flag in group]  # one list per group, 1 = applied
+        pairs = list(zip(updates, flags, strict=True))
+        return CommitResult(
+            tuple(u.session_id for u, r in pairs if r == 1),
+            tuple(u.session_id for u, r in pairs if r != 1),
+        )
+
+    return Request(commands, parse, "committing projections failed")
+
+
+# -- due work and timelines --------------------------------------------------------------------
+
+DueWork = tuple[dict[str, tuple[int, int]], dict[str, int]]
+"""(session id -> (deadline ms, partition), session id -> partition of its due compaction)."""
+
+
+def due_work(keys: Keys, partitions: Iterable[int], until_ms: int | None) -> Request[DueWork]:
+    """Deadlines (all, or up to `until_ms`) and compaction-due sessions of these partitions."""
+    owned = sorted(partitions)
+    until: int | str = "+inf" if until_ms is None else until_ms
+    sha = scripts.DUE.sha
+    commands = [
+        ("EVALSHA", sha, 2, keys.deadlines(p), keys.compaction_due(p), until) for p in owned
+    ]
+
+    def parse(replies: list[Any]) -> DueWork:
+        deadlines: dict[str, tuple[int, int]] = {}
+        due: dict[str, int] = {}
+        for p, (flat, members) in zip(owned, replies, strict=True):
+            pairs = iter(flat)
+            for member, score in zip(pairs, pairs, strict=True):
+                deadlines[text(member)] = (int(score), p)
+            for member in members:
+                due[text(member)] = p
+        return deadlines, due
+
+    return Request(commands, parse, "reading due work failed")
+
+
+def parse_timeline(raw: Any, session_id: str, since: int) -> list[TimelineEntry]:
+    """Entries with `seq > since`, from the state hash's fields and the timeline list."""
+    fields, listed = raw
+    if not fields:
+        return []
+    header = fields.get(b"n")
+    if header is None:
+        check_version(b"", session_id)  # a hash of another layout
+    state = fields.get(b"s", b"") if header[0] == ord(WHOLE) else fields.get(b"s1", b"")
+    check_version(state, session_id)
+    inline = b""
+    if header[2] != ord(ELSEWHERE):
+        inline = b"".join(fields[b"t%d" % k] for k in range(1, header[2] - ord("0") + 1))
+    entries = [entry_from_json(e, session_id) for e in [*inline.split(b"\n")[:-1], *listed]]
+    return [e for e in entries if e["seq"] > since]
+
+
+def text(value: bytes | str) -> str:
+    """A reply as text."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,63 @@
+"""The Lua scripts (`projections/lua/*.lua`), loaded once with the layout's bounds filled in."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib.resources import files
+
+from projections import layout
+from schemas.errors import ConfigurationError
+
+_PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
+_VALUES = {
+    "CHUNK": str(layout.CHUNK),
+    "IDS_INLINE": str(layout.IDS_INLINE),
+    "STATE_INLINE": str(layout.STATE_INLINE),
+    "TIMELINE_INLINE": str(layout.TIMELINE_INLINE),
+    "ELSEWHERE": layout.ELSEWHERE,
+    "WHOLE": layout.WHOLE,
+    "STATE_CHUNKS": layout.chunk_names("s", layout.STATE_INLINE),
+    "ID_CHUNKS": layout.chunk_names("i", layout.IDS_INLINE),
+    "TIMELINE_CHUNKS": layout.chunk_names("t", layout.TIMELINE_INLINE),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script's source and the SHA1 that EVALSHA calls it by."""
+
+    name: str
+    source: str
+
+    @property
+    def sha(self) -> str:
+        """The SHA1 of the source (what `SCRIPT LOAD` returns)."""
+        return hashlib.sha1(self.source.encode()).hexdigest()
+
+
+def _text(name: str) -> str:
+    return files("projections").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _fill(name: str, text: str) -> str:
+    def value(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in _VALUES:
+            raise ConfigurationError(f"{name}.lua: unknown placeholder @{key}@")
+        return _VALUES[key]
+
+    return _PLACEHOLDER.sub(value, text)
+
+
+def load(name: str, *, header: bool = False) -> Script:
+    """The script `lua/<name>.lua` (after `lua/header.lua` when `header`), placeholders filled."""
+    text = (_text("header") if header else "") + _text(name)
+    return Script(name, _fill(name, text))
+
+
+COMMIT = load("commit", header=True)
+READ = load("read", header=True)
+DUE = load("due")
+ALL = (COMMIT, READ, DUE)
