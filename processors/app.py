@@ -21,10 +21,11 @@ from faust.exceptions import ConsumerNotStarted
 
 from processors.batch_consumer import BatchApp
 from processors.metrics import Metrics
+from processors.ports import Consumed
 from processors.scheduler import Scheduler, SchedulerStats
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
-from processors.worker import Consumed, ProjectionWorker, WorkerStats
+from processors.worker import ProjectionWorker, WorkerStats
 from projections.keys import Keys
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore
@@ -33,6 +34,22 @@ from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys
 
 log = logging.getLogger(__name__)
+
+
+def faust_options(settings: WorkerSettings) -> dict[str, Any]:
+    """The Faust configuration every app of ours shares (the worker's adds its batching)."""
+    return {
+        "broker": f"kafka://{settings.kafka_bootstrap}",
+        "web_enabled": False,
+        "autodiscover": False,
+        "store": "memory://",
+        "topic_partitions": settings.partitions,
+        "topic_replication_factor": settings.replication_factor,
+        "consumer_auto_offset_reset": "earliest",
+        "producer_acks": -1,
+        "broker_commit_interval": settings.commit_interval,
+        "stream_wait_empty": False,
+    }
 
 
 def raw_topic(app: Any, name: str, partitions: int | None = None) -> Any:
@@ -61,17 +78,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     """Build the Faust app for these settings (nothing connects until it runs)."""
     app = BatchApp(
         settings.consumer_group,
-        broker=f"kafka://{settings.kafka_bootstrap}",
-        web_enabled=False,
-        autodiscover=False,
-        store="memory://",
-        topic_partitions=settings.partitions,
-        topic_replication_factor=settings.replication_factor,
-        consumer_auto_offset_reset="earliest",
-        producer_acks=-1,
-        broker_commit_interval=settings.commit_interval,
+        **faust_options(settings),
         broker_commit_every=settings.commit_every,
-        stream_wait_empty=False,
         broker_max_poll_records=settings.batch_max_records,
         fetch_max_wait=settings.fetch_max_wait,
     )

@@ -29,7 +29,7 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from processors.worker import Consumed
+from processors.ports import Consumed
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from processors.histogram import LATENESS_MS_BUCKETS, Histogram
-from processors.worker import Sink
+from processors.ports import Sink
 from projections.indexes import ceil_ms
 from schemas.codec import EventCodec
 from schemas.events import Event

@@ -26,7 +26,7 @@ from typing import Any
 import faust
 from faust.app.base import BootStrategy
 
-from processors.app import serve_metrics
+from processors.app import faust_options, serve_metrics
 from processors.scheduler import Scheduler
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
@@ -52,14 +52,7 @@ def create_scheduler_app(
     settings: WorkerSettings, *, poll_interval: float = 0.1, horizon: float = 1.0
 ) -> SchedulerApp:
     """Build the standalone scheduler for every partition of the events topic."""
-    app = faust.App(
-        f"{settings.consumer_group}-scheduler",
-        broker=f"kafka://{settings.kafka_bootstrap}",
-        web_enabled=False,
-        autodiscover=False,
-        store="memory://",
-        producer_acks=-1,
-    )
+    app = faust.App(f"{settings.consumer_group}-scheduler", **faust_options(settings))
     # Producer only: it consumes nothing, so it joins no consumer group.
     app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)
     producer = LazyProducer(settings.kafka_bootstrap)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import aiokafka
 
-from processors.worker import OutRecord
+from processors.ports import OutRecord
 from schemas.errors import LogError
 
 

@@ -14,9 +14,10 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
+from processors.ports import Consumed, OutRecord, Sink
 from producers.decisions import decision_record
 from projections.redis_store import AsyncRedisProjectionStore
 from schemas.codec import EventCodec
@@ -24,6 +25,7 @@ from schemas.errors import ProjectionError
 from session_model.cycle import Folding, ProjectionCycle, Read, Steps, Write
 from session_model.fold import Kind
 from session_model.intake import WRONG_PARTITION, Intake, Refusal
+from session_model.ports import CommitResult
 from session_model.projection import BatchFolder, Folded, Record, SessionUpdate
 from session_model.session import Decision
 
@@ -39,35 +41,6 @@ DEADLETTER_CODE = "milpa-refusal"
 DEADLETTER_SOURCE = "milpa-source"
 
 
-class Consumed(Protocol):
-    """A record as consumed (aiokafka's `ConsumerRecord` is one, passed through as it comes)."""
-
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def topic(self) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RawRecord:
-    """A consumed record built by hand (tests, tools): key, value and where it sits."""
-
-    key: bytes | None
-    value: bytes | None
-    partition: int
-    offset: int
-    topic: str = ""
-
-
-OutRecord = tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]
-
-
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A batch decoded and folded, not yet committed."""
@@ -75,20 +48,6 @@ class Prepared:
     folding: Folding
     ends: dict[int, int]  # partition -> last offset of the batch
     raws: tuple[Consumed, ...] = ()  # as consumed (a refusal found by the fold is dead-lettered)
-
-
-class Sink(Protocol):
-    """Somewhere to publish records and wait until they are acknowledged."""
-
-    async def publish(
-        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
-    ) -> None:
-        """Publish and wait for the acknowledgement."""
-        ...
-
-    async def publish_many(self, records: Sequence[OutRecord]) -> None:
-        """Queue every record in order, then wait for all acknowledgements together."""
-        ...
 
 
 @dataclass
@@ -193,21 +152,13 @@ class ProjectionWorker:
 
     async def _drive(self, steps: Steps[T]) -> T:
         """Answer the cycle's requests: Redis calls retried until they succeed, pauses yielded."""
-        reply: Any = None
         store = self.store
-        while True:
-            try:
-                request = steps.send(reply)
-            except StopIteration as done:
-                result: T = done.value
-                return result
-            if type(request) is Read:
-                reply = await self._retrying(functools.partial(store.folded, request.session_ids))
-            elif type(request) is Write:
-                reply = await self._retrying(functools.partial(store.commit, request.updates))
-            else:
-                await self._pause()
-                reply = None
+        return await drive(
+            steps,
+            lambda ids: self._retrying(functools.partial(store.folded, ids)),
+            lambda updates: self._retrying(functools.partial(store.commit, updates)),
+            self._pause,
+        )
 
     async def _decode(self, raws: Sequence[Consumed]) -> list[Record]:
         records: list[Record] = []
@@ -301,3 +252,26 @@ class ProjectionWorker:
             await self.decisions.publish_many(records)
             self.stats.decisions += len(made)
             self.stats.decisions_republished += len(again)
+
+
+async def drive(
+    steps: Steps[T],
+    read: Callable[[tuple[str, ...]], Awaitable[dict[str, Folded]]],
+    write: Callable[[tuple[SessionUpdate, ...]], Awaitable[CommitResult]],
+    pause: Callable[[], Awaitable[None]],
+) -> T:
+    """Answer a `ProjectionCycle`'s requests asynchronously; the cycle's result."""
+    reply: Any = None
+    while True:
+        try:
+            request = steps.send(reply)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        if type(request) is Read:
+            reply = await read(request.session_ids)
+        elif type(request) is Write:
+            reply = await write(request.updates)
+        else:
+            await pause()
+            reply = None

@@ -80,8 +80,26 @@ def ensure_topics(settings: StackSettings, timeout_ms: int = 30_000) -> dict[str
     return outcome
 
 
-def group_members(settings: StackSettings) -> list[str]:
-    """The members of the workers' consumer group now (`client_id@host` each; empty if none)."""
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """One member of a consumer group: who it is and the partitions it owns, by topic."""
+
+    member_id: str
+    client: str  # `client_id@host`
+    partitions: dict[str, frozenset[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """A consumer group as the coordinator describes it now."""
+
+    state: str
+    members: tuple[GroupMember, ...]
+
+
+def describe_group(settings: StackSettings, group: str | None = None) -> GroupDescription:
+    """The state and members of `group` (default: the workers' group); no members if unknown."""
+    group = group or settings.consumer_group
     try:
         admin = KafkaAdminClient(
             bootstrap_servers=settings.kafka_bootstrap.split(","),
@@ -91,21 +109,32 @@ def group_members(settings: StackSettings) -> list[str]:
     except KafkaError as e:
         raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
     try:
-        described = admin.describe_groups([settings.consumer_group]).get(settings.consumer_group)
+        described = admin.describe_groups([group]).get(group)
     except KafkaError as e:
-        raise LogError(f"describing group {settings.consumer_group} failed: {e}") from e
+        raise LogError(f"describing group {group} failed: {e}") from e
     finally:
         admin.close()
     if described is None:
-        raise LogError(f"group {settings.consumer_group} was not described")
+        raise LogError(f"group {group} was not described")
     error = described.get("error")
     if error and "GroupIdNotFoundError" not in str(error):
         # A coordinator loading or moving answers with no members: that is not "no workers".
-        raise LogError(f"describing group {settings.consumer_group} failed: {error}")
-    members = described.get("members") or []
-    return sorted(
-        f"{m.get('client_id')}@{str(m.get('client_host', '')).lstrip('/')}" for m in members
-    )
+        raise LogError(f"describing group {group} failed: {error}")
+    members = []
+    for m in described.get("members") or []:
+        assignment = m.get("member_assignment") or {}
+        owned: dict[str, set[int]] = {}
+        for t in assignment.get("assigned_partitions") or []:
+            owned.setdefault(t["topic"], set()).update(t["partitions"])
+        client = f"{m.get('client_id')}@{str(m.get('client_host', '')).lstrip('/')}"
+        partitions = {topic: frozenset(ps) for topic, ps in owned.items()}
+        members.append(GroupMember(str(m.get("member_id", "")), client, partitions))
+    return GroupDescription(str(described.get("group_state")), tuple(members))
+
+
+def group_members(settings: StackSettings) -> list[str]:
+    """The members of the workers' consumer group now (`client_id@host` each; empty if none)."""
+    return sorted(m.client for m in describe_group(settings).members)
 
 
 def delete_topics(settings: StackSettings, names: Iterable[str] | None = None) -> None:

@@ -25,7 +25,8 @@ from kafka.admin import KafkaAdminClient
 
 from milpa_sessions.settings import Settings
 from processors import worker as worker_module
-from processors.worker import ProjectionWorker, RawRecord
+from processors.ports import RawRecord
+from processors.worker import ProjectionWorker
 from producers.kafka_log import KafkaEventLog
 from producers.memory import InMemoryEventLog
 from producers.store import SessionStore, deadline_in

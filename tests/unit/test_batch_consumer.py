@@ -11,7 +11,7 @@ import pytest
 from faust.types import TP
 
 from processors.batch_consumer import BatchApp, BatchConsumer, BatchConsumerThread, _finish
-from processors.worker import RawRecord
+from processors.ports import RawRecord
 
 EV0 = TP("ev", 0)
 EV1 = TP("ev", 1)

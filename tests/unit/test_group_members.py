@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from milpa_sessions.settings import Settings
 from producers import topics
+from producers.settings import StackSettings as Settings
 from schemas.errors import LogError
 
 
@@ -60,3 +60,33 @@ def test_a_group_the_broker_could_not_describe_is_an_error_not_an_empty_group(
     monkeypatch.setattr(topics, "KafkaAdminClient", _admin(described))
     with pytest.raises(LogError):
         topics.group_members(Settings())
+
+
+def test_a_description_gives_each_members_partitions_by_topic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    described = {
+        "error": None,
+        "group_state": "Stable",
+        "members": [
+            {
+                "member_id": "m-1",
+                "client_id": "faust",
+                "client_host": "/10.0.0.1",
+                "member_assignment": {
+                    "assigned_partitions": [
+                        {"topic": "events", "partitions": [0, 2]},
+                        {"topic": "other", "partitions": [1]},
+                    ]
+                },
+            },
+            {"member_id": "m-2", "client_id": "faust", "client_host": "/10.0.0.2"},
+        ],
+    }
+    monkeypatch.setattr(topics, "KafkaAdminClient", _admin(described))
+    group = topics.describe_group(Settings(), "g")
+    assert group.state == "Stable"
+    assert [(m.member_id, m.client, m.partitions) for m in group.members] == [
+        ("m-1", "faust@10.0.0.1", {"events": {0, 2}, "other": {1}}),
+        ("m-2", "faust@10.0.0.2", {}),
+    ]
