@@ -37,7 +37,7 @@ from schemas.errors import CodecError, CorruptRecordError, EncodeError, UnknownF
 from schemas.events import EVENT_TYPES, Event, utc_millis
 
 SCHEMAS_DIR = Path(str(files("schemas")))
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 GOLDEN = FIXTURES / "golden"
 EVOLUTION = FIXTURES / "evolution"
 

@@ -43,7 +43,7 @@ from session_model.session import (
     Turn,
 )
 from session_model.timeline import translate
-from tests.unit.test_properties import SID, event_sequences
+from tests.unit.session_model.test_properties import SID, event_sequences
 
 AT = datetime(2026, 3, 1, 9, 30, 15, 123000, tzinfo=UTC)
 

@@ -19,7 +19,7 @@ from schemas.avro_reader import (
 )
 from schemas.codec import HEADER_SIZE, SchemaRegistry, payload_schema_name
 from schemas.events import EVENT_TYPES
-from tests.unit.test_codec import FULL, PAYLOAD_STRATEGIES
+from tests.unit.schemas.test_codec import FULL, PAYLOAD_STRATEGIES
 
 REGISTRY = SchemaRegistry.default()
 READ_ERRORS = (EOFError, IndexError, ValueError, OverflowError)
