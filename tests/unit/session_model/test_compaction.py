@@ -21,6 +21,7 @@ from session_model.compaction import (
     Compactor,
     FactualSummarizer,
     SessionFacts,
+    compaction_due,
 )
 from session_model.fold import Kind, step
 from session_model.principal import Principal
@@ -546,3 +547,12 @@ def test_facts_block_survives_in_the_compacted_summary() -> None:
     expected = SessionFacts(session).operational_facts()
     _compact(store, c)
     assert _facts_of(store.load("s1").summary or "") == expected
+
+
+@pytest.mark.parametrize("n_turns", [0, 3, 4, 5, 9])
+def test_the_due_index_and_the_compactor_follow_one_rule(n_turns: int) -> None:
+    session = _with_turns(n_turns).load("s1")
+    compactor = Compactor(max_turns=4, keep_recent=2)
+    assert compaction_due(session, compactor.max_turns) == (compactor.cut(session) is not None)
+    assert compaction_due(session, compactor.max_turns) == (n_turns > 4)
+    assert not compaction_due(session, None)
