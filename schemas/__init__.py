@@ -1,1 +1,7 @@
-"""The ground layer: event vocabulary, the error hierarchy and the Avro wire format."""
+"""The ground layer: the event vocabulary, the error hierarchy and the Avro wire format.
+
+Holds: `events` (event types and the `Event` value), `errors` (the one `MilpaError` hierarchy),
+`codec` (Avro encoding with schema fingerprints, the released schema versions), `avro_reader`,
+`frozen`, and the `*.avsc` schemas themselves.
+May import: nothing of this project (only the standard library and fastavro).
+"""

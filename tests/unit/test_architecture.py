@@ -99,3 +99,17 @@ def test_the_checks_see_a_violation() -> None:
     """The import scan finds lazy imports too (the checks above would miss nothing)."""
     src = ROOT / "bench" / "naive_projector.py"
     assert any(m.startswith("projections.") for m in imports(src))
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_each_package_says_what_it_holds_and_what_it_may_import(package: str) -> None:
+    """The package docstring names exactly the layers below it under "May import:"."""
+    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or ""
+    assert "Holds:" in doc
+    assert "May import:" in doc
+    said = doc.split("May import:", 1)[1]
+    below = set(LAYERS[: LAYERS.index(package)])
+    if "every package" in said:
+        assert below == set(LAYERS[:-1])
+    else:
+        assert {p for p in LAYERS if f"`{p}`" in said} == below
