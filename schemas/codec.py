@@ -20,6 +20,7 @@ import functools
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -798,11 +799,24 @@ def _what(what: str, event_type: str | None) -> str:
     return what if event_type is None else f"{event_type} {what}"
 
 
+_WIDE = re.compile(r"[0-9]{19}")
+_WIDE_BYTES = re.compile(rb"[0-9]{19}")
+
+
+def _maybe_wide_integer(text: Any) -> bool:
+    """Whether `text` holds a run of 19 digits (where an integer beyond 64 bits would be)."""
+    if isinstance(text, bytes):
+        return _WIDE_BYTES.search(text) is not None
+    return isinstance(text, str) and _WIDE.search(text) is not None
+
+
 def _parse_arguments(text: Any, event_type: str) -> dict[str, Any]:
-    # orjson first (several times faster); for what it refuses (numbers beyond 64 bits, NaN, lone
-    # surrogates, very deep nesting) the standard parser decides, so the result is always
-    # `json.loads`'s.
+    # orjson first (several times faster). It refuses NaN, lone surrogates and very deep nesting,
+    # and reads an integer beyond 64 bits as a float: for those (any run of 19 digits may be one)
+    # the standard parser decides, so the result is always `json.loads`'s.
     try:
+        if _maybe_wide_integer(text):
+            raise orjson.JSONDecodeError("a wide integer", "", 0)
         arguments = orjson.loads(text)
     except (orjson.JSONDecodeError, TypeError):
         try:

@@ -556,6 +556,23 @@ def test_payload_of_another_type_s_schema_is_corrupt() -> None:
         CODEC.decode(_envelope_bytes(started, events.TURN))
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"n": -(2**63) - 1, "m": [2**64, 1]},  # beyond 64 bits: exact, never a float
+        {"n": -(2**63), "m": 2**64 - 1},
+        {"digits": "12345678901234567890", "x": 1.5},  # a long digit run in a string
+    ],
+)
+def test_tool_arguments_decode_exactly_whatever_the_size_of_their_integers(
+    arguments: dict[str, object],
+) -> None:
+    event = make_event(events.TOOL_CALLED, {"tool": "t", "arguments": arguments})
+    decoded = CODEC.decode(CODEC.encode(event)).payload["arguments"]
+    assert decoded == arguments
+    assert {k: type(v) for k, v in decoded.items()} == {k: type(v) for k, v in arguments.items()}
+
+
 def test_tool_arguments_that_are_not_a_json_object_are_corrupt() -> None:
     for text in ("[1, 2]", "{not json", '"x"'):
         payload = _payload_bytes(events.TOOL_CALLED, {"tool": "t", "arguments": text})
