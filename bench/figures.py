@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from redis import Redis as SyncRedis
 
 from bench import infra, workload
-from bench.infra import Cleanup, CpuMeter, Proc, Procs, Stack
-from bench.profiling import PySpy, summarize
+from bench.infra import Procs
+from bench.profiling import summarize
 from bench.stats import (
     Figure,
     Target,
@@ -41,6 +41,8 @@ from bench.stats import (
     rate,
     summary,
 )
+from deploy.harness import Cleanup, Proc, Stack, group_members, read_topic, wait_for
+from deploy.host import CpuMeter, PySpy, redis_cpu_seconds
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import Settings
@@ -327,7 +329,7 @@ def _watch_group(
 ) -> None:
     while not stop.is_set():
         try:
-            state, assigned = infra.group_members(bootstrap, group, topic)
+            state, assigned = group_members(bootstrap, group, topic)
         except Exception:  # the group may not exist yet
             state, assigned = "", {}
         if state == "Stable" and len(assigned) == members and all(assigned.values()):
@@ -435,7 +437,7 @@ def measure_projector(
                 break
             for p in started:
                 if not p.alive():
-                    raise RuntimeError(f"{p.name} died\n{p.log()}")
+                    raise RuntimeError(f"{p.name} died\n{p.log(4000)}")
             if now - launch > timeout or now - stalled_since > 30:
                 raise TimeoutError(
                     f"{name}: {n} of {total} events folded after {now - launch:.0f}s"
@@ -709,7 +711,7 @@ def redis_ceiling(run: Run) -> float | None:
         try:
             read_sha = await client.script_load(READ_SCRIPT)
             commit_sha = await client.script_load(COMMIT_SCRIPT)
-            cpu0 = infra.redis_cpu_seconds(sync)
+            cpu0 = redis_cpu_seconds(sync)
             started = time.perf_counter()
             for misses, calls, _, _ in batches:
                 if misses:
@@ -724,7 +726,7 @@ def redis_ceiling(run: Run) -> float | None:
                 if any(r != 1 for group in replies for r in group):
                     raise RuntimeError("a ceiling commit was refused (mark conflict)")
             elapsed = time.perf_counter() - started
-            cpu1 = infra.redis_cpu_seconds(sync)
+            cpu1 = redis_cpu_seconds(sync)
             return elapsed, (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else math.nan
         finally:
             await client.aclose()
@@ -935,7 +937,7 @@ def e2e(run: Run) -> None:
     run.cleanup.push("close e2e producer", lambda: log.close(timeout=5))
     warm = workload.starts([f"e{run.tag}-warmup"])[0]
     log.append(warm)
-    infra.wait_for(
+    wait_for(
         lambda: folded_count(client, settings.redis_prefix) >= 1,
         90,
         "e2e worker ready",
@@ -949,7 +951,7 @@ def e2e(run: Run) -> None:
     t_warm = time.perf_counter()
     _paced(log, warm_events, s.e2e_rate)
     log.flush(timeout=30)
-    infra.wait_for(
+    wait_for(
         lambda: folded_count(client, settings.redis_prefix) >= 1 + n_warm,
         60,
         "e2e warm-up visible",
@@ -995,10 +997,10 @@ def e2e(run: Run) -> None:
     try:
         sent_at, latencies_send, latencies_ack, polls = results.get(timeout=45)
     except queue.Empty:
-        raise RuntimeError(f"the e2e poller reported nothing\n{worker.log()}") from None
+        raise RuntimeError(f"the e2e poller reported nothing\n{worker.log(4000)}") from None
     poller.join(timeout=10)
     if not worker.alive():
-        raise RuntimeError(f"the e2e worker died\n{worker.log()}")
+        raise RuntimeError(f"the e2e worker died\n{worker.log(4000)}")
     worker.stop()
     send = summary(latencies_send)
     ack = summary(latencies_ack)
@@ -1180,7 +1182,7 @@ def _expiry_run(run: Run, *, standalone: bool, load: bool = False) -> dict[str, 
     for e in starts:
         log.send(e)
     log.flush(timeout=60)
-    infra.wait_for(
+    wait_for(
         lambda: folded_count(client, settings.redis_prefix) > 0,
         90,
         "expiry: worker up",
@@ -1188,7 +1190,7 @@ def _expiry_run(run: Run, *, standalone: bool, load: bool = False) -> dict[str, 
         watched,
     )
     t1, n1 = time.monotonic(), folded_count(client, settings.redis_prefix)
-    infra.wait_for(
+    wait_for(
         lambda: folded_count(client, settings.redis_prefix) >= n,
         120,
         "expiry: starts folded",
@@ -1215,7 +1217,7 @@ def _expiry_run(run: Run, *, standalone: bool, load: bool = False) -> dict[str, 
     for e in asked:
         log.send(e)
     log.flush(timeout=60)
-    infra.wait_for(
+    wait_for(
         lambda: folded_count(client, settings.redis_prefix) >= 2 * n,
         120,
         "expiry: questions folded",
@@ -1242,7 +1244,7 @@ def _expiry_run(run: Run, *, standalone: bool, load: bool = False) -> dict[str, 
     cpu = run.cpu(pids, client)
     cpu.start()
     wait_s = (deadlines[-1] / 1000 - time.time()) + 60
-    infra.wait_for(lambda: closings() >= n, wait_s, "expiry: every window closed", 0.25, watched)
+    wait_for(lambda: closings() >= n, wait_s, "expiry: every window closed", 0.25, watched)
     usage = cpu.stop()
     load_params: dict[str, Any] = {}
     if loader is not None:
@@ -1332,29 +1334,13 @@ def _closings(
 ) -> list[tuple[int, int, int]]:
     """(deadline ms, the closing's `at` ms = the scheduler's tick time, CreateTime ms) each."""
     codec = EventCodec()
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap.split(","), group_id=None, enable_auto_commit=False
-    )
     out: list[tuple[int, int, int]] = []
-    try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in parts]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
-        deadline = time.monotonic() + 60
-        while any(consumer.position(tp) < end for tp, end in ends.items()):
-            if time.monotonic() > deadline:
-                break
-            for batch in consumer.poll(timeout_ms=1000, max_records=5000).values():
-                for m in batch:
-                    event = codec.decode(m.value)
-                    if event.type == ev.ANSWER_WINDOW_CLOSED and event.session_id in deadline_of:
-                        at = event.payload.get("at")
-                        at_ms = ceil_ms(at) if isinstance(at, datetime) else m.timestamp
-                        out.append((deadline_of[event.session_id], at_ms, m.timestamp))
-    finally:
-        consumer.close()
+    for m in read_topic(bootstrap, topic):
+        event = codec.decode(m.value)
+        if event.type == ev.ANSWER_WINDOW_CLOSED and event.session_id in deadline_of:
+            at = event.payload.get("at")
+            at_ms = ceil_ms(at) if isinstance(at, datetime) else m.timestamp
+            out.append((deadline_of[event.session_id], at_ms, m.timestamp))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Sampling a worker with py-spy while it is busy, and summarising where its time went.
+"""Summarising where a worker's time went, from what py-spy sampled (`deploy.host.PySpy`).
 
 `py-spy record --format raw` writes collapsed stacks (`frame;frame;... count`, outermost first).
 The summary gives self time (the innermost frame) and inclusive time (every frame on the stack,
@@ -9,71 +9,10 @@ busy (py-spy leaves idle threads out unless `--idle`).
 from __future__ import annotations
 
 import re
-import shutil
-import signal
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::(?P<line>\d+))?\)$")
-
-
-def py_spy_binary() -> str | None:
-    """py-spy next to this interpreter, or on PATH."""
-    here = Path(sys.executable).with_name("py-spy")
-    if here.exists():
-        return str(here)
-    return shutil.which("py-spy")
-
-
-@dataclass
-class PySpy:
-    """A running `py-spy record` on one PID; `stop()` makes it write its output (SIGINT)."""
-
-    proc: subprocess.Popen[bytes]
-    output: Path
-    log: Path
-
-    @classmethod
-    def start(cls, pid: int, output: Path, rate: int = 100) -> PySpy | None:
-        """Start sampling `pid` at `rate` Hz (non-blocking: the target is not paused)."""
-        binary = py_spy_binary()
-        if binary is None:
-            return None
-        log = output.with_suffix(".py-spy.log")
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    binary,
-                    "record",
-                    "--pid",
-                    str(pid),
-                    "--rate",
-                    str(rate),
-                    "--format",
-                    "raw",
-                    "--nonblocking",
-                    "--output",
-                    str(output),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return cls(proc, output, log)
-
-    def stop(self, timeout: float = 20.0) -> Path | None:
-        """Stop sampling and return the raw output file (None if py-spy wrote nothing)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        return self.output if self.output.exists() else None
 
 
 def _frame_name(frame: str) -> str:

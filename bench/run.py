@@ -10,10 +10,8 @@ figure failed, 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -23,9 +21,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bench import infra
 from bench.figures import FIGURES, Run, Sizes
+from bench.infra import Procs
 from bench.stats import Figure, table
+from deploy import harness
+from deploy.host import describe_machine
 from producers.settings import ENV_PREFIX, Settings
 
 
@@ -49,46 +49,16 @@ def git_state() -> dict[str, object]:
 PRODUCT_DIRS = ("schemas", "session_model", "producers", "processors", "milpa_sessions")
 
 
-def machine() -> dict[str, object]:
-    """nproc, CPU model, memory, versions: what the figures were measured on."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gib = round(int(line.split()[1]) / 1024**2, 1)
-    except OSError:
-        pass
-    versions: dict[str, str] = {"python": platform.python_version()}
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-    for dist in (
-        "faust-streaming",
-        "mode-streaming",
-        "aiokafka",
-        "kafka-python",
-        "redis",
-        "hiredis",
-        "fastavro",
-    ):
-        with contextlib.suppress(PackageNotFoundError):
-            versions[dist] = version(dist)
-    return {
-        "git": git_state(),
-        "nproc": os.cpu_count(),
-        "cpu": model,
-        "mem_gib": mem_gib,
-        "kernel": platform.release(),
-        "versions": versions,
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
+# The distributions whose versions go with the figures.
+DISTRIBUTIONS = (
+    "faust-streaming",
+    "mode-streaming",
+    "aiokafka",
+    "kafka-python",
+    "redis",
+    "hiredis",
+    "fastavro",
+)
 
 
 PROTECTED = {
@@ -174,19 +144,19 @@ def main(argv: list[str] | None = None) -> int:
             out_file.write(line + "\n")
             out_file.flush()
 
-    infra.interrupt_on_sigterm()
-    cleanup = infra.Cleanup(log)
+    harness.interrupt_on_sigterm()
+    cleanup = harness.Cleanup(log)
     status = 0
     started = time.monotonic()
     try:
-        stack = infra.ensure_stack(log)
+        stack = harness.ensure_stack(log)
         tag = uuid.uuid4().hex[:8]
-        host = machine()
-        host["servers"] = infra.server_versions(stack)
+        host = {"git": git_state(), **describe_machine(DISTRIBUTIONS)}
+        host["servers"] = harness.server_versions(stack)
         log(f"run {tag}: kafka {stack.kafka_bootstrap}, redis {stack.redis_url}; {host}")
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
-        workdir = infra.scratch_dir(cleanup, keep=args.keep_logs)
+        workdir = harness.scratch_dir(cleanup, keep=args.keep_logs)
         if args.keep_logs:
             log(f"worker logs in {workdir}")
         run = Run(
@@ -195,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes=Sizes.quick() if args.quick else Sizes.full(),
             cleanup=cleanup,
             root=cleanup,
-            procs=infra.Procs(cleanup, workdir),
+            procs=Procs(cleanup, workdir),
             log=log,
             emit=emit,
             profile_dir=args.profile,
@@ -207,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.monotonic()
             try:
                 with cleanup.scope() as scope:
-                    run.cleanup, run.procs = scope, infra.Procs(scope, workdir)
+                    run.cleanup, run.procs = scope, Procs(scope, workdir)
                     FIGURES[name](run)
             except KeyboardInterrupt:
                 raise
@@ -216,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name} FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
                 emit(Figure(f"{name}_failed", None, "", error=f"{type(e).__name__}: {e}"))
             finally:
-                run.cleanup, run.procs = cleanup, infra.Procs(cleanup, workdir)
+                run.cleanup, run.procs = cleanup, Procs(cleanup, workdir)
             log(f"   {name} took {time.monotonic() - t:.0f}s")
         summary_line = {
             "figure": "_run",
