@@ -30,19 +30,10 @@ from redis import Redis as SyncRedis
 from bench import infra, workload
 from bench.infra import Procs
 from bench.profiling import summarize
-from bench.stats import (
-    Figure,
-    Target,
-    extrapolate,
-    histogram_bucket,
-    histogram_quantile,
-    parse_counter,
-    parse_histogram,
-    rate,
-    summary,
-)
+from bench.stats import Figure, Target, extrapolate, rate, summary
 from deploy.harness import Cleanup, Proc, Stack, group_members, read_topic, wait_for
-from deploy.host import CpuMeter, PySpy, redis_cpu_seconds
+from deploy.host import CpuMeter, PySpy, others_cpu, redis_cpu_seconds
+from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import Settings
@@ -78,17 +69,6 @@ TARGETS = {
 GIB = 1024**3
 MAX_BUCKET_WIDTH_MS = 5.0  # expiry: widest histogram bucket whose interpolation is reported
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
-
-
-def _others_cpu(params: dict[str, Any]) -> float:
-    """The CPU other processes used while a figure was measured (summed over its meters)."""
-    total = 0.0
-    for key, value in params.items():
-        if key == "other_processes_cpu_pct" and isinstance(value, list):
-            total += sum(float(pct) for pct, _ in value)
-        elif isinstance(value, dict):
-            total += _others_cpu(value)
-    return total
 
 
 @dataclass(frozen=True)
@@ -165,7 +145,7 @@ class Run:
         return CpuMeter({**pids, **self.kafka_pids()}, client, quiet)
 
     def put(self, figure: Figure) -> Figure:
-        others = _others_cpu(figure.params)
+        others = others_cpu(figure.params)
         if others >= DISTURBED_PCT:
             figure.params["disturbed"] = (
                 f"other processes used {others:.0f}% of a core while this was measured"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -25,26 +24,8 @@ from bench.figures import FIGURES, Run, Sizes
 from bench.infra import Procs
 from bench.stats import Figure, table
 from deploy import harness
-from deploy.host import describe_machine
+from deploy.host import describe_machine, git_state
 from producers.settings import ENV_PREFIX, Settings
-
-
-def git_state() -> dict[str, object]:
-    """The commit measured and the product files changed on top of it (uncommitted)."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
-        )
-        return done.stdout.strip()
-
-    try:
-        changed = git("status", "--porcelain", "--", *PRODUCT_DIRS).splitlines()
-        return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": changed}
-    except (OSError, subprocess.SubprocessError):
-        return {}
-
 
 PRODUCT_DIRS = ("schemas", "session_model", "producers", "processors", "milpa_sessions")
 
@@ -151,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack = harness.ensure_stack(log)
         tag = uuid.uuid4().hex[:8]
-        host = {"git": git_state(), **describe_machine(DISTRIBUTIONS)}
+        host = {"git": git_state(harness.REPO, PRODUCT_DIRS), **describe_machine(DISTRIBUTIONS)}
         host["servers"] = harness.server_versions(stack)
         log(f"run {tag}: kafka {stack.kafka_bootstrap}, redis {stack.redis_url}; {host}")
         if args.profile:

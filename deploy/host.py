@@ -1,16 +1,20 @@
-"""What the machine and its processes use: CPU from /proc and Redis INFO, py-spy samples, and a
-description of the machine (Linux)."""
+"""What the machine and its processes use: CPU from /proc and Redis INFO, py-spy samples and
+their summary (self and inclusive time per function, as shares of the samples taken while the
+process was busy), and a description of the machine (Linux)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import platform
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -122,6 +126,18 @@ class CpuMeter:
         return out
 
 
+def others_cpu(params: dict[str, Any]) -> float:
+    """The CPU other processes used (% of a core): summed over the `CpuMeter.stop()` reports in
+    `params`, at any depth."""
+    total = 0.0
+    for key, value in params.items():
+        if key == "other_processes_cpu_pct" and isinstance(value, list):
+            total += sum(float(pct) for pct, _ in value)
+        elif isinstance(value, dict):
+            total += others_cpu(value)
+    return total
+
+
 # -- sampling with py-spy --------------------------------------------------------------------------
 
 
@@ -162,6 +178,85 @@ class PySpy:
         return self.output if self.output.exists() else None
 
 
+# py-spy's raw format: collapsed stacks, `frame;frame;... count`, outermost frame first.
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::(?P<line>\d+))?\)$")
+
+
+def frame_name(frame: str) -> str:
+    """`function (path)` of a py-spy frame; the path from site-packages, the stdlib or the repo."""
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return frame.strip()
+    path = m.group("file")
+    for marker in ("site-packages/", "/lib/python3"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    else:
+        path = path.rsplit("/main/", 1)[-1]
+    return f"{m.group('func')} ({path})"
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """Self and inclusive shares per function, and shares per category."""
+
+    samples: int
+    self_share: list[tuple[str, float]]
+    inclusive_share: list[tuple[str, float]]
+    categories: list[tuple[str, float]]
+    ours: tuple[str, ...] = ()  # path prefixes of the code whose inclusive time is listed
+
+    def render(self, top: int = 25) -> str:
+        """A readable report."""
+        lines = [f"{self.samples} samples (busy threads only)", "", "by category:"]
+        lines += [f"  {share:5.1f}%  {name}" for name, share in self.categories]
+        lines += ["", "self time:"]
+        lines += [f"  {share:5.1f}%  {name}" for name, share in self.self_share[:top]]
+        lines += ["", "inclusive time (project code):"]
+        ours = [(n, s) for n, s in self.inclusive_share if any(f"({p}" in n for p in self.ours)]
+        lines += [f"  {share:5.1f}%  {name}" for name, share in ours[:top]]
+        return "\n".join(lines)
+
+
+def summarize_py_spy(
+    raw: str,
+    categorize: Callable[[list[str]], str],
+    ours: tuple[str, ...] = (),
+    exclude_threads: tuple[str, ...] = (),
+) -> ProfileSummary:
+    """Summarise py-spy's raw collapsed stacks; `categorize` names the category of a stack."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    by_category: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = [f for f in stack.split(";") if f]
+        if frames and any(frames[0].startswith(t) for t in exclude_threads):
+            continue
+        names = [frame_name(f) for f in frames if not f.startswith(("process ", "thread "))]
+        if not names:
+            continue
+        n = int(count_text)
+        total += n
+        own[names[-1]] += n
+        by_category[categorize(names)] += n
+        for name in set(names):
+            inclusive[name] += n
+    if total == 0:
+        return ProfileSummary(0, [], [], [], ours)
+    return ProfileSummary(
+        total,
+        [(name, 100 * n / total) for name, n in own.most_common()],
+        [(name, 100 * n / total) for name, n in inclusive.most_common()],
+        [(name, 100 * n / total) for name, n in by_category.most_common()],
+        ours,
+    )
+
+
 # -- the machine -----------------------------------------------------------------------------------
 
 
@@ -172,6 +267,22 @@ def _proc_line(path: str, name: str) -> str | None:
             if line.startswith(name):
                 return line.split(":", 1)[1].strip()
     return None
+
+
+def git_state(root: Path, paths: Sequence[str]) -> dict[str, object]:
+    """The commit checked out in `root` and the files under `paths` changed on top of it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
+        )
+        return done.stdout.strip()
+
+    try:
+        changed = git("status", "--porcelain", "--", *paths).splitlines()
+        return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": changed}
+    except (OSError, subprocess.SubprocessError):
+        return {}
 
 
 def describe_machine(distributions: Sequence[str] = ()) -> dict[str, object]:
