@@ -9,7 +9,7 @@ run's prefixes unlinked, the run's topics and consumer groups deleted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,44 +56,37 @@ def register_prefix(settings: Settings, cleanup: Cleanup) -> None:
     )
 
 
-@dataclass
-class Procs:
-    """Starts worker processes and registers their stop with a cleanup."""
+def start_worker(
+    cleanup: Cleanup,
+    workdir: Path,
+    name: str,
+    settings: Settings,
+    *,
+    module: str = "milpa_sessions.cli",
+    loglevel: str = "info",
+    metrics: bool = True,
+    command: str = "worker",
+) -> Proc:
+    """Start `python -m <module> <command>` with the settings in its environment; stop it at
+    cleanup.
 
-    cleanup: Cleanup
-    workdir: Path
-    started: list[Proc] = field(default_factory=list)
-
-    def start(
-        self,
-        name: str,
-        settings: Settings,
-        *,
-        module: str = "milpa_sessions.cli",
-        loglevel: str = "info",
-        metrics: bool = True,
-        command: str = "worker",
-    ) -> Proc:
-        """Start `python -m <module> <command>` with the settings in its environment.
-
-        The working directory is a scratch directory, so Faust's `<app>-data` directory does not
-        land in the repository.
-        """
-        port = free_port() if metrics else 0
-        if metrics:
-            settings = replace(settings, metrics_port=port)
-        cwd = self.workdir / name
-        cwd.mkdir(parents=True, exist_ok=True)
-        p = start_python(
-            name,
-            module,
-            [command, "--loglevel", loglevel],
-            cwd / "worker.log",
-            env={**settings.to_env(), **FAST_GROUP_ENV},
-            cwd=cwd,
-            new_session=True,  # Ctrl-C in the terminal reaches the harness only
-            metrics_port=port,
-        )
-        self.started.append(p)
-        self.cleanup.push(f"stop worker {name} (pid {p.pid})", p.stop)
-        return p
+    The working directory is `workdir/name`, a scratch directory, so Faust's `<app>-data`
+    directory does not land in the repository.
+    """
+    port = free_port() if metrics else 0
+    if metrics:
+        settings = replace(settings, metrics_port=port)
+    cwd = workdir / name
+    cwd.mkdir(parents=True, exist_ok=True)
+    p = start_python(
+        name,
+        module,
+        [command, "--loglevel", loglevel],
+        cwd / "worker.log",
+        env={**settings.to_env(), **FAST_GROUP_ENV},
+        cwd=cwd,
+        new_session=True,  # Ctrl-C in the terminal reaches the harness only
+        metrics_port=port,
+    )
+    cleanup.push(f"stop worker {name} (pid {p.pid})", p.stop)
+    return p

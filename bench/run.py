@@ -10,7 +10,6 @@ figure failed, 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.figures import FIGURES, Run, Sizes
-from bench.infra import Procs
 from bench.stats import Figure, table
 from deploy import harness
 from deploy.host import describe_machine, git_state
@@ -117,13 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     out_file = args.out.open("w") if args.out else None
     figures: list[Figure] = []
 
-    def emit(figure: Figure) -> None:
-        figures.append(figure)
-        line = figure.json_line()
+    def write(line: str) -> None:
         print(line, flush=True)
         if out_file is not None:
             out_file.write(line + "\n")
             out_file.flush()
+
+    def emit(figure: Figure) -> None:
+        figures.append(figure)
+        write(figure.json_line())
 
     harness.interrupt_on_sigterm()
     cleanup = harness.Cleanup(log)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes=Sizes.quick() if args.quick else Sizes.full(),
             cleanup=cleanup,
             root=cleanup,
-            procs=Procs(cleanup, workdir),
+            workdir=workdir,
             log=log,
             emit=emit,
             profile_dir=args.profile,
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.monotonic()
             try:
                 with cleanup.scope() as scope:
-                    run.cleanup, run.procs = scope, Procs(scope, workdir)
+                    run.cleanup = scope
                     FIGURES[name](run)
             except KeyboardInterrupt:
                 raise
@@ -167,29 +167,19 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name} FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
                 emit(Figure(f"{name}_failed", None, "", error=f"{type(e).__name__}: {e}"))
             finally:
-                run.cleanup, run.procs = cleanup, Procs(cleanup, workdir)
+                run.cleanup = cleanup
             log(f"   {name} took {time.monotonic() - t:.0f}s")
-        summary_line = {
-            "figure": "_run",
-            "value": round(time.monotonic() - started, 1),
-            "unit": "s",
-            "baseline": None,
-            "ratio": None,
-            "target": None,
-            "met": None,
-            "params": {
-                "tag": tag,
-                "quick": args.quick,
-                "figures": ordered,
-                "machine": host,
-                "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-                "settings_overrides": {k: str(v) for k, v in overrides.items()},
-                "stack": stack.source,
-            },
+        params = {
+            "tag": tag,
+            "quick": args.quick,
+            "figures": ordered,
+            "machine": host,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "settings_overrides": {k: str(v) for k, v in overrides.items()},
+            "stack": stack.source,
         }
-        print(json.dumps(summary_line), flush=True)
-        if out_file is not None:
-            out_file.write(json.dumps(summary_line) + "\n")
+        # The run itself, in the figures' format (not a figure: not in the table).
+        write(Figure("_run", round(time.monotonic() - started, 1), "s", params=params).json_line())
     except KeyboardInterrupt:
         log("interrupted: stopping workers and cleaning up")
         status = 130
@@ -198,18 +188,23 @@ def main(argv: list[str] | None = None) -> int:
         if out_file is not None:
             out_file.close()
     if figures:
-        print()
-        print(table(figures))
-        unmet = [f.figure for f in figures if f.met is False]
-        if unmet:
-            print(f"\ntargets not met: {', '.join(unmet)}")
-        disturbed = [f.figure for f in figures if "disturbed" in f.params]
-        if disturbed:
-            print(
-                "disturbed (other processes used >= 20% of a core while measuring; see their "
-                f"params): {', '.join(disturbed)}"
-            )
+        _print_table(figures)
     return status
+
+
+def _print_table(figures: list[Figure]) -> None:
+    """The figures for people, and which missed their target or were disturbed."""
+    print()
+    print(table(figures))
+    unmet = [f.figure for f in figures if f.met is False]
+    if unmet:
+        print(f"\ntargets not met: {', '.join(unmet)}")
+    disturbed = [f.figure for f in figures if "disturbed" in f.params]
+    if disturbed:
+        print(
+            "disturbed (other processes used >= 20% of a core while measuring; see their "
+            f"params): {', '.join(disturbed)}"
+        )
 
 
 if __name__ == "__main__":

@@ -50,6 +50,16 @@ def summary(samples: Sequence[float]) -> dict[str, float | int | None]:
     }
 
 
+def by_slice(samples: Iterable[tuple[int, float]], upper: str) -> list[list[Any]]:
+    """`[slice, count, p50, <upper>, max]` of the samples of each slice, by slice."""
+    slices: dict[int, list[float]] = {}
+    for key, value in samples:
+        slices.setdefault(key, []).append(value)
+    return [
+        [k, len(v), summary(v)["p50"], summary(v)[upper], max(v)] for k, v in sorted(slices.items())
+    ]
+
+
 def ratio(value: float | None, baseline: float | None) -> float | None:
     """value / baseline, or None when either is missing or the baseline is zero."""
     if value is None or baseline is None or baseline == 0:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -298,23 +299,15 @@ def start_python(
     log_path: Path,
     *,
     env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-    new_session: bool = False,
-    metrics_port: int = 0,
-    grace: float = 20.0,
+    **options: Any,
 ) -> Proc:
-    """`python -m <module> <args>`: `env` over this environment, the repository on the path."""
+    """`python -m <module> <args>`: `env` over this environment, the repository on the path.
+
+    `options`: those of `Proc.start` (cwd, new_session, metrics_port, grace).
+    """
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return Proc.start(
-        name,
-        [sys.executable, "-m", module, *args],
-        log_path,
-        env={**os.environ, **(env or {}), "PYTHONPATH": path},
-        cwd=cwd,
-        new_session=new_session,
-        metrics_port=metrics_port,
-        grace=grace,
-    )
+    env = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    return Proc.start(name, [sys.executable, "-m", module, *args], log_path, env=env, **options)
 
 
 def wait_for(
@@ -393,19 +386,59 @@ def group_members(bootstrap: str, group: str, topic: str) -> tuple[str, dict[str
     return str(described.get("group_state")), members
 
 
+def watch_group(
+    bootstrap: str, group: str, topic: str, members: int
+) -> tuple[dict[str, Any], threading.Event]:
+    """A thread that notes when `group` is stable with `members` members each owning partitions.
+
+    In the dict it returns: `stable_at` (time.monotonic()) and `assignment` (how many partitions of
+    `topic` each member owns, sorted). Setting the event stops it.
+    """
+    out: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                state, assigned = group_members(bootstrap, group, topic)
+            except Exception:  # the group may not exist yet
+                state, assigned = "", {}
+            if state == "Stable" and len(assigned) == members and all(assigned.values()):
+                out["stable_at"] = time.monotonic()
+                out["assignment"] = sorted(len(p) for p in assigned.values())
+                return
+            stop.wait(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return out, stop
+
+
+def _scan(client: redis.Redis, pattern: str, size: int = 5000) -> Iterator[list[bytes]]:
+    """The keys matching the SCAN `pattern`, in lists of up to `size`."""
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=pattern, count=size):
+        batch.append(key)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def unlink_matching(url: str, pattern: str) -> int:
     """Unlink every Redis key matching the SCAN `pattern`; returns how many."""
     client = redis.Redis.from_url(url)
     try:
-        n = 0
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=pattern, count=5000):
-            batch.append(key)
-            if len(batch) >= 5000:
-                n += client.unlink(*batch)
-                batch = []
-        if batch:
-            n += client.unlink(*batch)
-        return n
+        return sum(client.unlink(*batch) for batch in _scan(client, pattern))
     finally:
         client.close()
+
+
+def memory_usage(client: redis.Redis, pattern: str) -> Iterator[tuple[bytes, int]]:
+    """(key, MEMORY USAGE in bytes) of every key matching the SCAN `pattern`."""
+    for batch in _scan(client, pattern):
+        pipe = client.pipeline(transaction=False)
+        for key in batch:
+            pipe.memory_usage(key, samples=0)
+        for key, used in zip(batch, pipe.execute(), strict=True):
+            yield key, int(used or 0)
