@@ -1,94 +1,12 @@
-"""Sampling a worker with py-spy while it is busy, and summarising where its time went.
+"""Where a worker's time went, by this project's categories, from what py-spy sampled.
 
-`py-spy record --format raw` writes collapsed stacks (`frame;frame;... count`, outermost first).
-The summary gives self time (the innermost frame) and inclusive time (every frame on the stack,
-counted once per sample) per function, as a share of the samples taken while the process was
-busy (py-spy leaves idle threads out unless `--idle`).
+`deploy.host` samples (`PySpy`) and summarises (`summarize_py_spy`: self and inclusive shares per
+function); the categories below say which part of the pipeline a sample's stack belongs to.
 """
 
 from __future__ import annotations
 
-import re
-import shutil
-import signal
-import subprocess
-import sys
-from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
-
-_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::(?P<line>\d+))?\)$")
-
-
-def py_spy_binary() -> str | None:
-    """py-spy next to this interpreter, or on PATH."""
-    here = Path(sys.executable).with_name("py-spy")
-    if here.exists():
-        return str(here)
-    return shutil.which("py-spy")
-
-
-@dataclass
-class PySpy:
-    """A running `py-spy record` on one PID; `stop()` makes it write its output (SIGINT)."""
-
-    proc: subprocess.Popen[bytes]
-    output: Path
-    log: Path
-
-    @classmethod
-    def start(cls, pid: int, output: Path, rate: int = 100) -> PySpy | None:
-        """Start sampling `pid` at `rate` Hz (non-blocking: the target is not paused)."""
-        binary = py_spy_binary()
-        if binary is None:
-            return None
-        log = output.with_suffix(".py-spy.log")
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    binary,
-                    "record",
-                    "--pid",
-                    str(pid),
-                    "--rate",
-                    str(rate),
-                    "--format",
-                    "raw",
-                    "--nonblocking",
-                    "--output",
-                    str(output),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return cls(proc, output, log)
-
-    def stop(self, timeout: float = 20.0) -> Path | None:
-        """Stop sampling and return the raw output file (None if py-spy wrote nothing)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        return self.output if self.output.exists() else None
-
-
-def _frame_name(frame: str) -> str:
-    m = _FRAME.match(frame.strip())
-    if not m:
-        return frame.strip()
-    path = m.group("file")
-    for marker in ("site-packages/", "/lib/python3"):
-        if marker in path:
-            path = path.split(marker, 1)[1]
-            break
-    else:
-        path = path.rsplit("/main/", 1)[-1]
-    return f"{m.group('func')} ({path})"
-
+from deploy.host import ProfileSummary, summarize_py_spy
 
 # Where a sample's time goes: the first rule matching a frame, from the innermost frame outwards.
 # "Weak" rules (the event loop itself) apply only when no other frame of the stack matches.
@@ -107,7 +25,10 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("processors/replay.py", "projections/projector.py"),
     ),
     ("redis client (redis-py: pack, send, parse)", ("redis/", "hiredis")),
-    ("redis store glue (projections/redis_store.py)", ("projections/redis_store.py",)),
+    (
+        "redis store glue (projections/redis_store.py, requests.py)",
+        ("projections/redis_store.py", "projections/requests.py"),
+    ),
     ("worker batch glue (processors/worker.py)", ("processors/worker.py",)),
     ("faust agent glue (processors/app.py)", ("processors/app.py",)),
     ("kafka consumer (aiokafka)", ("aiokafka/", "kafka/")),
@@ -143,61 +64,16 @@ def categorize(frames: list[str]) -> str:
     return "other"
 
 
-@dataclass(frozen=True)
-class ProfileSummary:
-    """Self and inclusive shares per function, and shares per category."""
-
-    samples: int
-    self_share: list[tuple[str, float]]
-    inclusive_share: list[tuple[str, float]]
-    categories: list[tuple[str, float]]
-
-    def render(self, top: int = 25) -> str:
-        """A readable report."""
-        lines = [f"{self.samples} samples (busy threads only)", "", "by category:"]
-        lines += [f"  {share:5.1f}%  {name}" for name, share in self.categories]
-        lines += ["", "self time:"]
-        lines += [f"  {share:5.1f}%  {name}" for name, share in self.self_share[:top]]
-        lines += ["", "inclusive time (project code):"]
-        ours = [(n, s) for n, s in self.inclusive_share if _is_project(n)]
-        lines += [f"  {share:5.1f}%  {name}" for name, share in ours[:top]]
-        return "\n".join(lines)
+PROJECT = (
+    "schemas/",
+    "session_model/",
+    "projections/",
+    "producers/",
+    "processors/",
+    "bench/",
+)
 
 
-_PROJECT = ("schemas/", "session_model/", "producers/", "processors/", "bench/")
-
-
-def _is_project(name: str) -> bool:
-    return any(f"({p}" in name for p in _PROJECT)
-
-
-def summarize(raw: str, exclude_threads: tuple[str, ...] = ()) -> ProfileSummary:
-    """Summarise py-spy's raw collapsed stacks."""
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    by_category: Counter[str] = Counter()
-    total = 0
-    for line in raw.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        frames = [f for f in stack.split(";") if f]
-        if frames and any(frames[0].startswith(t) for t in exclude_threads):
-            continue
-        names = [_frame_name(f) for f in frames if not f.startswith(("process ", "thread "))]
-        if not names:
-            continue
-        n = int(count_text)
-        total += n
-        own[names[-1]] += n
-        by_category[categorize(names)] += n
-        for name in set(names):
-            inclusive[name] += n
-    if total == 0:
-        return ProfileSummary(0, [], [], [])
-    return ProfileSummary(
-        total,
-        [(name, 100 * n / total) for name, n in own.most_common()],
-        [(name, 100 * n / total) for name, n in inclusive.most_common()],
-        [(name, 100 * n / total) for name, n in by_category.most_common()],
-    )
+def summarize(raw: str) -> ProfileSummary:
+    """Summarise py-spy's raw collapsed stacks with this project's categories."""
+    return summarize_py_spy(raw, categorize, PROJECT)

@@ -10,11 +10,7 @@ figure failed, 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -23,73 +19,33 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bench import infra
 from bench.figures import FIGURES, Run, Sizes
 from bench.stats import Figure, table
+from deploy import harness
+from deploy.host import describe_machine, git_state
 from milpa_sessions.settings import Settings
 from producers.settings import ENV_PREFIX
 
-
-def git_state() -> dict[str, object]:
-    """The commit measured and the product files changed on top of it (uncommitted)."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
-        )
-        return done.stdout.strip()
-
-    try:
-        changed = git("status", "--porcelain", "--", *PRODUCT_DIRS).splitlines()
-        return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": changed}
-    except (OSError, subprocess.SubprocessError):
-        return {}
+PRODUCT_DIRS = (
+    "schemas",
+    "session_model",
+    "projections",
+    "producers",
+    "processors",
+    "milpa_sessions",
+)
 
 
-PRODUCT_DIRS = ("schemas", "session_model", "producers", "processors", "milpa_sessions")
-
-
-def machine() -> dict[str, object]:
-    """nproc, CPU model, memory, versions: what the figures were measured on."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gib = round(int(line.split()[1]) / 1024**2, 1)
-    except OSError:
-        pass
-    versions: dict[str, str] = {"python": platform.python_version()}
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-    for dist in (
-        "faust-streaming",
-        "mode-streaming",
-        "aiokafka",
-        "kafka-python",
-        "redis",
-        "hiredis",
-        "fastavro",
-    ):
-        with contextlib.suppress(PackageNotFoundError):
-            versions[dist] = version(dist)
-    return {
-        "git": git_state(),
-        "nproc": os.cpu_count(),
-        "cpu": model,
-        "mem_gib": mem_gib,
-        "kernel": platform.release(),
-        "versions": versions,
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
+# The distributions whose versions go with the figures.
+DISTRIBUTIONS = (
+    "faust-streaming",
+    "mode-streaming",
+    "aiokafka",
+    "kafka-python",
+    "redis",
+    "hiredis",
+    "fastavro",
+)
 
 
 PROTECTED = {
@@ -167,27 +123,29 @@ def main(argv: list[str] | None = None) -> int:
     out_file = args.out.open("w") if args.out else None
     figures: list[Figure] = []
 
-    def emit(figure: Figure) -> None:
-        figures.append(figure)
-        line = figure.json_line()
+    def write(line: str) -> None:
         print(line, flush=True)
         if out_file is not None:
             out_file.write(line + "\n")
             out_file.flush()
 
-    infra.interrupt_on_sigterm()
-    cleanup = infra.Cleanup(log)
+    def emit(figure: Figure) -> None:
+        figures.append(figure)
+        write(figure.json_line())
+
+    harness.interrupt_on_sigterm()
+    cleanup = harness.Cleanup(log)
     status = 0
     started = time.monotonic()
     try:
-        stack = infra.ensure_stack(log)
+        stack = harness.ensure_stack(log)
         tag = uuid.uuid4().hex[:8]
-        host = machine()
-        host["servers"] = infra.server_versions(stack)
+        host = {"git": git_state(harness.REPO, PRODUCT_DIRS), **describe_machine(DISTRIBUTIONS)}
+        host["servers"] = harness.server_versions(stack)
         log(f"run {tag}: kafka {stack.kafka_bootstrap}, redis {stack.redis_url}; {host}")
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
-        workdir = infra.scratch_dir(cleanup, keep=args.keep_logs)
+        workdir = harness.scratch_dir(cleanup, keep=args.keep_logs)
         if args.keep_logs:
             log(f"worker logs in {workdir}")
         run = Run(
@@ -196,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes=Sizes.quick() if args.quick else Sizes.full(),
             cleanup=cleanup,
             root=cleanup,
-            procs=infra.Procs(cleanup, workdir),
+            workdir=workdir,
             log=log,
             emit=emit,
             profile_dir=args.profile,
@@ -208,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.monotonic()
             try:
                 with cleanup.scope() as scope:
-                    run.cleanup, run.procs = scope, infra.Procs(scope, workdir)
+                    run.cleanup = scope
                     FIGURES[name](run)
             except KeyboardInterrupt:
                 raise
@@ -217,29 +175,19 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name} FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
                 emit(Figure(f"{name}_failed", None, "", error=f"{type(e).__name__}: {e}"))
             finally:
-                run.cleanup, run.procs = cleanup, infra.Procs(cleanup, workdir)
+                run.cleanup = cleanup
             log(f"   {name} took {time.monotonic() - t:.0f}s")
-        summary_line = {
-            "figure": "_run",
-            "value": round(time.monotonic() - started, 1),
-            "unit": "s",
-            "baseline": None,
-            "ratio": None,
-            "target": None,
-            "met": None,
-            "params": {
-                "tag": tag,
-                "quick": args.quick,
-                "figures": ordered,
-                "machine": host,
-                "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-                "settings_overrides": {k: str(v) for k, v in overrides.items()},
-                "stack": stack.source,
-            },
+        params = {
+            "tag": tag,
+            "quick": args.quick,
+            "figures": ordered,
+            "machine": host,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "settings_overrides": {k: str(v) for k, v in overrides.items()},
+            "stack": stack.source,
         }
-        print(json.dumps(summary_line), flush=True)
-        if out_file is not None:
-            out_file.write(json.dumps(summary_line) + "\n")
+        # The run itself, in the figures' format (not a figure: not in the table).
+        write(Figure("_run", round(time.monotonic() - started, 1), "s", params=params).json_line())
     except KeyboardInterrupt:
         log("interrupted: stopping workers and cleaning up")
         status = 130
@@ -248,18 +196,23 @@ def main(argv: list[str] | None = None) -> int:
         if out_file is not None:
             out_file.close()
     if figures:
-        print()
-        print(table(figures))
-        unmet = [f.figure for f in figures if f.met is False]
-        if unmet:
-            print(f"\ntargets not met: {', '.join(unmet)}")
-        disturbed = [f.figure for f in figures if "disturbed" in f.params]
-        if disturbed:
-            print(
-                "disturbed (other processes used >= 20% of a core while measuring; see their "
-                f"params): {', '.join(disturbed)}"
-            )
+        _print_table(figures)
     return status
+
+
+def _print_table(figures: list[Figure]) -> None:
+    """The figures for people, and which missed their target or were disturbed."""
+    print()
+    print(table(figures))
+    unmet = [f.figure for f in figures if f.met is False]
+    if unmet:
+        print(f"\ntargets not met: {', '.join(unmet)}")
+    disturbed = [f.figure for f in figures if "disturbed" in f.params]
+    if disturbed:
+        print(
+            "disturbed (other processes used >= 20% of a core while measuring; see their "
+            f"params): {', '.join(disturbed)}"
+        )
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ class RedisProjectionStore:
         if not updates:
             return CommitResult()
         calls = [commit_call(self.keys, u, self.compact_after, self.count_stats) for u in updates]
-        return execute(self.client, requests.commit(updates, calls))
+        return execute(self.client, requests.commit([u.session_id for u in updates], calls))
 
     def load(
         self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
@@ -192,7 +192,8 @@ class AsyncRedisProjectionStore:
                 commit_call(self.keys, u, self.compact_after)
                 for u in updates[at : at + COMMIT_GROUP]
             ]
-        return await execute_async(self.client, requests.commit(updates, calls))
+        sids = [u.session_id for u in updates]
+        return await execute_async(self.client, requests.commit(sids, calls))
 
     async def due_work(
         self, partitions: Iterable[int], until_ms: int | None = None

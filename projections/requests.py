@@ -202,17 +202,16 @@ def grouped(calls: Sequence[Call], size: int = COMMIT_GROUP) -> list[Call]:
     return groups
 
 
-def commit(updates: Sequence[SessionUpdate], calls: Sequence[Call]) -> Request[CommitResult]:
-    """Apply every update (compare-and-set on its mark); `calls` are their `commit_call`s."""
+def commit(session_ids: Sequence[str], calls: Sequence[Call]) -> Request[CommitResult]:
+    """Apply each session's update (compare-and-set on its mark); `calls`: their `commit_call`s."""
     sha = scripts.COMMIT.sha
     commands = [("EVALSHA", sha, len(ks), *ks, *args) for ks, args in grouped(calls)]
 
     def parse(replies: list[Any]) -> CommitResult:
         flags = [flag for group in replies for flag in group]  # one list per group, 1 = applied
-        pairs = list(zip(updates, flags, strict=True))
+        pairs = list(zip(session_ids, flags, strict=True))
         return CommitResult(
-            tuple(u.session_id for u, r in pairs if r == 1),
-            tuple(u.session_id for u, r in pairs if r != 1),
+            tuple(sid for sid, r in pairs if r == 1), tuple(sid for sid, r in pairs if r != 1)
         )
 
     return Request(commands, parse, "committing projections failed")

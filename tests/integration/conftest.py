@@ -10,21 +10,23 @@ prefix, so tests never see each other's data.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import uuid
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import redis
 from kafka import KafkaProducer
 
+from deploy.harness import (
+    REPO,
+    Proc,
+    Stack,
+    stack_from_env_file,
+    stack_from_environment,
+    start_python,
+)
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
@@ -32,38 +34,6 @@ from producers.topics import delete_topics, ensure_topics
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas.errors import LogError
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class Stack:
-    """Where the real services are."""
-
-    kafka_bootstrap: str
-    redis_url: str
-    source: str
-
-
-def _reachable(bootstrap: str, redis_url: str) -> bool:
-    host, _, port = bootstrap.split(",", maxsplit=1)[0].rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=2):
-            pass
-        return bool(redis.Redis.from_url(redis_url, socket_timeout=2).ping())
-    except (OSError, ValueError, redis.RedisError):
-        return False
-
-
-def _from_env_file() -> tuple[str, str] | None:
-    state = Path(os.environ.get("MILPA_STACK_DIR", REPO / "deploy" / ".run"))
-    env_file = state / "stack.env"
-    if not env_file.exists():
-        return None
-    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
-    if "MILPA_KAFKA_BOOTSTRAP" in values and "MILPA_REDIS_URL" in values:
-        return values["MILPA_KAFKA_BOOTSTRAP"], values["MILPA_REDIS_URL"]
-    return None
 
 
 def _docker_answers() -> bool:
@@ -79,13 +49,9 @@ def _docker_answers() -> bool:
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     """The real Kafka broker and Redis for this test run."""
-    bootstrap, url = os.environ.get("MILPA_KAFKA_BOOTSTRAP"), os.environ.get("MILPA_REDIS_URL")
-    if bootstrap and url and _reachable(bootstrap, url):
-        yield Stack(bootstrap, url, "environment")
-        return
-    found = _from_env_file()
-    if found and _reachable(*found):
-        yield Stack(*found, source="deploy/stack.py")
+    found = stack_from_environment() or stack_from_env_file()
+    if found is not None:
+        yield found
         return
     if _docker_answers():
         from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
@@ -166,71 +132,27 @@ def kafka_store(kafka_log: KafkaEventLog, projections: RedisProjectionStore) -> 
     return SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60.0)
 
 
-@dataclass
-class WorkerProcess:
-    """One `milpa-sessions worker` process."""
-
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    def alive(self) -> bool:
-        """Whether the process is still running."""
-        return self.proc.poll() is None
-
-    def kill9(self) -> None:
-        """Crash it: no shutdown, no offset commit."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        """Graceful stop (SIGTERM), then SIGKILL if it hangs."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def log(self) -> str:
-        """What it printed."""
-        return self.log_path.read_text(errors="replace")
-
-
 @pytest.fixture
 def start_worker(settings: Settings, tmp_path: Path) -> Iterator[object]:
     """Start worker (or scheduler) processes for this test's settings; stopped at teardown."""
-    started: list[WorkerProcess] = []
+    started: list[Proc] = []
 
-    def start(extra: Settings | None = None, command: str = "worker") -> WorkerProcess:
-        s = extra or settings
-        env = {**os.environ, **s.to_env()}
-        log_path = tmp_path / f"{command}-{len(started)}.log"
-        with log_path.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "milpa_sessions.cli", command, "--loglevel", "info"],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-            )
-        worker = WorkerProcess(proc, log_path)
+    def start(extra: Settings | None = None, command: str = "worker") -> Proc:
+        worker = start_python(
+            command,
+            "milpa_sessions.cli",
+            [command, "--loglevel", "info"],
+            tmp_path / f"{command}-{len(started)}.log",
+            env=(extra or settings).to_env(),
+            cwd=REPO,
+            grace=30.0,
+        )
         started.append(worker)
         return worker
 
     yield start
     for w in started:
         w.stop()
-
-
-def wait_until(predicate: object, timeout: float = 60.0, interval: float = 0.1) -> None:
-    """Poll `predicate()` until it is true or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def with_keys(settings: Settings, **changes: object) -> Settings:

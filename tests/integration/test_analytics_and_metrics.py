@@ -9,7 +9,6 @@ not move when a crashed worker's uncommitted tail, or the whole topic, is delive
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 from dataclasses import asdict
@@ -18,10 +17,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.harness import end_offsets, free_port, wait_for
 from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
@@ -31,7 +30,7 @@ from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
 from session_model.session import Question
-from tests.integration.conftest import wait_until, with_keys
+from tests.integration.conftest import with_keys
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +42,6 @@ EXPECTED = (
     PausesByReason("target_not_named", pauses=1, answered=0, expired=1, still_open=0),
     PausesByReason("unspecified", pauses=2, answered=1, expired=0, still_open=1),
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _scrape(port: int) -> Samples | None:
@@ -114,8 +106,8 @@ def _ask_the_scenario(
         agent.load(sid)
     loose.load(s5)
     try:
-        wait_until(lambda: _ended(projections, s1) and _ended(projections, s4), timeout=30)
-    except AssertionError:
+        wait_for(lambda: _ended(projections, s1) and _ended(projections, s4), timeout=30)
+    except TimeoutError:
         still = [sid for sid in (s1, s4) if not _ended(projections, sid)]
         raise AssertionError(
             f"{still}: window still open at {datetime.now(UTC)}, deadline {soon}; the worker's"
@@ -146,7 +138,7 @@ def test_pauses_by_reason_and_outcome_through_redis_the_cli_and_metrics(
     projections: RedisProjectionStore,
     start_worker: Any,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     worker = start_worker(with_keys(settings, metrics_port=port))
     _ask_the_scenario(kafka_log, projections, "an", worker)
     analytics = Analytics(projections.client, projections.keys)
@@ -222,8 +214,8 @@ def test_pauses_by_reason_and_outcome_through_redis_the_cli_and_metrics(
         )
 
     try:
-        wait_until(metrics_caught_up, timeout=30)
-    except AssertionError:
+        wait_for(metrics_caught_up, timeout=30)
+    except TimeoutError:
         raise AssertionError(f"metrics: {_scrape(port)}\n{worker.log()[-4000:]}") from None
     m = _scrape(port)
     assert _sample(m, "milpa_events_total", outcome="applied") > 0
@@ -242,12 +234,7 @@ def test_pauses_by_reason_and_outcome_through_redis_the_cli_and_metrics(
 
 
 def _end_offsets(settings: Settings) -> dict[int, int]:
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap.split(","), group_id=None)
-    try:
-        parts = [TopicPartition(settings.events_topic, p) for p in range(settings.partitions)]
-        return {tp.partition: off for tp, off in consumer.end_offsets(parts).items()}
-    finally:
-        consumer.close()
+    return end_offsets(settings.kafka_bootstrap, settings.events_topic)
 
 
 def _committed(settings: Settings) -> dict[int, int]:
@@ -297,13 +284,13 @@ def test_counters_are_not_counted_twice_after_a_kill_nine_or_a_full_redelivery(
     }
 
     # Restart in the same group: Kafka redelivers the uncommitted tail; the marks refuse it.
-    port = _free_port()
+    port = free_port()
     second = start_worker(with_keys(settings, metrics_port=port))
     probe = SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60)
     probe.start("crash-probe", "the restarted worker is consuming")  # counts nothing
     probe.load("crash-probe")
-    wait_until(lambda: _group_caught_up(settings), timeout=90)
-    wait_until(lambda: _scrape(port) is not None, timeout=30)
+    wait_for(lambda: _group_caught_up(settings), timeout=90)
+    wait_for(lambda: _scrape(port) is not None, timeout=30)
     assert _counter_hashes(projections) == before
     assert _folded(projections) == folded_before + 1  # the probe's start, nothing redelivered
     assert analytics.pauses(timedelta(hours=24), now) == EXPECTED
@@ -327,8 +314,8 @@ def test_counters_are_not_counted_twice_after_a_kill_nine_or_a_full_redelivery(
         return _sample(_scrape(port), "milpa_records_total") >= total
 
     try:
-        wait_until(replayed, timeout=90)
-    except AssertionError:
+        wait_for(replayed, timeout=90)
+    except TimeoutError:
         raise AssertionError(f"metrics: {_scrape(port)}\n{third.log()[-4000:]}") from None
     m = _scrape(port)
     assert _sample(m, "milpa_redelivered_total") == _sample(m, "milpa_records_total") == total

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +17,12 @@ from typing import Any
 
 import pytest
 
+from deploy.harness import Proc, free_port, stack_command, wait_for
+from deploy.stack import port_open
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from projections.redis_store import RedisProjectionStore
-from tests.integration.conftest import REPO, wait_until, with_keys
+from tests.integration.conftest import with_keys
 from tests.unit.builders import started, turn
 
 pytestmark = pytest.mark.integration
@@ -31,25 +30,11 @@ pytestmark = pytest.mark.integration
 OUTAGE_S = 20.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def own_broker(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Ports for a broker not started yet, and how to start, stop and restart it."""
     state = tmp_path / "stack"
-    kport, cport = _free_port(), _free_port()
+    kport, cport = free_port(), free_port()
     env = {
         **os.environ,
         "MILPA_STACK_DIR": str(state),
@@ -59,15 +44,7 @@ def own_broker(tmp_path: Path) -> Iterator[dict[str, Any]]:
     broker: dict[str, Any] = {"bootstrap": f"127.0.0.1:{kport}", "port": kport}
 
     def up() -> None:
-        done = subprocess.run(
-            [sys.executable, "deploy/stack.py", "up"],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        done = stack_command("up", env=env, timeout=300, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
         pid = int((state / "kafka.pid").read_text().split()[0])
         broker["cmdline"] = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
@@ -81,30 +58,21 @@ def own_broker(tmp_path: Path) -> Iterator[dict[str, Any]]:
             if Path(f"/proc/{broker['pid']}/stat").read_text().split()[2] == "Z":
                 break
             time.sleep(0.1)
-        wait_until(lambda: not _port_open(kport), timeout=30)
+        wait_for(lambda: not port_open(kport), timeout=30)
 
     def restart() -> None:
-        with (state / "kafka-restart.log").open("ab") as out:
-            proc = subprocess.Popen(
-                broker["cmdline"], cwd=broker["cwd"], stdout=out, stderr=subprocess.STDOUT
-            )
+        proc = Proc.start(
+            "kafka", broker["cmdline"], state / "kafka-restart.log", cwd=broker["cwd"]
+        )
         broker["pid"] = proc.pid
         broker["proc"] = proc
-        wait_until(lambda: _port_open(kport), timeout=90)
+        wait_for(lambda: port_open(kport), timeout=90)
 
     broker.update(up=up, stop=stop, restart=restart)
     yield broker
-    if "proc" in broker and broker["proc"].poll() is None:
-        broker["proc"].terminate()
-        broker["proc"].wait(timeout=60)
-    subprocess.run(
-        [sys.executable, "deploy/stack.py", "down"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+    if "proc" in broker:
+        broker["proc"].stop(60)
+    stack_command("down", env=env, timeout=120, check=False)
 
 
 def _seq(projections: RedisProjectionStore, sid: str) -> int:
@@ -120,7 +88,7 @@ def test_a_worker_started_before_the_broker_serves_once_it_is_up_and_an_outage_i
 ) -> None:
     s = with_keys(settings, kafka_bootstrap=own_broker["bootstrap"], startup_status_every=2.0)
     worker = start_worker(s)
-    wait_until(lambda: "waiting for Kafka" in worker.log(), timeout=30)
+    wait_for(lambda: "waiting for Kafka" in worker.log(), timeout=30)
     time.sleep(3)
     assert worker.alive(), worker.log()[-2000:]
     waiting = worker.log().count("waiting for Kafka")
@@ -131,7 +99,7 @@ def test_a_worker_started_before_the_broker_serves_once_it_is_up_and_an_outage_i
     try:
         log.append(started("wait for the broker", session_id="s-late"))
         log.append(turn("user", "one", session_id="s-late"))
-        wait_until(lambda: _seq(projections, "s-late") == 2, timeout=120)
+        wait_for(lambda: _seq(projections, "s-late") == 2, timeout=120)
         assert "reachable after" in worker.log()
     finally:
         log.close(timeout=5)
@@ -149,7 +117,7 @@ def test_a_worker_started_before_the_broker_serves_once_it_is_up_and_an_outage_i
     log = KafkaEventLog(own_broker["bootstrap"], s.events_topic)
     try:
         log.append(turn("user", "after the outage", session_id="s-late"))
-        wait_until(lambda: _seq(projections, "s-late") == 3, timeout=120)
+        wait_for(lambda: _seq(projections, "s-late") == 3, timeout=120)
     finally:
         log.close(timeout=5)
     assert worker.alive()

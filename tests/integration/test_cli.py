@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from deploy.harness import wait_for
 from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
@@ -16,7 +17,7 @@ from producers.topics import group_members
 from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question
 from session_model.projection import Position
-from tests.integration.conftest import wait_until, with_keys
+from tests.integration.conftest import with_keys
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +69,7 @@ def test_cli_reads_and_steers_a_session_end_to_end(
     before = _mark(projections, "cli-1")
     code, out = _run(settings, "end", "cli-1", "finished by the operator")
     assert code == 0, out
-    wait_until(lambda: (s := projections.load("cli-1")) is not None and s.ended, timeout=60)
+    wait_for(lambda: (s := projections.load("cli-1")) is not None and s.ended, timeout=60)
     assert _mark(projections, "cli-1") != before
 
     session = projections.load("cli-1")
@@ -118,7 +119,7 @@ def test_cli_signs_verified_answers_with_the_configured_key(
     args = ["answer", "cli-signed", "perm:deploy", "yes", "--by", "actor:member:42", "--verified"]
     code, out = _run(settings, *args, env=env)
     assert code == 0, out
-    wait_until(lambda: bool((s := projections.load("cli-signed")) and s.decisions), timeout=60)
+    wait_for(lambda: bool((s := projections.load("cli-signed")) and s.decisions), timeout=60)
     session = projections.load("cli-signed")
     assert session is not None
     assert session.decisions[0].by is not None and session.decisions[0].by.verified is True
@@ -136,7 +137,7 @@ def test_replay_is_refused_while_workers_run_and_rebuilds_once_they_stopped(
     agent.start("rp-1", "keep the projection")
     agent.record_turn("rp-1", "user", "hello")
     before = agent.load("rp-1")
-    wait_until(lambda: group_members(settings))
+    wait_for(lambda: group_members(settings))
 
     code, output = _run(settings, "replay")
 
@@ -145,7 +146,7 @@ def test_replay_is_refused_while_workers_run_and_rebuilds_once_they_stopped(
     assert settings.consumer_group in output
     assert agent.load("rp-1") == before  # nothing was dropped
     worker.stop()  # type: ignore[attr-defined]
-    wait_until(lambda: not group_members(settings))
+    wait_for(lambda: not group_members(settings))
     code, output = _run(settings, "replay")
     assert code == 0 and "replayed 2 records into 1 sessions" in output
     assert agent.load("rp-1") == before

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from deploy.harness import wait_for
 from milpa_sessions.settings import Settings
 from producers.decisions import DecisionSubscriber
 from producers.kafka_log import KafkaEventLog
@@ -19,7 +20,7 @@ from session_model.policy import permission_question
 from session_model.principal import Principal
 from session_model.projection import Position
 from session_model.signing import Signer
-from tests.integration.conftest import wait_until, with_keys
+from tests.integration.conftest import with_keys
 from tests.integration.expected import RecordingLog, assert_projection_matches, expected_projections
 
 pytestmark = pytest.mark.integration
@@ -141,7 +142,7 @@ def test_forged_verified_answer_is_downgraded_and_decisions_reach_a_subscriber_a
 
     subscriber = DecisionSubscriber(settings.kafka_bootstrap, settings.decisions_topic, "it-sub")
     received: list = []
-    wait_until(lambda: received.extend(subscriber.poll()) or len(received) >= 3, timeout=60)
+    wait_for(lambda: received.extend(subscriber.poll()) or len(received) >= 3, timeout=60)
     subscriber.close()
     folded = [(sid, d) for sid in ("s-forged", "s-human") for d in expected[sid].state.decisions]
     assert sorted(

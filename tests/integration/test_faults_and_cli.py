@@ -21,13 +21,14 @@ from typing import Any
 import pytest
 import redis
 
+from deploy.harness import REPO, Proc, free_port, wait_for
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question
-from tests.integration.conftest import REPO, wait_until, with_keys
+from tests.integration.conftest import with_keys
 from tests.unit.builders import started, turn
 
 pytestmark = pytest.mark.integration
@@ -50,12 +51,6 @@ WRITERS = [
     ["topics", "create"],
     ["replay"],
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -142,7 +137,7 @@ def test_a_bad_setting_ends_every_command_with_one_line(
 def test_an_unreachable_or_hung_redis_ends_every_reader_within_seconds(
     settings: Settings, black_hole: str
 ) -> None:
-    refused = f"redis://127.0.0.1:{_free_port()}/0"
+    refused = f"redis://127.0.0.1:{free_port()}/0"
     for url in (refused, f"redis://{black_hole}/0"):
         results = _run_all([*READERS, ["replay"]], _env(settings, MILPA_REDIS_URL=url))
         # replay first asks Kafka whether workers run (fine), then fails on Redis.
@@ -156,10 +151,10 @@ def test_an_unreachable_or_hung_broker_ends_every_writer_within_seconds(
     kafka_store.start("s1", "be steered", mode="ask")
     question = permission_question("deploy", {"to": "prod"}, expires_at=None)
     kafka_store.ask("s1", question)
-    wait_until(lambda: _open(kafka_store, "s1"), timeout=60)
+    wait_for(lambda: _open(kafka_store, "s1"), timeout=60)
     worker.stop()
     writers = [["answer", "s1", question.id, "yes"], *WRITERS[1:]]
-    refused = f"127.0.0.1:{_free_port()}"
+    refused = f"127.0.0.1:{free_port()}"
     for bootstrap in (refused, black_hole):
         results = _run_all(writers, _env(settings, MILPA_KAFKA_BOOTSTRAP=bootstrap))
         _assert_one_line_failures(results, "Kafka at", within=15)
@@ -172,25 +167,22 @@ def test_an_unreachable_or_hung_broker_ends_every_writer_within_seconds(
 def private_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A redis-server of this test's own, which it may stop and start."""
     binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    port = _free_port()
+    port = free_port()
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     state: dict[str, Any] = {"url": f"redis://127.0.0.1:{port}/0", "args": args}
 
     def start() -> None:
-        state["proc"] = subprocess.Popen(
-            args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        state["proc"] = Proc.start("redis", args, tmp_path / "redis.log", cwd=tmp_path)
         client = redis.Redis.from_url(state["url"], socket_timeout=1)
-        wait_until(lambda: _pings(client), timeout=20)
+        wait_for(lambda: _pings(client), timeout=20)
 
     def stop() -> None:
-        state["proc"].send_signal(signal.SIGKILL)
-        state["proc"].wait(timeout=10)
+        state["proc"].kill9()
 
     state["start"], state["stop"] = start, stop
     start()
     yield state
-    if state["proc"].poll() is None:
+    if state["proc"].alive():
         stop()
 
 
@@ -209,11 +201,11 @@ def test_sigterm_stops_a_worker_within_the_grace_while_redis_is_down(
     worker = start_worker(s)
     projections = RedisProjectionStore.from_url(private_redis["url"], Keys(s.redis_prefix))
     kafka_log.append(started("outlive redis", session_id="s-down"))
-    wait_until(lambda: projections.load("s-down") is not None, timeout=60)
+    wait_for(lambda: projections.load("s-down") is not None, timeout=60)
     private_redis["stop"]()
     for i in range(20):  # a batch the worker cannot commit: it retries Redis
         kafka_log.append(turn("user", f"turn {i}", session_id="s-down"))
-    wait_until(lambda: "redis unavailable" in worker.log(), timeout=30)
+    wait_for(lambda: "redis unavailable" in worker.log(), timeout=30)
     began = time.monotonic()
     worker.proc.send_signal(signal.SIGTERM)
     rc = worker.proc.wait(timeout=grace + 20)
@@ -227,7 +219,7 @@ def test_sigterm_stops_a_worker_within_the_grace_while_redis_is_down(
     # Redis lost everything (no persistence): the session comes back by replay; here we check
     # that the uncommitted turns were redelivered, so the new worker folds them onto a fresh
     # state (the started event was committed before the stop, so it is not redelivered).
-    wait_until(lambda: _seq(projections, "s-down") == 20, timeout=60)
+    wait_for(lambda: _seq(projections, "s-down") == 20, timeout=60)
     assert again.alive()
 
 

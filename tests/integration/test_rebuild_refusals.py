@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
+from deploy.harness import REPO
 from milpa_sessions.settings import Settings
 from processors.worker import DEADLETTER_CODE, DEADLETTER_SOURCE
 from producers.kafka_log import KafkaEventLog
@@ -28,7 +29,6 @@ from session_model import intake
 from session_model.partitioning import partition_for
 from session_model.projection import Position
 from session_model.signing import TrustedKeys
-from tests.integration.conftest import REPO
 from tests.integration.expected import expected_projections
 from tests.integration.test_deadletter_and_replay import _consume_all, _event
 from tests.integration.test_scale_and_crash import assert_equals_the_fold, dump, wait_for_all

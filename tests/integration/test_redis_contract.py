@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from deploy.harness import Stack
 from projections.keys import Keys
 from projections.layout import stored_sizes
 from projections.redis_client import async_client
@@ -24,7 +25,6 @@ from schemas.events import Event
 from session_model.fold import fold
 from session_model.projection import BatchFolder, Folded, Position, Record
 from tests.contract_projection import ProjectionStoreContract
-from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.integration
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

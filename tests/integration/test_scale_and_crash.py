@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
+from deploy.harness import end_offsets, wait_for
 from milpa_sessions.settings import Settings
 from processors import worker as worker_module
 from processors.ports import RawRecord
@@ -42,7 +42,7 @@ from session_model.principal import Principal
 from session_model.projection import BatchFolder, Position
 from session_model.session import Question
 from session_model.signing import TrustedKeys
-from tests.integration.conftest import wait_until, with_keys
+from tests.integration.conftest import with_keys
 from tests.integration.expected import assert_projection_matches, expected_projections
 
 pytestmark = pytest.mark.integration
@@ -298,13 +298,9 @@ def wait_for_all(
 
 def records_in(settings: Settings, topic: str) -> int:
     """How many records `topic` holds (sum of its partitions' end offsets)."""
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap.split(","), group_id=None)
-    try:
-        numbers = consumer.partitions_for_topic(topic)
-        assert numbers, f"topic {topic} does not exist"
-        return sum(consumer.end_offsets([TopicPartition(topic, n) for n in numbers]).values())
-    finally:
-        consumer.close()
+    ends = end_offsets(settings.kafka_bootstrap, topic)
+    assert ends, f"topic {topic} does not exist"
+    return sum(ends.values())
 
 
 # -- the consumer group --------------------------------------------------------------------------
@@ -398,7 +394,7 @@ def test_two_thousand_sessions_over_six_partitions_with_two_workers_equal_the_fo
         assert first.alive() and second.alive(), first.log()[-3000:] + second.log()[-3000:]
         return both_hold_partitions()
 
-    wait_until(ready, timeout=45, interval=0.5)
+    wait_for(ready, timeout=45, interval=0.5)
     joins_before = (joins(first.log()), joins(second.log()))
 
     started = time.monotonic()

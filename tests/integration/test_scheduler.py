@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 from kafka import KafkaConsumer
 
+from deploy.harness import wait_for
 from milpa_sessions.settings import Settings
 from processors.scheduler import Scheduler
 from processors.sinks import LazyProducer, ProducerSink
@@ -29,7 +30,7 @@ from session_model.partitioning import partition_for
 from session_model.policy import permission_question
 from session_model.principal import Principal
 from session_model.projection import BatchFolder, Folded, Position, Record
-from tests.integration.conftest import wait_until, with_keys
+from tests.integration.conftest import with_keys
 from tests.unit.builders import ask, started, turn
 
 pytestmark = pytest.mark.integration
@@ -73,7 +74,7 @@ def test_a_question_with_a_one_second_deadline_closes_the_window_and_ends_the_se
     question = permission_question("deploy", {"env": "prod"}, expires_at=deadline_in(asked, 1))
     agent.ask("exp-1", question)
     agent.load("exp-1")
-    wait_until(lambda: _ended(projections, "exp-1"), timeout=30)
+    wait_for(lambda: _ended(projections, "exp-1"), timeout=30)
     session = projections.load("exp-1")
     assert session is not None
     decision = session.decisions[-1]
@@ -123,7 +124,7 @@ def test_answer_racing_the_expiry_yields_exactly_one_decision(
     for sid in sessions:
         agent.start(sid, "race")
     for sid in sessions:
-        wait_until(lambda s=sid: projections.load(s) is not None, timeout=60)
+        wait_for(lambda s=sid: projections.load(s) is not None, timeout=60)
     deadline = datetime.now(UTC) + timedelta(seconds=2)
     for sid in sessions:
         agent.ask(sid, permission_question("deploy", {}, expires_at=format_instant(deadline)))
@@ -159,7 +160,7 @@ def test_a_hundred_turn_session_is_compacted_and_keeps_every_turn_in_history(
     agent.load("long-1")
     # Turns arrive in several batches, so the scheduler may compact more than once; it keeps
     # going until the unsummarised turns are back within the threshold.
-    wait_until(
+    wait_for(
         lambda: (
             (s := projections.load("long-1")) is not None
             and s.summary is not None
@@ -228,7 +229,7 @@ def test_two_schedulers_closing_the_same_question_make_one_effective_closing(
         return sum(len(r.sent) for r in recorders)
 
     assert asyncio.run(two_replicas()) == 2
-    wait_until(lambda: _ended(projections, "dup-1"), timeout=30)
+    wait_for(lambda: _ended(projections, "dup-1"), timeout=30)
     time.sleep(1)
     session = projections.load("dup-1")
     assert session is not None

@@ -84,7 +84,7 @@ def code_lines(path: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip())
 
 
-def _pending_size_check() -> None:
+def test_no_package_holds_more_than_a_fifth_of_the_code() -> None:
     """Non-blank lines of Python and Lua, tests excluded."""
     sizes = {
         p: sum(code_lines(f) for f in (ROOT / p).rglob("*") if f.suffix in (".py", ".lua"))

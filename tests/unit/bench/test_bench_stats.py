@@ -16,16 +16,13 @@ from bench.stats import (
     Figure,
     Target,
     extrapolate,
-    histogram_bucket,
-    histogram_quantile,
-    parse_counter,
-    parse_histogram,
     percentile,
     rate,
     ratio,
     summary,
     table,
 )
+from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
 from processors.histogram import LATENESS_MS_BUCKETS, Histogram
 from processors.metrics import histogram_family
 

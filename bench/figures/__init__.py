@@ -1,0 +1,29 @@
+"""The figures, one module each: every figure measures one thing on the real stack and emits its
+`Figure`s.
+
+Every figure gets its own topics, consumer group and Redis key prefix (named after the run's tag)
+and undoes them when it ends; worker processes are always stopped (see `deploy.harness.Cleanup`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.figures.common import Run, Sizes
+from bench.figures.e2e import e2e
+from bench.figures.expiry import expiry
+from bench.figures.memory import memory
+from bench.figures.producer import producer
+from bench.figures.projector import projector
+from bench.figures.rebuild import rebuild
+
+FIGURES: dict[str, Callable[[Run], None]] = {
+    "producer": producer,
+    "projector": projector,
+    "replay": rebuild,
+    "e2e": e2e,
+    "expiry": expiry,
+    "memory": memory,
+}
+
+__all__ = ["FIGURES", "Run", "Sizes"]

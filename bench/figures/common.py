@@ -1,0 +1,274 @@
+"""What the figures share: the run (stack, names, sizes, cleanup, output), the pre-filled topic,
+the targets, and the steps several figures take (produce, pace, wait for the fold, profile)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis import Redis as SyncRedis
+
+from bench import infra, workload
+from bench.profiling import summarize
+from bench.stats import Figure, Target
+from deploy.harness import Cleanup, Proc, Stack, wait_for
+from deploy.host import CpuMeter, PySpy, others_cpu
+from deploy.metrics import parse_counter
+from milpa_sessions.settings import Settings
+from producers.kafka_log import KafkaEventLog
+from projections.keys import Keys
+from schemas.codec import EventCodec
+from schemas.events import Event
+
+TARGETS = {
+    "producer": Target(">=", 12_000),
+    "projector_per_worker": Target(">=", 15_000),
+    "projector_vs_naive": Target(">=", 10),
+    "two_vs_one": Target(">=", 1.7),
+    "e2e_p99": Target("<=", 40),
+    "replay": Target(">=", 25_000),
+    "expiry_p99": Target("<=", 10),
+    "memory": Target("<=", 0.5),
+}
+DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each figure does: the full run; `quick()` shrinks what takes long."""
+
+    prefill_sessions: int = 20_000  # x 19 events: the producer, projector and replay topic
+    concurrency: int = 1_000  # sessions live at once in that stream
+    naive_producer_events: int = 3_000
+    naive_projector_window_s: float = 15.0
+    # 1-worker and 2-worker runs alternate this many times; the figures are the medians.
+    projector_rounds: int = 3
+    ceiling_events: int = 60_000
+    e2e_seconds: float = 10.0
+    e2e_warmup_s: float = 2.0
+    e2e_rate: int = 1_000
+    e2e_poll_s: float = 0.002
+    expiry_deadlines: int = 10_000
+    expiry_spread_s: float = 5.0
+    # The same again while other sessions' events arrive at this rate (0: not measured).
+    expiry_load_per_s: int = 12_000
+    memory_sessions: int = 100_000
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls()
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            prefill_sessions=4_000,
+            naive_producer_events=1_000,
+            naive_projector_window_s=6.0,
+            projector_rounds=1,
+            ceiling_events=20_000,
+            e2e_seconds=5.0,
+            memory_sessions=25_000,
+        )
+
+
+@dataclass
+class Run:
+    """What every figure needs: the stack, names, sizes, cleanup, output."""
+
+    stack: Stack
+    tag: str
+    sizes: Sizes
+    cleanup: Cleanup  # this figure's (undone when it ends)
+    root: Cleanup  # the run's (the pre-filled topic outlives one figure)
+    workdir: Path  # the workers' working directories and logs
+    log: Callable[[str], None]
+    emit: Callable[[Figure], None]
+    profile_dir: Path | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set: Settings fields for all
+    prefill: Prefill | None = None
+
+    def settings(self, name: str, **changes: Any) -> Settings:
+        """The product's default settings (plus `--set`) with this figure's own names."""
+        return infra.figure_settings(self.stack, self.tag, name, **{**self.overrides, **changes})
+
+    def redis(self) -> redis.Redis:
+        """A synchronous client (closed at cleanup)."""
+        client = redis.Redis.from_url(self.stack.redis_url)
+        self.cleanup.push("close redis client", client.close)
+        return client
+
+    def start(self, name: str, settings: Settings, **options: Any) -> Proc:
+        """A worker process (`infra.start_worker`), stopped when the figure ends."""
+        return infra.start_worker(self.cleanup, self.workdir, name, settings, **options)
+
+    def kafka_pids(self) -> dict[str, int]:
+        return {"kafka": self.stack.kafka_pid} if self.stack.kafka_pid else {}
+
+    def cpu(self, pids: dict[str, int], client: SyncRedis | None = None) -> CpuMeter:
+        """A CPU meter over these processes, the broker, Redis, the harness and the machine."""
+        quiet = {self.stack.redis_pid} if self.stack.redis_pid else set()
+        return CpuMeter({**pids, **self.kafka_pids()}, client, quiet)
+
+    def prefilled(self) -> Prefill:
+        """The pre-filled topic (made by the producer figure, or here untimed if it did not run)."""
+        if self.prefill is None:
+            self.log("pre-filling the projector topic (untimed: the producer figure did not run)")
+            prefill = self.make_prefill()
+            with KafkaEventLog(self.stack.kafka_bootstrap, prefill.settings.events_topic) as log:
+                produce_all(log, prefill.events)
+            return prefill
+        return self.prefill
+
+    def make_prefill(self) -> Prefill:
+        """Create the pre-filled topic (kept for the whole run) and generate its events."""
+        s = self.sizes
+        settings = self.settings("prefill")
+        infra.create_topics(settings, self.root)
+        t = time.perf_counter()
+        work = workload.sessions_workload(
+            s.prefill_sessions, f"p{self.tag}", s.concurrency, partitions=settings.partitions
+        )
+        codec = EventCodec()
+        sample = work.events[:: max(len(work.events) // 2000, 1)]
+        record_bytes = sum(len(codec.encode(e)) for e in sample) / len(sample)
+        self.log(
+            f"generated {len(work.events)} events of {s.prefill_sessions} sessions "
+            f"in {time.perf_counter() - t:.1f}s"
+        )
+        self.prefill = Prefill(settings, work.events, s.prefill_sessions, record_bytes)
+        return self.prefill
+
+    def start_profile(self, name: str, pid: int) -> PySpy | None:
+        """py-spy `pid` into the profile directory, if profiling was asked for."""
+        if self.profile_dir is None:
+            return None
+        spy = PySpy.start(pid, self.profile_dir / f"{name}.raw.txt")
+        if spy is None:
+            self.log("--profile: py-spy not found (pip install py-spy)")
+        else:
+            self.cleanup.push(f"stop py-spy of {name}", functools.partial(spy.stop))
+        return spy
+
+    def profile_summary(self, name: str, spy: PySpy | None) -> str | None:
+        """Stop py-spy, write and log the summary of where the time went."""
+        if spy is None or self.profile_dir is None:
+            return None
+        raw = spy.stop()
+        if raw is None:
+            self.log(f"py-spy wrote nothing for {name}: see {spy.log}")
+            return None
+        text = summarize(raw.read_text()).render()
+        (self.profile_dir / f"{name}.summary.txt").write_text(text + "\n")
+        self.log(f"profile of {name} (also in {self.profile_dir}/{name}.summary.txt):\n{text}")
+        return text
+
+    def put(self, name: str, value: float | None, unit: str, **fields: Any) -> Figure:
+        """Emit the figure (`Figure`'s fields), flagged if other processes disturbed it."""
+        figure = Figure(name, value, unit, **fields)
+        others = others_cpu(figure.params)
+        if others >= DISTURBED_PCT:
+            figure.params["disturbed"] = (
+                f"other processes used {others:.0f}% of a core while this was measured"
+            )
+        if self.overrides:
+            figure.params["settings_overrides"] = {k: str(v) for k, v in self.overrides.items()}
+        self.emit(figure)
+        return figure
+
+
+@dataclass
+class Prefill:
+    """The pre-filled events topic shared by the projector and replay figures."""
+
+    settings: Settings
+    events: list[Event]
+    sessions: int
+    record_bytes: float
+
+
+@dataclass(frozen=True)
+class FoldCounter:
+    """The `folded` counter of a key prefix: every event its workers (`procs`) folded."""
+
+    client: redis.Redis
+    prefix: str
+    procs: Sequence[Proc] = ()
+
+    def read(self) -> int:
+        """Events folded so far."""
+        raw = self.client.hget(Keys(self.prefix).stat("events"), "folded")
+        return int(raw) if raw is not None else 0
+
+    def wait(self, count: int, timeout: float, what: str, interval: float) -> None:
+        """Wait until `count` events are folded (fail if one of the workers died)."""
+        wait_for(lambda: self.read() >= count, timeout, what, interval, self.procs)
+
+
+def produce_all(log: KafkaEventLog, events: Sequence[Event]) -> float:
+    """Send every event (non-blocking) and flush; seconds from the first send to the last ack.
+
+    The first event is sent and acknowledged before the clock starts (metadata, connections).
+    """
+    log.append(events[0])
+    started = time.perf_counter()
+    futures = [log.send(e) for e in events[1:]]
+    log.flush(timeout=300)
+    elapsed = time.perf_counter() - started
+    failed = [f for f in futures if f.failed()]
+    if failed:
+        raise RuntimeError(f"{len(failed)} sends failed, e.g. {failed[0].exception}")
+    return elapsed
+
+
+def paced(
+    log: KafkaEventLog,
+    events: Sequence[Event],
+    per_second: int,
+    on_ack: Callable[..., None] | None = None,
+) -> tuple[float, int]:
+    """Send `events` evenly spaced at `per_second`; seconds taken and sends late by > 5 ms."""
+    started = time.perf_counter()
+    behind = 0
+    for i, e in enumerate(events):
+        due = started + i / per_second
+        now = time.perf_counter()
+        if due > now:
+            time.sleep(due - now)
+        elif now - due > 0.005:
+            behind += 1
+        t_send = time.perf_counter()
+        future = log.send(e)
+        if on_ack is not None:
+            future.add_callback(on_ack, e.session_id, t_send)
+    return time.perf_counter() - started, behind
+
+
+def scrape_workers(procs: Sequence[Proc]) -> dict[str, Any]:
+    """The workers' record, batch, Redis round-trip and decision counters (their /metrics)."""
+    out: dict[str, Any] = {}
+    records, batches, trips, decisions = [], [], [], []
+    for p in procs:
+        try:
+            text = p.metrics()
+        except OSError:
+            continue
+        if not text:
+            continue
+        records.append(parse_counter(text, "milpa_records"))
+        batches.append(parse_counter(text, "milpa_batches"))
+        trips.append(parse_counter(text, "milpa_redis_round_trips"))
+        decisions.append(parse_counter(text, "milpa_decisions_published"))
+    if records:
+        out["records_per_worker"] = records
+        out["batches_per_worker"] = batches
+        out["redis_round_trips_per_worker"] = trips
+        out["decisions_published_per_worker"] = decisions
+        total_batches = sum(b or 0 for b in batches)
+        if total_batches:
+            out["mean_batch_records"] = sum(r or 0 for r in records) / total_batches
+    return out

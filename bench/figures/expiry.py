@@ -1,0 +1,331 @@
+"""The expiry figures: how late answer windows close, with the scheduler inside the worker (the
+default) and as a process of its own, idle and while the worker folds other sessions' events."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from bench import infra, workload
+from bench.figures.common import TARGETS, FoldCounter, Run, paced, scrape_workers
+from bench.stats import by_slice, rate, summary
+from deploy.harness import read_topic, wait_for
+from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
+from milpa_sessions.settings import Settings
+from producers.kafka_log import KafkaEventLog
+from projections.indexes import ceil_ms
+from schemas import events as ev
+from schemas.codec import EventCodec
+from schemas.events import Event
+
+MAX_BUCKET_WIDTH_MS = 5.0  # widest histogram bucket whose interpolation is reported
+
+
+def expiry(run: Run) -> None:
+    """10k answer windows closing over ~5 s with a worker folding them: how late the closings are.
+
+    Twice: with the scheduler inside the worker (the default deployment: the figure with the
+    target) and, as its baseline, in a process of its own (`milpa-sessions scheduler`).
+    """
+    alone = _expiry_run(run, standalone=True)
+    inside = _expiry_run(run, standalone=False)
+    run.log(f"expiry lateness: in the worker p99 {inside['p99']} ms, standalone {alone['p99']} ms")
+    if run.sizes.expiry_load_per_s:
+        _expiry_loaded(run)
+    run.put("expiry_lateness_p50_ms", inside["p50"], "ms", params=inside["params"])
+    run.put(
+        "expiry_lateness_p99_ms",
+        inside["p99"],
+        "ms",
+        baseline=alone["p99"],
+        target=TARGETS["expiry_p99"],
+        params={
+            "scheduler": "inside the worker (MILPA_SCHEDULER_ENABLED=true, the default)",
+            "baseline": "the same with the scheduler as a process of its own (see "
+            "expiry_lateness_standalone_p50_ms)",
+            "value_source": inside["params"]["value_source"]["p99"],
+            "from_topic_p99_ms": inside["params"]["from_topic_ms"]["p99"],
+            "see": "expiry_lateness_p50_ms",
+        },
+    )
+    run.put("expiry_lateness_standalone_p50_ms", alone["p50"], "ms", params=alone["params"])
+    run.put(
+        "expiry_lateness_standalone_p99_ms",
+        alone["p99"],
+        "ms",
+        params={
+            "scheduler": "standalone process (milpa-sessions scheduler; workers with "
+            "MILPA_SCHEDULER_ENABLED=false)",
+            "value_source": alone["params"]["value_source"]["p99"],
+            "from_topic_p99_ms": alone["params"]["from_topic_ms"]["p99"],
+            "see": "expiry_lateness_standalone_p50_ms",
+        },
+    )
+
+
+def _expiry_loaded(run: Run) -> None:
+    """Expiry lateness while the worker also folds other sessions' events (not a target).
+
+    The scheduler in the worker shares its event loop with folding; a deadline falling due while a
+    batch is decoded and folded waits for it. Standalone, the scheduler only shares the cores.
+    """
+    inside = _expiry_run(run, standalone=False, load=True)
+    alone = _expiry_run(run, standalone=True, load=True)
+    rate = run.sizes.expiry_load_per_s
+    run.log(
+        f"expiry lateness under {rate} events/s of load: in the worker p99 {inside['p99']} ms, "
+        f"standalone {alone['p99']} ms"
+    )
+    run.put(
+        "expiry_lateness_loaded_p99_ms",
+        inside["p99"],
+        "ms",
+        baseline=alone["p99"],
+        params={
+            "scheduler": "inside the worker",
+            "baseline": "the same with the scheduler as a process of its own",
+            "load": f"{rate} events/s of other sessions (the projector workload) sent "
+            "through the same topic from 1 s before the first deadline to the last",
+            "p50_ms": inside["p50"],
+            "standalone_p50_ms": alone["p50"],
+            "in_worker": inside["params"],
+            "standalone": alone["params"],
+        },
+    )
+
+
+def _load(
+    run: Run, settings: Settings, events: Sequence[Event], start_at: float, per_second: int
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """A thread that sends `events` at `per_second` from `start_at` (time.time()) on."""
+    out: dict[str, Any] = {}
+    log = KafkaEventLog(run.stack.kafka_bootstrap, settings.events_topic)
+
+    def send() -> None:
+        try:
+            time.sleep(max(0.0, start_at - time.time()))
+            seconds, behind = paced(log, events, per_second)
+            log.flush(timeout=60)
+            out.update(sent=len(events), seconds=seconds, late_sends=behind)
+            out["events_per_s"] = rate(len(events), seconds)
+        finally:
+            log.close(timeout=5)
+
+    thread = threading.Thread(target=send, name="expiry-load", daemon=True)
+    thread.start()
+    return thread, out
+
+
+@dataclass
+class _Deadlines:
+    """The questions' deadlines (ms since the epoch), in session order, and how they were set."""
+
+    deadlines: list[int]
+    of: dict[str, int]  # session id → its deadline
+    lead_s: float  # from asking to the first deadline
+    margin_ms: float  # from every question folded to the first deadline
+
+    @property
+    def first_ms(self) -> int:
+        return self.deadlines[0]
+
+
+def _expiry_run(run: Run, *, standalone: bool, load: bool = False) -> dict[str, Any]:
+    s = run.sizes
+    name = ("expiry" if standalone else "expiryw") + ("l" if load else "")
+    settings = run.settings(name, scheduler_enabled=not standalone)
+    infra.create_topics(settings, run.cleanup)
+    infra.register_prefix(settings, run.cleanup)
+    client = run.redis()
+    n = s.expiry_deadlines
+    sids = [f"{name[-1]}{run.tag}-{i:06d}" for i in range(n)]
+    worker = run.start(f"{name}-0", settings)
+    # The process whose metrics hold the lateness histogram: the scheduler's own, or the worker.
+    measured = (
+        run.start(f"{name}-scheduler", settings, command="scheduler") if standalone else worker
+    )
+    watched = [worker, measured] if standalone else [worker]
+    log = KafkaEventLog(run.stack.kafka_bootstrap, settings.events_topic)
+    run.cleanup.push("close expiry producer", lambda: log.close(timeout=5))
+    folding = FoldCounter(client, settings.redis_prefix, watched)
+    fold_rate = _start_sessions(folding, log, sids)
+    extra: list[Event] = []
+    if load:  # generated now, untimed: 19 events per session of the projector's workload
+        wanted = int(s.expiry_load_per_s * (s.expiry_spread_s + 1.0))
+        extra = workload.sessions_workload(wanted // 19 + 1, f"{name}{run.tag}").events[:wanted]
+    asked = _ask_questions(run, folding, log, sids, fold_rate)
+    run.log(f"expiry: {n} questions folded {asked.margin_ms:.0f} ms before the first deadline")
+    loader: tuple[threading.Thread, dict[str, Any]] | None = None
+    if load:
+        # From 1 s before the first deadline to the last one, other sessions' events keep the
+        # worker folding.
+        loader = _load(run, settings, extra, asked.first_ms / 1000 - 1.0, s.expiry_load_per_s)
+
+    def closings() -> float:
+        text = measured.metrics()
+        return parse_counter(text, "milpa_scheduler_closings") or 0.0
+
+    spy = run.start_profile(name, measured.pid)
+    pids = {"worker0": worker.pid}
+    if standalone:
+        pids["scheduler"] = measured.pid
+    cpu = run.cpu(pids, client)
+    cpu.start()
+    wait_s = (asked.deadlines[-1] / 1000 - time.time()) + 60
+    wait_for(lambda: closings() >= n, wait_s, "expiry: every window closed", 0.25, watched)
+    usage = cpu.stop()
+    load_params: dict[str, Any] = {}
+    if loader is not None:
+        loader[0].join(timeout=120)
+        load_params = {**loader[1], **scrape_workers([worker])}
+    closed_after_last_deadline_s = time.time() - asked.deadlines[-1] / 1000
+    run.profile_summary(name, spy)
+    text = measured.metrics()
+    for p in watched:
+        p.stop()
+    # Cross-check from the log: the closing record's CreateTime (ms) minus its deadline (ms).
+    closed = _closings(run.stack.kafka_bootstrap, settings.events_topic, asked.of)
+    p50, p99, lateness = _lateness(text, closed, asked.first_ms)
+    params = {
+        "deadlines": n,
+        "profiled": spy is not None,
+        "spread_s": s.expiry_spread_s,
+        "lead_s": asked.lead_s,
+        "questions_folded_before_first_deadline_ms": asked.margin_ms,
+        "scheduler": "standalone process" if standalone else "inside the worker",
+        "all_closed_s_after_last_deadline": closed_after_last_deadline_s,
+        **lateness,
+        "cpu_while_closing": usage,
+    }
+    if load:
+        params["load"] = load_params
+    run.log(f"expiry lateness ({params['scheduler']}): p50 ≈ {p50} ms, p99 ≈ {p99} ms")
+    return {"p50": p50, "p99": p99, "params": params}
+
+
+def _start_sessions(folding: FoldCounter, log: KafkaEventLog, sids: Sequence[str]) -> float:
+    """Phase 1: the sessions start (no deadlines); events/s the worker folds them at.
+
+    It also tells when the worker is up.
+    """
+    for e in workload.starts(sids):
+        log.send(e)
+    log.flush(timeout=60)
+    folding.wait(1, 90, "expiry: worker up", 0.02)
+    t1, n1 = time.monotonic(), folding.read()
+    folding.wait(len(sids), 120, "expiry: starts folded", 0.02)
+    return (len(sids) - n1) / max(time.monotonic() - t1, 0.1)
+
+
+def _ask_questions(
+    run: Run, folding: FoldCounter, log: KafkaEventLog, sids: Sequence[str], fold_rate: float
+) -> _Deadlines:
+    """Phase 2: one question each, deadlines evenly spread over `expiry_spread_s` seconds.
+
+    The first deadline is far enough out that every question is folded (and scheduled) before it;
+    returns once they all are.
+    """
+    n = len(sids)
+    lead = max(3.0, 3 * n / fold_rate)
+    first_deadline_ms = int((time.time() + lead) * 1000)
+    spread_ms = int(run.sizes.expiry_spread_s * 1000)
+    deadlines = [first_deadline_ms + spread_ms * i // max(n - 1, 1) for i in range(n)]
+    order = list(range(n))
+    random.Random(7).shuffle(order)  # arrival order is not deadline order
+    asked = workload.questions([sids[i] for i in order], [deadlines[i] for i in order])
+    deadline_of = {sids[i]: deadlines[i] for i in range(n)}
+    for e in asked:
+        log.send(e)
+    log.flush(timeout=60)
+    folding.wait(2 * n, 120, "expiry: questions folded", 0.02)
+    margin_ms = first_deadline_ms - time.time() * 1000
+    return _Deadlines(deadlines, deadline_of, lead, margin_ms)
+
+
+def _lateness(
+    text: str, closed: Sequence[tuple[int, int, int]], first_deadline_ms: int
+) -> tuple[float | None, float | None, dict[str, Any]]:
+    """p50 and p99 of how late the windows closed, and where they come from.
+
+    From the scheduler's histogram (`text`, its Prometheus exposition) where its buckets are
+    narrow, else from the closing records (`closed`: deadline, tick time, CreateTime; ms).
+    """
+    buckets = parse_histogram(text, "milpa_expiry_lateness_ms")
+    count = parse_counter(text, "milpa_expiry_lateness_ms_count")
+    total_ms = parse_counter(text, "milpa_expiry_lateness_ms_sum")
+    topic_summary = summary([float(sent - due) for due, _, sent in closed])
+    # Where the lateness comes from: the tick starting late, or the tick's own work before sending;
+    # and how it moves along the 5 s of deadlines (per quarter second of deadline).
+    tick_late = summary([float(at - due) for due, at, _ in closed])
+    tick_to_send = summary([float(sent - at) for _, at, sent in closed])
+    along = by_slice(
+        (((due - first_deadline_ms) // 250 * 250, float(sent - due)) for due, _, sent in closed),
+        "p90",
+    )
+    chosen: dict[str, str] = {}
+
+    def quantile(q: float, key: str) -> float | None:
+        # The histogram decides where it is fine-grained (buckets up to 5 ms wide: around the
+        # 10 ms target); in its wide buckets (up to seconds) the ms-precise topic value is used.
+        bucket = histogram_bucket(q, buckets)
+        if bucket is not None and bucket[1] - bucket[0] <= MAX_BUCKET_WIDTH_MS:
+            chosen[key] = f"histogram (bucket {bucket[0]:g}..{bucket[1]:g} ms)"
+            return histogram_quantile(q, buckets)
+        where = (
+            "" if bucket is None else f" (its bucket {bucket[0]:g}..{bucket[1]:g} ms is too wide)"
+        )
+        chosen[key] = f"topic{where}"
+        return topic_summary[key]
+
+    p50 = quantile(0.5, "p50")
+    p99 = quantile(0.99, "p99")
+    return (
+        p50,
+        p99,
+        {
+            "closings": count,
+            "mean_ms": None if not count else (total_ms or 0) / count,
+            "source": "the scheduler's Prometheus histogram milpa_expiry_lateness_ms (time.time() "
+            "after the closing's produce was acknowledged minus the deadline), interpolated "
+            "linearly inside its bucket, when that bucket is at most 5 ms wide (bounds 1,2,5,7.5,"
+            "10,15,20,30,50,100,... ms); otherwise from_topic (see value_source)",
+            "buckets": [[le if math.isfinite(le) else "+Inf", c] for le, c in buckets],
+            "value_source": chosen,
+            "from_topic_ms": topic_summary,
+            "from_topic": "closing record CreateTime (ms, set when the scheduler sent it) minus "
+            "the deadline (ms): both whole milliseconds, so ±1 ms",
+            "tick_started_late_ms": tick_late,
+            "tick_to_send_ms": tick_to_send,
+            "breakdown": "from_topic = tick_started_late (the closing's `at`, the scheduler's "
+            "clock when its tick began, minus the deadline) + tick_to_send (CreateTime minus `at`)",
+            "along_the_deadlines": along,
+            "along_the_deadlines_columns": [
+                "deadline offset ms",
+                "closings",
+                "p50_ms",
+                "p90_ms",
+                "max_ms",
+            ],
+        },
+    )
+
+
+def _closings(
+    bootstrap: str, topic: str, deadline_of: dict[str, int]
+) -> list[tuple[int, int, int]]:
+    """(deadline ms, the closing's `at` ms = the scheduler's tick time, CreateTime ms) each."""
+    codec = EventCodec()
+    out: list[tuple[int, int, int]] = []
+    for m in read_topic(bootstrap, topic):
+        event = codec.decode(m.value)
+        if event.type == ev.ANSWER_WINDOW_CLOSED and event.session_id in deadline_of:
+            at = event.payload.get("at")
+            at_ms = ceil_ms(at) if isinstance(at, datetime) else m.timestamp
+            out.append((deadline_of[event.session_id], at_ms, m.timestamp))
+    return out

@@ -1,0 +1,75 @@
+"""The rebuild figure: `processors.replay.replay` of the pre-filled topic into a fresh prefix."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+
+from bench import infra
+from bench.figures.common import TARGETS, FoldCounter, Run
+from bench.stats import rate
+from processors.replay import replay
+from projections.keys import Keys
+from projections.redis_store import RedisProjectionStore
+from session_model.signing import TrustedKeys
+
+
+def rebuild(run: Run) -> None:
+    """`processors.replay.replay` of the pre-filled topic into a fresh prefix: events/s.
+
+    With the product's default, the partitions are rebuilt in forked processes (one per CPU,
+    since the harness runs no other thread then); their CPU is measured apart (they are this
+    process's children). Under `--profile` it rebuilds in this process, the one py-spy samples.
+    """
+    prefill = run.prefilled()
+    settings = run.settings("replay")
+    infra.register_prefix(settings, run.cleanup)
+    client = run.redis()
+    store = RedisProjectionStore(client, Keys(settings.redis_prefix))
+    cpu = run.cpu({}, client)
+    spy = run.start_profile("replay", os.getpid())
+    processes = 1 if spy is not None else None
+    threads = threading.active_count()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu.start()
+    started = time.perf_counter()
+    report = replay(
+        run.stack.kafka_bootstrap,
+        prefill.settings.events_topic,
+        store,
+        TrustedKeys.none(),
+        processes=processes,
+    )
+    elapsed = time.perf_counter() - started
+    usage = cpu.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+    run.profile_summary("replay", spy)
+    folded = FoldCounter(client, settings.redis_prefix).read()
+    run.log(f"replay: {report.records} records in {elapsed:.2f}s")
+    harness_s = (usage.get("harness_cpu_pct") or 0.0) * elapsed / 100
+    run.put(
+        "rebuild_events_per_s",
+        rate(report.records, elapsed),
+        "events/s",
+        target=TARGETS["replay"],
+        params={
+            "records": report.records,
+            "folded": folded,
+            "sessions": report.applied_sessions,
+            "seconds": elapsed,
+            "what": "processors.replay.replay(...) called in the harness process (which forks "
+            "the rebuild processes), timed from the call (consumer connect included) to its "
+            "return",
+            "processes": "default (one per CPU)" if processes is None else processes,
+            "harness_threads_at_call": threads,
+            "rebuild_processes_cpu_pct": round(100 * children_s / elapsed, 1),
+            "cpu_us_per_event": round((harness_s + children_s) / report.records * 1e6, 1)
+            if report.records
+            else None,
+            "profiled": spy is not None,
+            **usage,
+        },
+    )

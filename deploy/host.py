@@ -1,0 +1,302 @@
+"""What the machine and its processes use: CPU from /proc and Redis INFO, py-spy samples and
+their summary (self and inclusive time per function, as shares of the samples taken while the
+process was busy), and a description of the machine (Linux)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from deploy.harness import Proc
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used (Linux /proc), None if unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def redis_cpu_seconds(client: redis.Redis) -> float | None:
+    """used_cpu_user + used_cpu_sys of the Redis server."""
+    try:
+        info = client.info("cpu")
+    except redis.RedisError:
+        return None
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine spent busy (all cores: user, nice, system, irq, steal)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / _TICKS
+
+
+def all_processes() -> dict[int, tuple[str, float]]:
+    """pid → (command line, CPU seconds) of every process."""
+    out: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        used = cpu_seconds(pid)
+        if used is None:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        out[pid] = (cmd.strip()[:80] or entry.name, used)
+    return out
+
+
+@dataclass
+class CpuMeter:
+    """CPU used between `start()` and `stop()`, as % of one core: the named processes, Redis,
+    this process ("harness"), the whole machine, and what other processes used."""
+
+    pids: dict[str, int]
+    redis_client: redis.Redis | None = None
+    quiet_pids: set[int] = field(default_factory=set)  # ours, but not reported (redis-server)
+    _start: dict[str, float | None] = field(default_factory=dict)
+    _procs: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _t0: float = 0.0
+
+    def _sample(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        if self.redis_client is not None:
+            out["redis"] = redis_cpu_seconds(self.redis_client)
+        out["harness"] = cpu_seconds(os.getpid())
+        out["machine"] = machine_busy_seconds()
+        return out
+
+    def start(self) -> None:
+        """Take the first sample."""
+        self._t0 = time.monotonic()
+        self._start = self._sample()
+        self._procs = all_processes()
+
+    def stop(self) -> dict[str, Any]:
+        """% of one core each used since `start()`, the machine's busy %, others' top users."""
+        elapsed = time.monotonic() - self._t0
+        end = self._sample()
+        procs = all_processes()
+        out: dict[str, Any] = {}
+        for name, before in self._start.items():
+            after = end.get(name)
+            out[f"{name}_cpu_pct"] = (
+                None
+                if before is None or after is None or elapsed <= 0
+                else round(100 * (after - before) / elapsed, 1)
+            )
+        ours = {os.getpid(), *self.pids.values(), *self.quiet_pids}
+        others = []
+        for pid, (cmd, after) in procs.items():
+            if pid in ours or pid not in self._procs or elapsed <= 0:
+                continue
+            pct = 100 * (after - self._procs[pid][1]) / elapsed
+            if pct >= 5:
+                others.append((round(pct, 1), cmd))
+        others.sort(reverse=True)
+        out["other_processes_cpu_pct"] = [[pct, cmd] for pct, cmd in others[:4]]
+        out["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        return out
+
+
+def others_cpu(params: dict[str, Any]) -> float:
+    """The CPU other processes used (% of a core): summed over the `CpuMeter.stop()` reports in
+    `params`, at any depth."""
+    total = 0.0
+    for key, value in params.items():
+        if key == "other_processes_cpu_pct" and isinstance(value, list):
+            total += sum(float(pct) for pct, _ in value)
+        elif isinstance(value, dict):
+            total += others_cpu(value)
+    return total
+
+
+# -- sampling with py-spy --------------------------------------------------------------------------
+
+
+def py_spy_binary() -> str | None:
+    """py-spy next to this interpreter, or on PATH."""
+    here = Path(sys.executable).with_name("py-spy")
+    if here.exists():
+        return str(here)
+    return shutil.which("py-spy")
+
+
+@dataclass
+class PySpy:
+    """A running `py-spy record` on one PID; `stop()` makes it write its output (SIGINT)."""
+
+    proc: Proc
+    output: Path
+
+    @property
+    def log(self) -> Path:
+        """What py-spy itself printed."""
+        return self.proc.log_path
+
+    @classmethod
+    def start(cls, pid: int, output: Path, rate: int = 100) -> PySpy | None:
+        """Start sampling `pid` at `rate` Hz (non-blocking: the target is not paused)."""
+        binary = py_spy_binary()
+        if binary is None:
+            return None
+        argv = [binary, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw"]
+        argv += ["--nonblocking", "--output", str(output)]
+        log = output.with_suffix(".py-spy.log")
+        return cls(Proc.start("py-spy", argv, log, new_session=True), output)
+
+    def stop(self, timeout: float = 20.0) -> Path | None:
+        """Stop sampling and return the raw output file (None if py-spy wrote nothing)."""
+        self.proc.stop(timeout, signal.SIGINT)
+        return self.output if self.output.exists() else None
+
+
+# py-spy's raw format: collapsed stacks, `frame;frame;... count`, outermost frame first.
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::(?P<line>\d+))?\)$")
+
+
+def frame_name(frame: str) -> str:
+    """`function (path)` of a py-spy frame; the path from site-packages, the stdlib or the repo."""
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return frame.strip()
+    path = m.group("file")
+    for marker in ("site-packages/", "/lib/python3"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    else:
+        path = path.rsplit("/main/", 1)[-1]
+    return f"{m.group('func')} ({path})"
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """Self and inclusive shares per function, and shares per category."""
+
+    samples: int
+    self_share: list[tuple[str, float]]
+    inclusive_share: list[tuple[str, float]]
+    categories: list[tuple[str, float]]
+    ours: tuple[str, ...] = ()  # path prefixes of the code whose inclusive time is listed
+
+    def render(self, top: int = 25) -> str:
+        """A readable report."""
+        lines = [f"{self.samples} samples (busy threads only)", "", "by category:"]
+        lines += [f"  {share:5.1f}%  {name}" for name, share in self.categories]
+        lines += ["", "self time:"]
+        lines += [f"  {share:5.1f}%  {name}" for name, share in self.self_share[:top]]
+        lines += ["", "inclusive time (project code):"]
+        ours = [(n, s) for n, s in self.inclusive_share if any(f"({p}" in n for p in self.ours)]
+        lines += [f"  {share:5.1f}%  {name}" for name, share in ours[:top]]
+        return "\n".join(lines)
+
+
+def summarize_py_spy(
+    raw: str,
+    categorize: Callable[[list[str]], str],
+    ours: tuple[str, ...] = (),
+    exclude_threads: tuple[str, ...] = (),
+) -> ProfileSummary:
+    """Summarise py-spy's raw collapsed stacks; `categorize` names the category of a stack."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    by_category: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = [f for f in stack.split(";") if f]
+        if frames and any(frames[0].startswith(t) for t in exclude_threads):
+            continue
+        names = [frame_name(f) for f in frames if not f.startswith(("process ", "thread "))]
+        if not names:
+            continue
+        n = int(count_text)
+        total += n
+        own[names[-1]] += n
+        by_category[categorize(names)] += n
+        for name in set(names):
+            inclusive[name] += n
+    if total == 0:
+        return ProfileSummary(0, [], [], [], ours)
+    return ProfileSummary(
+        total,
+        [(name, 100 * n / total) for name, n in own.most_common()],
+        [(name, 100 * n / total) for name, n in inclusive.most_common()],
+        [(name, 100 * n / total) for name, n in by_category.most_common()],
+        ours,
+    )
+
+
+# -- the machine -----------------------------------------------------------------------------------
+
+
+def _proc_line(path: str, name: str) -> str | None:
+    """The value of the first `name: value` line of a /proc file."""
+    with contextlib.suppress(OSError):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def git_state(root: Path, paths: Sequence[str]) -> dict[str, object]:
+    """The commit checked out in `root` and the files under `paths` changed on top of it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
+        )
+        return done.stdout.strip()
+
+    try:
+        changed = git("status", "--porcelain", "--", *paths).splitlines()
+        return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": changed}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def describe_machine(distributions: Sequence[str] = ()) -> dict[str, object]:
+    """nproc, CPU model, memory, kernel, the versions of Python and of these distributions."""
+    memory = _proc_line("/proc/meminfo", "MemTotal")
+    versions: dict[str, str] = {"python": platform.python_version()}
+    for dist in distributions:
+        with contextlib.suppress(PackageNotFoundError):
+            versions[dist] = version(dist)
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": _proc_line("/proc/cpuinfo", "model name") or "unknown",
+        "mem_gib": None if memory is None else round(int(memory.split()[0]) / 1024**2, 1),
+        "kernel": platform.release(),
+        "versions": versions,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
