@@ -70,7 +70,7 @@ def memory(run: Run) -> None:
             "key_memory_usage_gib_per_1m": extrapolate(key_sum, n, 1_000_000) / GIB,
             "bytes_per_session_by_key": {k: v / n for k, v in sorted(by_kind.items())},
             "layout": f"{STATE_VERSION}: one state hash per session holding state, event ids "
-            "and timeline in chunks (projections/redis_store.py)",
+            "and timeline in chunks (projections/layout.py)",
             "state_hash_encodings": dict(sorted(encodings.items())),
             "state_hash_fields_mean": mean("fields"),
             "state_bytes_mean": mean("state"),
