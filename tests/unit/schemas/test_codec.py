@@ -64,7 +64,7 @@ def make_event(event_type: str, payload: Mapping[str, Any], **envelope: Any) -> 
 # Optional fields and their documented defaults, per event type (what decoding fills in when the
 # writer left them out). A field missing here but optional in the schema fails the default tests.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    events.STARTED: {"mode": "ask", "parent_id": None},
+    events.STARTED: {"mode": "ask", "parent_id": None, "authority": None},
     events.TURN: {},
     events.TOOL_CALLED: {
         "arguments": {},
@@ -79,11 +79,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     events.PLAN_SET: {},
     events.TODO_CHANGED: {"replaces": None, "inherited_from": None},
     events.QUESTION_ASKED: {"options": [], "why": None, "expires_at": None, "reason": None},
-    events.QUESTION_ANSWERED: {"by": None, "executor": None, "signature": None},
+    events.QUESTION_ANSWERED: {"by": None, "executor": None, "signature": None, "approval": None},
     events.ANSWER_WINDOW_CLOSED: {},
-    events.PERMISSION_GRANTED: {},
+    events.PERMISSION_GRANTED: {"authority": None},
     events.PERMISSION_REVOKED: {},
-    events.MODE_CHANGED: {},
+    events.MODE_CHANGED: {"authority": None},
     events.OPTION_REMOVED: {},
     events.PREREQUISITE_SET: {},
     events.COMPACTED: {},
@@ -95,7 +95,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 # One payload per type with every field (optional ones included) set to a non-default value.
 FULL: dict[str, dict[str, Any]] = {
-    events.STARTED: {"goal": "ship it", "mode": "auto", "parent_id": "sess-parent"},
+    events.STARTED: {
+        "goal": "ship it",
+        "mode": "auto",
+        "parent_id": "sess-parent",
+        "authority": {"key_id": "ops", "signature": b"\x01" * 64},
+    },
     events.TURN: {"role": "user", "content": "hola, ¿qué tal? 🌽"},
     events.TOOL_CALLED: {
         "tool": "shell",
@@ -130,11 +135,23 @@ FULL: dict[str, dict[str, Any]] = {
         "by": {"id": "actor:member:42", "verified": True},
         "executor": "worker-1",
         "signature": {"key_id": "k1", "signature": b"\x00\xff" * 32},
+        "approval": {
+            "operation": "deploy",
+            "argument_digest": "ab" * 32,
+            "key_id": "k2",
+            "signature": b"\x02" * 64,
+        },
     },
     events.ANSWER_WINDOW_CLOSED: {"question_id": "perm:deploy", "at": T0 + timedelta(minutes=5)},
-    events.PERMISSION_GRANTED: {"operation": "deploy"},
+    events.PERMISSION_GRANTED: {
+        "operation": "deploy",
+        "authority": {"key_id": "ops", "signature": b"\x03" * 64},
+    },
     events.PERMISSION_REVOKED: {"operation": "deploy"},
-    events.MODE_CHANGED: {"mode": "acknowledge"},
+    events.MODE_CHANGED: {
+        "mode": "acknowledge",
+        "authority": {"key_id": "ops", "signature": b"\x04" * 64},
+    },
     events.OPTION_REMOVED: {"option": "rm -rf", "reason": {"code": "unsafe", "message": "no"}},
     events.PREREQUISITE_SET: {"tools": ["plan", "lint"]},
     events.COMPACTED: {"summary": "Goal: ship it.", "through": 2**40},
@@ -292,8 +309,14 @@ def _payload(required: dict[str, Any], optional: dict[str, Any] | None = None) -
     return st.fixed_dictionaries(required, optional=optional or {})
 
 
+OPT_SIGNATURE = st.none() | st.fixed_dictionaries(
+    {"key_id": TEXT, "signature": st.binary(max_size=64)}
+)
+
 PAYLOAD_STRATEGIES: dict[str, Any] = {
-    events.STARTED: _payload({"goal": TEXT}, {"mode": TEXT, "parent_id": OPT_TEXT}),
+    events.STARTED: _payload(
+        {"goal": TEXT}, {"mode": TEXT, "parent_id": OPT_TEXT, "authority": OPT_SIGNATURE}
+    ),
     events.TURN: _payload({"role": TEXT, "content": TEXT}),
     events.TOOL_CALLED: _payload(
         {"tool": TEXT},
@@ -331,14 +354,22 @@ PAYLOAD_STRATEGIES: dict[str, Any] = {
         {
             "by": st.none() | PRINCIPALS,
             "executor": OPT_TEXT,
-            "signature": st.none()
-            | st.fixed_dictionaries({"key_id": TEXT, "signature": st.binary(max_size=64)}),
+            "signature": OPT_SIGNATURE,
+            "approval": st.none()
+            | st.fixed_dictionaries(
+                {
+                    "operation": TEXT,
+                    "argument_digest": TEXT,
+                    "key_id": TEXT,
+                    "signature": st.binary(max_size=64),
+                }
+            ),
         },
     ),
     events.ANSWER_WINDOW_CLOSED: _payload({"question_id": TEXT, "at": INSTANTS}),
-    events.PERMISSION_GRANTED: _payload({"operation": TEXT}),
+    events.PERMISSION_GRANTED: _payload({"operation": TEXT}, {"authority": OPT_SIGNATURE}),
     events.PERMISSION_REVOKED: _payload({"operation": TEXT}),
-    events.MODE_CHANGED: _payload({"mode": TEXT}),
+    events.MODE_CHANGED: _payload({"mode": TEXT}, {"authority": OPT_SIGNATURE}),
     events.OPTION_REMOVED: _payload(
         {
             "option": TEXT,
@@ -802,6 +833,15 @@ def test_generated_decisions_round_trip(decision: dict[str, Any]) -> None:
     assert decoded == decision
 
 
+def as_recorded(
+    payload: dict[str, Any], recorded: dict[str, Any], event_type: str
+) -> dict[str, Any]:
+    """`payload` less the fields added after `recorded` was written (they hold their defaults)."""
+    added = set(payload) - set(recorded)
+    assert {k: payload[k] for k in added} == {k: DEFAULTS[event_type][k] for k in added}
+    return {k: v for k, v in payload.items() if k not in added}
+
+
 # -- golden fixtures of released versions ----------------------------------------------------------
 
 
@@ -833,6 +873,18 @@ def test_golden_v1_covers_every_event_type_and_a_decision() -> None:
     assert {p.stem for p in (GOLDEN / "v1").glob("*.bin")} == {*EVENT_TYPES, "decision"}
 
 
+def test_golden_v2_carries_the_operator_signatures_and_a_call_approval() -> None:
+    assert {p.stem for p in (GOLDEN / "v2").glob("*.bin")} == {*EVENT_TYPES, "decision"}
+    for event_type in (events.STARTED, events.PERMISSION_GRANTED, events.MODE_CHANGED):
+        authority = CODEC.decode((GOLDEN / "v2" / f"{event_type}.bin").read_bytes()).payload[
+            "authority"
+        ]
+        assert authority["key_id"] == "operator-2026"
+        assert len(authority["signature"]) == 64
+    answered = CODEC.decode((GOLDEN / "v2" / f"{events.QUESTION_ANSWERED}.bin").read_bytes())
+    assert answered.payload["approval"]["operation"] == "deploy"
+
+
 @pytest.mark.parametrize("path", GOLDEN_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_golden_bytes_of_a_released_version_decode_to_the_recorded_values(path: Path) -> None:
     expected = json.loads((path.parent / "expected.json").read_text("utf-8"))[path.stem]
@@ -851,6 +903,7 @@ def test_golden_bytes_of_a_released_version_decode_to_the_recorded_values(path: 
         "payload_readable": event.payload_readable,
         "payload": event.payload,
     }
+    decoded["payload"] = as_recorded(event.payload, expected["payload"], event.type)
     assert jsonable(decoded) == expected
 
 
@@ -872,7 +925,7 @@ def test_records_of_other_writer_versions_decode_through_the_current_reader(case
     event = EventCodec(registry).decode((EVOLUTION / f"{case}.bin").read_bytes())
     expected = EVOLUTION_EXPECTED[case]
     assert event.payload_readable
-    assert event.payload == expected["payload"]
+    assert as_recorded(event.payload, expected["payload"], event.type) == expected["payload"]
     assert (event.event_id, event.producer) == (expected["event_id"], expected["producer"])
 
 
