@@ -36,13 +36,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.workload import sessions_workload
+from bench.workload import OPERATOR_KEYS, sessions_workload
 from projections.keys import Keys
 from projections.requests import commit_call
 from schemas.codec import EventCodec
 from session_model.partitioning import partition_for
 from session_model.projection import BatchFolder, Folded, Position, Record
-from session_model.signing import TrustedKeys
 
 PARTITIONS = 6
 PHASES = ("decode", "fold", "commit_args")
@@ -81,7 +80,7 @@ def batches(raws: Sequence[Raw], size: int) -> list[list[Raw]]:
 def run_once(chunks: Sequence[Sequence[Raw]], phases: Sequence[str]) -> dict[str, float]:
     """Seconds spent in each phase over the whole stream, from an empty cache."""
     codec = EventCodec()
-    folder = BatchFolder(TrustedKeys.none())
+    folder = BatchFolder(OPERATOR_KEYS)
     keys = Keys("micro")
     cache: dict[str, Folded] = {}
     spent = dict.fromkeys(phases, 0.0)

@@ -15,10 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+
 from deploy.harness import Cleanup, Proc, Stack, free_port, start_python, unlink_matching
 from milpa_sessions.settings import Settings
 from producers.topics import delete_topics, describe_group, ensure_topics
 from projections.keys import Keys
+from session_model.signing import Signer
 
 # Faust reads these from the environment; a dead member must not hold a partition for a minute.
 FAST_GROUP_ENV = {
@@ -121,3 +124,17 @@ def watch_group(
 
     threading.Thread(target=watch, daemon=True).start()
     return out, stop
+
+
+def trusted_keys_dir(workdir: Path, signer: Signer) -> Path:
+    """A directory holding `signer`'s public key as the workers' trusted keys (made once)."""
+    directory = workdir / "trusted-keys"
+    pem = directory / f"{signer.key_id}.pem"
+    if not pem.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        pem.write_bytes(
+            signer.private_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    return directory

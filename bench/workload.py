@@ -9,12 +9,15 @@ any one session.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from producers.memory import InMemoryEventLog
 from producers.store import SessionStore, deadline_in
@@ -25,8 +28,15 @@ from session_model.partitioning import partition_for
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
 from session_model.session import Question
+from session_model.signing import Signer
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The bench's operator: grants and relaxed modes are signed, as in production (the workers and
+# the harness's folds trust this key). A fixed key: the workload stays deterministic.
+OPERATOR = Signer(
+    "bench-operator", Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"milpa bench").digest())
+)
+OPERATOR_KEYS = OPERATOR.trusted_keys()
 FAR_FUTURE_S = 50 * 365 * 86400  # questions left open must never be closed by the scheduler
 
 
@@ -40,6 +50,7 @@ def writer(
         collecting,
         InMemoryProjectionStore(),
         producer=producer,
+        signer=OPERATOR,
         checks=False,
         clock=lambda: start + timedelta(milliseconds=next(ticks)),
     )

@@ -174,6 +174,8 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
             wiring.trusted_keys(ctx.settings),
             session_id=session_id,
             progress=progress,
+            start_mode=ctx.settings.start_mode(),
+            cutover=ctx.settings.cutover(),
         )
     data = {
         "records": report.records,

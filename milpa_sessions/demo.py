@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.table import Table
 
 from milpa_sessions import wiring
-from milpa_sessions.fleet import FleetConfig, FleetProgress, run_fleet
+from milpa_sessions.fleet import OPERATOR, FleetConfig, FleetProgress, run_fleet
 from milpa_sessions.render import out, render_session, render_timeline
 from milpa_sessions.settings import Settings
 from producers.decisions import DecisionSubscriber, PublishedDecision
@@ -37,8 +37,6 @@ from producers.topics import ensure_topics
 from session_model.ports import EventLog, ProjectionStore
 from session_model.session import Session
 from session_model.signing import Signer
-
-OPERATOR = "operator-console"
 
 
 @contextmanager

@@ -27,6 +27,8 @@ from session_model.policy import (
 from session_model.principal import Principal
 from session_model.session import Question, Session
 
+OPERATOR = "operator-console"  # the only producer in the demo that holds the operator key
+
 GOALS = (
     "move the Inventario plugin to sqlite",
     "upgrade the billing service to the new API",
@@ -80,13 +82,23 @@ def _ask(store: SessionStore, sid: str, q: Question, progress: FleetProgress) ->
 
 
 def run_agent(
-    store: SessionStore, sid: str, index: int, config: FleetConfig, progress: FleetProgress
+    store: SessionStore,
+    sid: str,
+    index: int,
+    config: FleetConfig,
+    progress: FleetProgress,
+    *,
+    launcher: SessionStore,
 ) -> None:
-    """One agent's working day, as a sequence of appends and policy decisions."""
+    """One agent's working day, as a sequence of appends and policy decisions.
+
+    The operator's `launcher` starts the session: a mode less supervised than `ask` is the
+    operator's signed act, never the agent's. The agent's own store holds no operator key.
+    """
     rng = random.Random(config.seed * 1000 + index)
     policy = SessionPolicy()
     mode = rng.choice(("ask", "ask", "acknowledge", "auto"))
-    store.start(sid, GOALS[index % len(GOALS)], mode=mode)
+    launcher.start(sid, GOALS[index % len(GOALS)], mode=mode)
     store.set_plan(sid, "read, change, verify")
     for t in ("read", "change", "verify"):
         store.set_todo(sid, t, f"{t} the code")
@@ -122,11 +134,8 @@ def run_agent(
                 progress.add(expired=1)
                 return
             decision = session.decisions[-1]
-            if question.reason == "permission" and decision.affirmative:
-                store.grant(sid, op)
-                progress.add(events=1)
-            elif question.reason == "permission":
-                continue
+            if question.reason == "permission" and not decision.affirmative:
+                continue  # a yes comes with the operator's signed grant (see run_operator)
         store.record_tool_call(sid, op, arguments, "ok", mutating=True, artifact=f"src/m{step}.py")
         store.set_todo(sid, "change", "change the code", "in_progress")
         progress.add(events=2)
@@ -161,6 +170,10 @@ def run_operator(
                 continue
             answer = q.options[0] if q.options and rng.random() < 0.85 else (q.options or ("",))[-1]
             try:
+                if q.reason == "permission" and answer == "yes":
+                    # The grant first: it is the operator's signed act the agent then relies on.
+                    store.grant(sid, q.id.removeprefix("perm:"))
+                    progress.add(events=1)
                 store.answer(sid, q.id, answer, operator, executor="operator-console")
                 progress.add(answers=1, events=1)
             except MilpaError:
@@ -182,7 +195,7 @@ def run_fleet(
     helpers = [
         threading.Thread(
             target=run_operator,
-            args=(make_store("operator-console"), ids, config, progress, stop),
+            args=(make_store(OPERATOR), ids, config, progress, stop),
             daemon=True,
         )
     ]
@@ -190,7 +203,10 @@ def run_fleet(
         helpers.append(threading.Thread(target=extra, args=(ids, stop), daemon=True))
     agents = [
         threading.Thread(
-            target=run_agent, args=(make_store(f"agent-{i}"), sid, i, config, progress), daemon=True
+            target=run_agent,
+            args=(make_store(f"agent-{i}"), sid, i, config, progress),
+            kwargs={"launcher": make_store(OPERATOR)},
+            daemon=True,
         )
         for i, sid in enumerate(ids)
     ]

@@ -61,6 +61,7 @@ def session_store(settings: WriterSettings, *, producer: str | None = None) -> S
         projection_store(settings),
         producer=producer or settings.producer_id,
         signer=signer(settings),
+        start_mode=settings.start_mode(),
         read_timeout=settings.read_timeout,
     )
 

@@ -99,7 +99,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             store = AsyncRedisProjectionStore(
                 client, Keys(settings.redis_prefix), settings.compactor_max_turns
             )
-            w = ProjectionWorker(store, BatchFolder(keys), deadletter, decisions)
+            folder = BatchFolder(keys, settings.start_mode(), settings.cutover())
+            w = ProjectionWorker(store, folder, deadletter, decisions)
             compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
             s = Scheduler(w.states, store.due_work, closings, compactor)
             w.listeners.append(s.observe)

@@ -52,7 +52,9 @@ from projections.projector import Projector
 from projections.redis_store import RedisProjectionStore
 from schemas.codec import EventCodec
 from schemas.errors import BackendError, LogError, MilpaError
+from session_model.authority import Cutover
 from session_model.intake import Intake
+from session_model.modes import Mode
 from session_model.partitioning import partition_for
 from session_model.projection import BatchFolder, Record
 from session_model.signing import TrustedKeys
@@ -96,8 +98,12 @@ def replay(
     progress: Progress | None = None,
     codec: EventCodec | None = None,
     processes: int | None = None,
+    start_mode: Mode = Mode.ASK,
+    cutover: Cutover | None = None,
 ) -> ReplayReport:
     """Drop and rebuild every projection (or one session's) from the topic.
+
+    `keys`, `start_mode` and `cutover` are the fold's trust inputs: the same as the workers'.
 
     `processes`: how many processes rebuild partitions in parallel, at most one per partition;
     1 rebuilds in this process. By default one per CPU when this process runs no other thread
@@ -114,7 +120,8 @@ def replay(
         store.clear()
     else:
         store.drop(session_id)
-    job = _Job(bootstrap, topic, store, keys, session_id, batch_size, Intake(codec, partitions))
+    folder = BatchFolder(keys, start_mode, cutover or Cutover())
+    job = _Job(bootstrap, topic, store, folder, session_id, batch_size, Intake(codec, partitions))
     groups = _groups(sorted(ends), processes)
     if len(groups) <= 1:
         return job.run(ends, None if progress is None else lambda read: progress(read, total))
@@ -142,7 +149,7 @@ class _Job:
     bootstrap: str
     topic: str
     store: RedisProjectionStore
-    keys: TrustedKeys
+    folder: BatchFolder
     session_id: str | None
     batch_size: int
     intake: Intake
@@ -158,9 +165,7 @@ class _Job:
 
     def _run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
         # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
-        projector = Projector(
-            self.store, BatchFolder(self.keys), cache=True, cache_limit=CACHE_LIMIT
-        )
+        projector = Projector(self.store, self.folder, cache=True, cache_limit=CACHE_LIMIT)
         wanted = None if self.session_id is None else self.session_id.encode()
         admit = self.intake.admit
         read = 0

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from schemas.errors import ConfigurationError
+from session_model.authority import Cutover
+from session_model.modes import Mode, parse_mode
 
 ENV_PREFIX = "MILPA_"
 
@@ -32,6 +34,12 @@ class StackSettings:
     consumer_group: str = "milpa-projector"  # the workers' group (replay checks it is empty)
     # Directory of the `*.pem` public keys whose answers count as verified (writer and fold).
     trusted_keys_dir: Path | None = None
+    # The fold's authority inputs, which every folding process must share (see the README,
+    # "Authority"): the least supervised mode a session may start in without an operator's
+    # signature, and the cut-over (`partition:offset,...`) before which unsigned authority
+    # events are legacy records and believed as written.
+    unsigned_start_mode: str = "ask"
+    authority_cutover: str = ""
     # The compaction rule every writer of projections must agree on (the due index, the cut).
     compactor_max_turns: int = 40
     compactor_keep_recent: int = 12
@@ -39,6 +47,25 @@ class StackSettings:
     # one line; the worker retries with backoff), and a Kafka client's bootstrap and metadata.
     redis_timeout: float = 3.0
     kafka_timeout: float = 5.0
+
+    def start_mode(self) -> Mode:
+        """`unsigned_start_mode` as a mode (ConfigurationError if it names none)."""
+        mode = parse_mode(self.unsigned_start_mode)
+        if mode is None:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}UNSIGNED_START_MODE={self.unsigned_start_mode!r}: "
+                "expected ask, acknowledge or auto"
+            )
+        return mode
+
+    def cutover(self) -> Cutover:
+        """`authority_cutover` as a cut-over (ConfigurationError if it does not parse)."""
+        try:
+            return Cutover.parse(self.authority_cutover)
+        except ValueError as e:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}AUTHORITY_CUTOVER={self.authority_cutover!r}: {e}"
+            ) from e
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> Self:

@@ -22,13 +22,15 @@ from schemas.errors import (
     QuestionOpenError,
     SessionAlreadyStartedError,
     SessionEndedError,
+    UnauthorizedError,
     UnknownSessionError,
 )
 from schemas.events import Event, utc_millis
+from session_model.authority import authority_fields
 from session_model.canonical import argument_digest as digest_of
 from session_model.compaction import CompactionPlan
 from session_model.deadlines import format_instant
-from session_model.modes import Mode, parse_mode
+from session_model.modes import Mode, less_strict, parse_mode
 from session_model.policy import ceiling_for
 from session_model.ports import EventLog, ProjectionStore
 from session_model.principal import Principal
@@ -65,6 +67,7 @@ class SessionStore:
         *,
         producer: str = "milpa-sessions",
         signer: Signer | None = None,
+        start_mode: Mode = Mode.ASK,
         checks: bool = True,
         read_timeout: float = 5.0,
         clock: Callable[[], datetime] = _utc_now,
@@ -74,6 +77,7 @@ class SessionStore:
         self.projections = projections
         self.producer = producer
         self.signer = signer
+        self.start_mode = start_mode
         self.checks = checks
         self.read_timeout = read_timeout
         self._clock = clock
@@ -125,6 +129,32 @@ class SessionStore:
         expected_seq: int | None = None,
     ) -> Position:
         return self.append(self.event(session_id, type_, payload, expected_seq=expected_seq))
+
+    def _emit_signed(
+        self, session_id: str, type_: str, payload: dict[str, Any], what: str
+    ) -> Position:
+        """Append an event that raises authority, signed with this store's operator key.
+
+        Without a key the call is refused here, before anything is appended: the fold would
+        reject the unsigned event (`unauthorized`) anyway, and an honest caller learns it at once.
+        """
+        if self.signer is None:
+            raise UnauthorizedError(
+                f"{what} makes session {session_id!r} less supervised: only an operator's "
+                "signature may do that, and this writer has no operator key (MILPA_SIGNING_KEY)"
+            )
+        event_id = self._new_id()
+        event = self.event(session_id, type_, {**payload, "authority": None}, event_id=event_id)
+        signed = {
+            **payload,
+            "authority": self.signer.sign_authority(
+                session_id=session_id,
+                event_id=event_id,
+                event_type=type_,
+                fields=authority_fields(event),
+            ),
+        }
+        return self.append(self.event(session_id, type_, signed, event_id=event_id))
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -185,7 +215,10 @@ class SessionStore:
             raise InvalidCall(f"unknown mode {mode!r}")
         if self.checks and self.find(session_id) is not None:
             raise SessionAlreadyStartedError(f"session {session_id!r} already exists")
-        payload = {"goal": goal, "mode": parsed.value, "parent_id": parent_id}
+        payload: dict[str, Any] = {"goal": goal, "mode": parsed.value, "parent_id": parent_id}
+        if less_strict(parsed, self.start_mode):
+            what = f"starting in {parsed.value} (less supervised than {self.start_mode.value})"
+            return self._emit_signed(session_id, ev.STARTED, payload, what)
         return self._emit(session_id, ev.STARTED, payload)
 
     def record_turn(self, session_id: str, role: str, content: str) -> Position:
@@ -333,7 +366,10 @@ class SessionStore:
         """Grant one operation in this session."""
         _nonempty(operation, "operation")
         self._live(session_id)
-        return self._emit(session_id, ev.PERMISSION_GRANTED, {"operation": operation})
+        payload = {"operation": operation}
+        return self._emit_signed(
+            session_id, ev.PERMISSION_GRANTED, payload, f"granting {operation}"
+        )
 
     def revoke(self, session_id: str, operation: str) -> Position:
         """Revoke a grant (appended on top of it; the grant stays in the log)."""
@@ -346,8 +382,14 @@ class SessionStore:
         parsed = parse_mode(mode)
         if parsed is None:
             raise InvalidCall(f"unknown mode {mode!r}")
-        self._live(session_id)
-        return self._emit(session_id, ev.MODE_CHANGED, {"mode": parsed.value})
+        session = self._live(session_id)
+        payload = {"mode": parsed.value}
+        # Without checks the current mode is unknown here: sign if we can, else the fold judges.
+        relaxes = less_strict(parsed, session.mode) if session else self.signer is not None
+        if relaxes:
+            what = f"changing the mode to {parsed.value}"
+            return self._emit_signed(session_id, ev.MODE_CHANGED, payload, what)
+        return self._emit(session_id, ev.MODE_CHANGED, payload)
 
     def remove_option(
         self, session_id: str, option: str, code: str, message: str | None = None

@@ -53,6 +53,10 @@ class QuestionOpenError(InvalidCall):
     """A question was asked while another one is still open."""
 
 
+class UnauthorizedError(InvalidCall):
+    """The call would make a session less supervised and this writer holds no operator key."""
+
+
 class PolicyError(MilpaError):
     """The policy cannot decide safely (it fails closed)."""
 

@@ -27,8 +27,9 @@ from typing import Any
 from schemas import events as ev
 from schemas.events import Event
 from schemas.frozen import fast_init
+from session_model.authority import Authority, signed_by_operator
 from session_model.deadlines import format_instant
-from session_model.modes import Mode, parse_mode
+from session_model.modes import Mode, less_strict, parse_mode
 from session_model.principal import Principal
 from session_model.session import (
     ROLES,
@@ -47,7 +48,9 @@ from session_model.session import (
 )
 from session_model.signing import TrustedKeys, verify_answer_claim
 
-_NO_KEYS = TrustedKeys.none()
+_NO_AUTHORITY = Authority()
+Trust = TrustedKeys | Authority
+"""What the fold trusts: keys alone (default start mode, no legacy records) or an `Authority`."""
 UNSPECIFIED_REASON = "unspecified"
 
 
@@ -98,7 +101,7 @@ class _Reject(Exception):  # noqa: N818 - internal control flow, never escapes t
 Changes = dict[str, Any]
 """The fields of `Session` an event changes (besides `seq` and `event_ids`), by name."""
 
-_Handler = Callable[[Session, Event, int, TrustedKeys], tuple[Changes, Outcome]]
+_Handler = Callable[[Session, Event, int, Authority], tuple[Changes, Outcome]]
 
 # Enum members are looked up through a descriptor (70 ns each): the fold uses these names.
 _APPLIED, _NOOP, _SKIPPED, _REJECTED = Kind.APPLIED, Kind.NOOP, Kind.SKIPPED, Kind.REJECTED
@@ -123,21 +126,27 @@ def _applied(seq: int) -> Outcome:
     return _PLAIN_APPLIED[seq] if seq < _SHARED_SEQS else Outcome(_APPLIED, seq)
 
 
-def apply(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Session:
+def apply(state: Session, event: Event, keys: Trust = _NO_AUTHORITY) -> Session:
     """Fold one event into the session."""
     return step(state, event, keys).state
 
 
-def fold(session_id: str, events: Iterable[Event], keys: TrustedKeys = _NO_KEYS) -> Session:
+def fold(session_id: str, events: Iterable[Event], keys: Trust = _NO_AUTHORITY) -> Session:
     """Fold a whole stream from nothing."""
     state = Session(session_id)
+    auth = _authority(keys)
     for event in events:
-        state = step(state, event, keys).state
+        state = step(state, event, auth).state
     return state
 
 
-def step(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Step:
-    """Fold one event and report what it did."""
+def _authority(keys: Trust) -> Authority:
+    return keys if type(keys) is Authority else Authority(keys)  # type: ignore[arg-type]
+
+
+def step(state: Session, event: Event, keys: Trust = _NO_AUTHORITY) -> Step:
+    """Fold one event and report what it did (`keys`: trusted keys, or a whole `Authority`)."""
+    auth = _authority(keys)
     event_id = event.event_id
     event_ids = state.event_ids
     if event_id in event_ids:
@@ -160,18 +169,10 @@ def step(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Step:
             elif event_type == _STARTED:
                 raise _Reject("already_started")
             if state.ended_because is not None or event_type == _CLOSED:
-                handler = _closing_or_ended(state, event, keys)
-            changes, outcome = handler(state, event, seq, keys)
+                handler = _closing_or_ended(state, event, auth)
+            changes, outcome = handler(state, event, seq, auth)
         except _Reject as rejected:
-            rejection = Rejection(
-                seq=seq,
-                event_id=event_id,
-                type=event_type,
-                code=rejected.code,
-                producer=event.producer,
-                occurred_at=event.occurred_at,
-                by=rejected.by,
-            )
+            rejection = _rejection(event, seq, rejected.code, rejected.by)
             changes = {"rejections": (*state.rejections, rejection)}
             outcome = Outcome(_REJECTED, seq, rejection=rejection)
     changes["seq"] = seq
@@ -179,13 +180,30 @@ def step(state: Session, event: Event, keys: TrustedKeys = _NO_KEYS) -> Step:
     return Step(state._derive(changes), event, outcome)
 
 
-def _closing_or_ended(s: Session, e: Event, keys: TrustedKeys) -> _Handler:
+def _rejection(e: Event, seq: int, code: str, by: Principal | None = None) -> Rejection:
+    return Rejection(
+        seq=seq,
+        event_id=e.event_id,
+        type=e.type,
+        code=code,
+        producer=e.producer,
+        occurred_at=e.occurred_at,
+        by=by,
+    )
+
+
+def _authorized(e: Event, auth: Authority) -> bool:
+    """A legacy record (before the cut-over), or one a trusted operator key signed."""
+    return auth.legacy or signed_by_operator(e, auth)
+
+
+def _closing_or_ended(s: Session, e: Event, auth: Authority) -> _Handler:
     """A closing of the open window is applied even at the end; else an ended session refuses."""
     p = e.payload
     if e.type == _CLOSED and (s.ended_because is None or _already_decided(s, p.get("question_id"))):
         return _window_closed
     if e.type == _ANSWERED and _is_closed_question(s, p):
-        by, _ = _principal(e, s.closed_question.id if s.closed_question else "", keys)
+        by, _ = _principal(e, s.closed_question.id if s.closed_question else "", auth.keys)
         raise _Reject("late_answer", by=by)
     raise _Reject("session_ended")
 
@@ -247,18 +265,25 @@ def _without(items: tuple[str, ...], name: str) -> tuple[str, ...]:
 # -- one handler per event type: (state before, event, seq) -> (changed fields, outcome) --------
 
 
-def _started(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _started(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     p = e.payload
-    changes = {
+    mode = parse_mode(p.get("mode")) or Mode.ASK
+    changes: Changes = {
         "started": True,
         "goal": _text(p, "goal"),
-        "mode": parse_mode(p.get("mode")) or Mode.ASK,
+        "mode": mode,
         "parent_id": _optional_text(p, "parent_id") or None,
     }
+    if less_strict(mode, auth.start_mode) and not _authorized(e, auth):
+        # Started, but no less supervised than an unsigned start may be; the refusal is recorded.
+        refused = _rejection(e, seq, "unauthorized")
+        changes["mode"] = auth.start_mode
+        changes["rejections"] = (*s.rejections, refused)
+        return changes, Outcome(_APPLIED, seq, rejection=refused)
     return changes, _applied(seq)
 
 
-def _turn(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _turn(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     p = e.payload
     role = p.get("role")
     if not isinstance(role, str) or role not in ROLES:
@@ -269,7 +294,7 @@ def _turn(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, O
     return changes, Outcome(_APPLIED, seq, turn=turn)
 
 
-def _tool_called(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _tool_called(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     p = e.payload
     tool = _required(p, "tool")
     result = _text(p, "result")
@@ -296,7 +321,7 @@ def _tool_called(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Cha
     return changes, Outcome(_APPLIED, seq, turn=turn)
 
 
-def _message_sent(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _message_sent(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     sender = _required(e.payload, "from")
     content = _text(e.payload, "content")
     turn = Turn("user", f"■ message from «{sender}»: {content}", seq)
@@ -304,7 +329,7 @@ def _message_sent(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Ch
     return changes, Outcome(_APPLIED, seq, turn=turn)
 
 
-def _plan_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _plan_set(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     plan = _text(e.payload, "plan")
     run_first = _without(s.run_first, "plan")
     if plan == s.plan:
@@ -330,7 +355,7 @@ def _inherited(value: object) -> InheritedFrom | None:
     return InheritedFrom(session, version, origin)
 
 
-def _todo_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _todo_changed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     p = e.payload
     todo_id = _required(p, "id")
     text = _text(p, "text")
@@ -380,7 +405,7 @@ def _todo_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Ch
     return changes, Outcome(_APPLIED, seq, card=card)
 
 
-def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _question_asked(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     if s.question is not None:
         raise _Reject("question_open")
     p = e.payload
@@ -401,9 +426,7 @@ def _question_asked(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[
     return changes, Outcome(_APPLIED, seq, pause_reason=reason)
 
 
-def _question_answered(
-    s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Changes, Outcome]:
+def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     p = e.payload
     question = s.question
     if question is None:
@@ -411,7 +434,7 @@ def _question_answered(
     if p.get("question_id") != question.id:
         raise _Reject("stale_question")
     answer = _text(p, "answer")
-    by, downgraded = _principal(e, question.id, keys)
+    by, downgraded = _principal(e, question.id, auth.keys)
     decision = Decision(
         question_id=question.id,
         question=question.question,
@@ -438,7 +461,7 @@ def _question_answered(
     return changes, outcome
 
 
-def _window_closed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _window_closed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     question = s.question
     if question is None or e.payload.get("question_id") != question.id:
         # The answer (or an earlier closing) won the race: nothing left to close.
@@ -484,30 +507,30 @@ def _end(s: Session, because: str) -> Changes:
     return {"ended_because": because, "open_work": open_work}
 
 
-def _permission_granted(
-    s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Changes, Outcome]:
+def _permission_granted(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     operation = _required(e.payload, "operation")
+    if not _authorized(e, auth):
+        raise _Reject("unauthorized")
     if operation in s.permissions:
         return {}, _applied(seq)
     return {"permissions": (*s.permissions, operation)}, _applied(seq)
 
 
-def _permission_revoked(
-    s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Changes, Outcome]:
+def _permission_revoked(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     operation = _required(e.payload, "operation")
     return {"permissions": _without(s.permissions, operation)}, _applied(seq)
 
 
-def _mode_changed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _mode_changed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     mode = parse_mode(e.payload.get("mode"))
     if mode is None:
         raise _Reject("invalid")
+    if less_strict(mode, s.mode) and not _authorized(e, auth):
+        raise _Reject("unauthorized")
     return {"mode": mode}, _applied(seq)
 
 
-def _option_removed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _option_removed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     option = _required(e.payload, "option")
     reason = e.payload.get("reason")
     code = reason.get("code") if isinstance(reason, Mapping) else None
@@ -518,12 +541,12 @@ def _option_removed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[
     return {"removed_options": (*s.removed_options, option)}, _applied(seq)
 
 
-def _prerequisite_set(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _prerequisite_set(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     tools = tuple(t for t in _strings(e.payload.get("tools")) if t.strip())
     return {"run_first": tools, "obligation_declared": bool(tools)}, _applied(seq)
 
 
-def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _compacted(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     through = e.payload.get("through")
     if not isinstance(through, int) or isinstance(through, bool):
         raise _Reject("invalid")
@@ -539,9 +562,7 @@ def _compacted(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Chang
     return changes, _applied(seq)
 
 
-def _todos_transferred(
-    s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Changes, Outcome]:
+def _todos_transferred(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     target = _required(e.payload, "to")
     moved = set()
     raw = e.payload.get("todos")
@@ -552,7 +573,7 @@ def _todos_transferred(
     return {"todos": todos}, _applied(seq)
 
 
-def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _effect_observed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     p = e.payload
     observation = Observation(
         event_id=e.event_id,
@@ -565,9 +586,7 @@ def _effect_observed(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple
     return {"observations": (*s.observations, observation)}, _applied(seq)
 
 
-def _execution_recorded(
-    s: Session, e: Event, seq: int, keys: TrustedKeys
-) -> tuple[Changes, Outcome]:
+def _execution_recorded(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     p = e.payload
     receipt = ExecutionFact(
         seq=seq,
@@ -579,7 +598,7 @@ def _execution_recorded(
     return {"executions": (*s.executions, receipt)}, _applied(seq)
 
 
-def _ended(s: Session, e: Event, seq: int, keys: TrustedKeys) -> tuple[Changes, Outcome]:
+def _ended(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     return _end(s, _text(e.payload, "because")), Outcome(_APPLIED, seq, ended=True)
 
 

@@ -24,6 +24,11 @@ def strictest(a: Mode, b: Mode | None) -> Mode:
     return a if _STRICTNESS[a] <= _STRICTNESS[b] else b
 
 
+def less_strict(a: Mode, b: Mode) -> bool:
+    """Whether `a` supervises less than `b` (what only an operator's signature may do)."""
+    return _STRICTNESS[a] > _STRICTNESS[b]
+
+
 def parse_mode(value: object) -> Mode | None:
     """Return the Mode named by `value`, or None when it names none."""
     try:

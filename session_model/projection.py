@@ -20,7 +20,9 @@ from typing import Any
 
 from schemas.events import Event
 from schemas.frozen import fast_init
+from session_model.authority import Authority, Cutover
 from session_model.fold import Kind, Step, step
+from session_model.modes import Mode
 from session_model.session import Decision, Rejection, Session, Turn
 from session_model.signing import TrustedKeys
 from session_model.timeline import TimelineEntry, translate
@@ -103,12 +105,16 @@ class BatchFolder:
     """Folds records in log order into updates, one per session touched."""
 
     keys: TrustedKeys = field(default_factory=TrustedKeys.none)
+    start_mode: Mode = Mode.ASK  # the least supervised mode a session may start in unsigned
+    cutover: Cutover = field(default_factory=Cutover)  # records before it are legacy
 
     def fold(
         self, known: Mapping[str, Folded], records: Iterable[Record]
     ) -> tuple[SessionUpdate, ...]:
         """Fold `records` onto the `known` states (sessions absent from it start empty)."""
-        keys = self.keys
+        keys = Authority(self.keys, self.start_mode)
+        legacy = Authority(self.keys, self.start_mode, legacy=True)
+        is_legacy = self.cutover.is_legacy if self.cutover.before else None
         # Per session touched: [state, mark, base mark, steps]; one lookup per record, and no
         # `Folded` per record (only the batch's last state of each session becomes one).
         current: dict[str, list[Any]] = {}
@@ -129,7 +135,8 @@ class BatchFolder:
                 position.partition != mark.partition or position.offset <= mark.offset
             ):
                 continue  # already applied, or from another partition (`foreign_records`)
-            result = step(entry[0], event, keys)
+            trust = legacy if is_legacy and is_legacy(position.partition, position.offset) else keys
+            result = step(entry[0], event, trust)
             entry[0] = result.state
             entry[1] = position
             entry[3].append(result)

@@ -36,6 +36,27 @@ def answer_signing_bytes(
     )
 
 
+def authority_signing_bytes(
+    *,
+    key_id: str,
+    session_id: str,
+    event_id: str,
+    event_type: str,
+    fields: Mapping[str, object],
+) -> bytes:
+    """The bytes an operator key signs to raise a session's authority: one event, its fields."""
+    return canonical_bytes(
+        {
+            "kind": "milpa.authority.v1",
+            "key_id": key_id,
+            "session_id": session_id,
+            "event_id": event_id,
+            "type": event_type,
+            "fields": dict(fields),
+        }
+    )
+
+
 def call_signing_bytes(*, session_id: str, operation: str, argument_digest: str) -> bytes:
     """The bytes a signature over one call covers: this session, this operation, these arguments."""
     return canonical_bytes(
@@ -144,6 +165,19 @@ class Signer:
         )
         return {"key_id": self.key_id, "signature": self.private_key.sign(message)}
 
+    def sign_authority(
+        self, *, session_id: str, event_id: str, event_type: str, fields: Mapping[str, object]
+    ) -> dict[str, object]:
+        """The `authority` field of an event that makes a session less supervised."""
+        message = authority_signing_bytes(
+            key_id=self.key_id,
+            session_id=session_id,
+            event_id=event_id,
+            event_type=event_type,
+            fields=fields,
+        )
+        return {"key_id": self.key_id, "signature": self.private_key.sign(message)}
+
     def sign_call(self, *, session_id: str, operation: str, argument_digest: str) -> CallSignature:
         """A signature naming one call."""
         message = call_signing_bytes(
@@ -186,11 +220,8 @@ def verify_answer_claim(
     event_id: str,
 ) -> bool:
     """True only if `signature` is a trusted key's signature of exactly this answer."""
-    if not isinstance(signature, Mapping):
-        return False
-    key_id = signature.get("key_id")
-    raw = signature.get("signature")
-    if not isinstance(key_id, str) or not isinstance(raw, bytes | bytearray):
+    key_id, raw = _signed_by(signature)
+    if key_id is None or raw is None:
         return False
     message = answer_signing_bytes(
         key_id=key_id,
@@ -200,7 +231,41 @@ def verify_answer_claim(
         principal_id=principal_id,
         event_id=event_id,
     )
-    return keys.verify(key_id, bytes(raw), message)
+    return keys.verify(key_id, raw, message)
+
+
+def verify_authority(
+    keys: TrustedKeys,
+    signature: object,
+    *,
+    session_id: str,
+    event_id: str,
+    event_type: str,
+    fields: Mapping[str, object],
+) -> bool:
+    """True only if `signature` is a trusted key's signature of exactly this authority event."""
+    key_id, raw = _signed_by(signature)
+    if key_id is None or raw is None:
+        return False
+    message = authority_signing_bytes(
+        key_id=key_id,
+        session_id=session_id,
+        event_id=event_id,
+        event_type=event_type,
+        fields=fields,
+    )
+    return keys.verify(key_id, raw, message)
+
+
+def _signed_by(signature: object) -> tuple[str | None, bytes | None]:
+    """The key id and raw signature of a `{key_id, signature}` record, or Nones."""
+    if not isinstance(signature, Mapping):
+        return None, None
+    key_id = signature.get("key_id")
+    raw = signature.get("signature")
+    if not isinstance(key_id, str) or not isinstance(raw, bytes | bytearray):
+        return None, None
+    return key_id, bytes(raw)
 
 
 def verify_call(

@@ -94,7 +94,9 @@ class Run:
 
     def settings(self, name: str, **changes: Any) -> Settings:
         """The product's default settings (plus `--set`) with this figure's own names."""
-        return infra.figure_settings(self.stack, self.tag, name, **{**self.overrides, **changes})
+        trusted = infra.trusted_keys_dir(self.workdir, workload.OPERATOR)
+        options = {"trusted_keys_dir": trusted, **self.overrides, **changes}
+        return infra.figure_settings(self.stack, self.tag, name, **options)
 
     def redis(self) -> redis.Redis:
         """A synchronous client (closed at cleanup)."""

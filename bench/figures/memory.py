@@ -97,7 +97,7 @@ def _fill(
     client: redis.Redis, store: RedisProjectionStore, settings: Settings, events: list[Event]
 ) -> int:
     """Commit the sessions' folded events, 500 sessions a commit; bytes of used_memory added."""
-    folder = BatchFolder()
+    folder = BatchFolder(workload.OPERATOR_KEYS)
     partitions = settings.partitions
     offsets = dict.fromkeys(range(partitions), 0)
     records = []

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from bench import infra
+from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Prefill, Run, scrape_workers
 from bench.stats import rate, ratio
 from deploy.host import CpuMeter, PySpy, redis_cpu_seconds
@@ -368,7 +368,7 @@ def _ceiling_batches(
         for p in sorted(per_partition)
         if per_partition[p][i : i + size]
     ]
-    folder = BatchFolder()
+    folder = BatchFolder(workload.OPERATOR_KEYS)
     cache: dict[str, Folded] = {}
     batches: list[_Batch] = []
     t = time.perf_counter()

@@ -7,13 +7,12 @@ import resource
 import threading
 import time
 
-from bench import infra
+from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Run
 from bench.stats import rate
 from processors.replay import replay
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
-from session_model.signing import TrustedKeys
 
 
 def rebuild(run: Run) -> None:
@@ -39,7 +38,7 @@ def rebuild(run: Run) -> None:
         run.stack.kafka_bootstrap,
         prefill.settings.events_topic,
         store,
-        TrustedKeys.none(),
+        workload.OPERATOR_KEYS,
         processes=processes,
     )
     elapsed = time.perf_counter() - started

@@ -39,7 +39,10 @@ def test_cli_reads_and_steers_a_session_end_to_end(
     start_worker: object,
     tmp_path: Path,
 ) -> None:
-    start_worker()  # type: ignore[operator]
+    code, out = _run(settings, "keys", "generate", "ops-1", "--dir", str(tmp_path))
+    assert code == 0, out
+    start_worker(with_keys(settings, trusted_keys_dir=tmp_path / "trusted"))  # type: ignore[operator]
+    operator = {"MILPA_SIGNING_KEY": str(tmp_path / "ops-1.key")}
     agent = SessionStore(kafka_log, projections, producer="agent-1", read_timeout=60)
     agent.start("cli-1", "refactor the billing module")
     agent.record_turn("cli-1", "user", "begin with the invoices")
@@ -62,9 +65,12 @@ def test_cli_reads_and_steers_a_session_end_to_end(
 
     code, out = _run(settings, "answer", "cli-1", "perm:deploy", "yes", "--by", "cli:rod@laptop")
     assert code == 0, out
-    code, out = _run(settings, "grant", "cli-1", "deploy")
+    code, out = _run(settings, "grant", "cli-1", "deploy")  # no operator key: refused up front
+    assert code == 2
+    assert "only an operator's signature" in out.strip().splitlines()[-1]
+    code, out = _run(settings, "grant", "cli-1", "deploy", env=operator)
     assert code == 0, out
-    code, out = _run(settings, "mode", "cli-1", "acknowledge")
+    code, out = _run(settings, "mode", "cli-1", "acknowledge", env=operator)
     assert code == 0, out
     before = _mark(projections, "cli-1")
     code, out = _run(settings, "end", "cli-1", "finished by the operator")

@@ -9,22 +9,49 @@ Small and stable on purpose (several test files import it):
 - `started`, `turn`, `tool`, plus a few one-liners for the other types; all accept the keyword
   arguments of `make_event` (`session_id`, `event_id`, `expected_seq`, `producer`, `occurred_at`).
 - `fold_all(events, keys=None) -> Session` folds a list (session id taken from the first event).
+- Events that raise authority (`started`, `permission_granted`, `mode_changed`) are signed by
+  `OPERATOR` unless `signed=False`; `fold_all` trusts `OPERATOR` (and any `keys` given).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from schemas import events as ev
 from schemas.events import Event
+from session_model.authority import authority_fields
 from session_model.fold import fold
 from session_model.session import Session
-from session_model.signing import TrustedKeys
+from session_model.signing import Signer, TrustedKeys
 
 BASE_TIME = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+# The operator of the unit tests: a fixed key, so signed events are deterministic.
+OPERATOR = Signer("operator-test", Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
+AUTHORITY_TYPES = frozenset({ev.STARTED, ev.PERMISSION_GRANTED, ev.MODE_CHANGED})
+
+
+def trusted(keys: TrustedKeys | None = None) -> TrustedKeys:
+    """`keys` (default: none) plus the tests' operator key."""
+    return TrustedKeys({**(keys.keys if keys else {}), **OPERATOR.trusted_keys().keys})
+
+
+def sign(event: Event, signer: Signer = OPERATOR) -> Event:
+    """The event with `signer`'s authority signature over its authority fields."""
+    signature = signer.sign_authority(
+        session_id=event.session_id,
+        event_id=event.event_id,
+        event_type=event.type,
+        fields=authority_fields(event),
+    )
+    return replace(event, payload={**event.payload, "authority": signature})
+
 
 _counter = itertools.count(1)
 
@@ -44,10 +71,11 @@ def make_event(
     expected_seq: int | None = None,
     producer: str = "agent-1",
     occurred_at: datetime | None = None,
+    signed: bool = True,
 ) -> Event:
-    """One event with deterministic defaults."""
+    """One event with deterministic defaults (authority events signed by `OPERATOR`)."""
     n = next(_counter)
-    return Event(
+    event = Event(
         event_id=event_id if event_id is not None else f"e{n}",
         session_id=session_id,
         type=type_,
@@ -56,6 +84,7 @@ def make_event(
         payload=dict(payload or {}),
         expected_seq=expected_seq,
     )
+    return sign(event) if signed and type_ in AUTHORITY_TYPES else event
 
 
 def started(
@@ -163,4 +192,4 @@ def fold_all(events: Iterable[Event], keys: TrustedKeys | None = None) -> Sessio
     """Fold a list of events from nothing (session id of the first event, `s1` when empty)."""
     events = list(events)
     session_id = events[0].session_id if events else "s1"
-    return fold(session_id, events, keys if keys is not None else TrustedKeys.none())
+    return fold(session_id, events, trusted(keys))

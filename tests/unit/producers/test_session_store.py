@@ -31,6 +31,7 @@ from session_model.fold import fold
 from session_model.modes import Mode
 from session_model.principal import Principal
 from session_model.session import Question, Turn
+from tests.unit.builders import OPERATOR
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, 123456, tzinfo=UTC)
 T0_MS = datetime(2026, 1, 1, 10, 0, 0, 123000, tzinfo=UTC)
@@ -38,6 +39,7 @@ T0_MS = datetime(2026, 1, 1, 10, 0, 0, 123000, tzinfo=UTC)
 
 def _store(**kwargs: Any) -> SessionStore:
     counter = itertools.count(1)
+    kwargs.setdefault("signer", OPERATOR)
     return SessionStore.in_memory(clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}", **kwargs)
 
 
@@ -106,7 +108,8 @@ def test_start_appends_started_with_goal_mode_parent() -> None:
     store.start("s1", "ship it", "auto", parent_id="p0")
     e = _last(store)
     assert e.type == ev.STARTED
-    assert dict(e.payload) == {"goal": "ship it", "mode": "auto", "parent_id": "p0"}
+    assert _unsigned(e) == {"goal": "ship it", "mode": "auto", "parent_id": "p0"}
+    assert e.payload["authority"]["key_id"] == OPERATOR.key_id  # auto is less than ask: signed
 
 
 def test_start_defaults_to_ask_and_no_parent() -> None:
@@ -304,10 +307,11 @@ def test_answer_without_principal_keeps_by_none() -> None:
 def test_grant_and_revoke_append_their_events_and_the_grant_stays_in_the_log() -> None:
     store = _started()
     store.grant("s1", "deploy")
-    assert (_last(store).type, dict(_last(store).payload)) == (
+    assert (_last(store).type, _unsigned(_last(store))) == (
         ev.PERMISSION_GRANTED,
         {"operation": "deploy"},
     )
+    assert _last(store).payload["authority"]["key_id"] == OPERATOR.key_id
     assert store.load("s1").permissions == ("deploy",)
     store.revoke("s1", "deploy")
     assert (_last(store).type, dict(_last(store).payload)) == (
@@ -325,8 +329,14 @@ def test_grant_and_revoke_append_their_events_and_the_grant_stays_in_the_log() -
 def test_set_mode_appends_mode_changed() -> None:
     store = _started()
     store.set_mode("s1", "auto")
-    assert (_last(store).type, dict(_last(store).payload)) == (ev.MODE_CHANGED, {"mode": "auto"})
+    assert (_last(store).type, _unsigned(_last(store))) == (ev.MODE_CHANGED, {"mode": "auto"})
     assert store.load("s1").mode is Mode.AUTO
+    store.set_mode("s1", "ask")  # stricter: needs no signature
+    assert dict(_last(store).payload) == {"mode": "ask"}
+
+
+def _unsigned(e: Event) -> dict[str, object]:
+    return {k: v for k, v in e.payload.items() if k != "authority"}
 
 
 def test_remove_option_appends_option_removed_with_reason() -> None:

@@ -26,6 +26,7 @@ from session_model.compaction import (
 from session_model.fold import Kind, step
 from session_model.principal import Principal
 from session_model.session import Message, Question, Session
+from tests.unit.builders import OPERATOR
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 SUMMARY_PREFIX = "Summary of what already happened in this session:\n"
@@ -33,7 +34,9 @@ SUMMARY_PREFIX = "Summary of what already happened in this session:\n"
 
 def _store() -> SessionStore:
     counter = itertools.count(1)
-    return SessionStore.in_memory(clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}")
+    return SessionStore.in_memory(
+        signer=OPERATOR, clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}"
+    )
 
 
 def _with_turns(n: int, *, plan: bool = False) -> SessionStore:

@@ -17,7 +17,7 @@ from session_model.fold import Kind, step
 from session_model.principal import Principal
 from session_model.session import Question, Rejection, Session
 from session_model.signing import Signer
-from tests.unit.builders import answer, ask, ended, fold_all, started, window_closed
+from tests.unit.builders import OPERATOR, answer, ask, ended, fold_all, started, window_closed
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 DEADLINE = "2026-01-01T10:01:00.000Z"
@@ -114,7 +114,9 @@ def test_a_passed_deadline_changes_nothing_without_an_event() -> None:
 
 def _store() -> SessionStore:
     counter = itertools.count(1)
-    return SessionStore.in_memory(clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}")
+    return SessionStore.in_memory(
+        signer=OPERATOR, clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}"
+    )
 
 
 def _asked(expires_at: str | None = DEADLINE) -> SessionStore:

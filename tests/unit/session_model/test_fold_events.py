@@ -31,6 +31,7 @@ from tests.unit.builders import (
     started,
     todo,
     tool,
+    trusted,
     turn,
     window_closed,
 )
@@ -40,7 +41,7 @@ def _steps(events, keys=None):
     state = Session(events[0].session_id)
     out = []
     for e in events:
-        result = step(state, e, keys or TrustedKeys.none())
+        result = step(state, e, trusted(keys))
         out.append(result)
         state = result.state
     return state, out

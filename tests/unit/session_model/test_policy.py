@@ -22,13 +22,16 @@ from session_model.policy import (
     signature_question,
 )
 from session_model.session import Session
+from tests.unit.builders import OPERATOR
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 
 
 def _store() -> SessionStore:
     counter = itertools.count(1)
-    return SessionStore.in_memory(clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}")
+    return SessionStore.in_memory(
+        signer=OPERATOR, clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}"
+    )
 
 
 def _root(mode: str = "ask", granted: tuple[str, ...] = ()) -> Session:

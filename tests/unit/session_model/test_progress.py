@@ -12,6 +12,7 @@ from producers.store import SessionStore
 from schemas import events as ev
 from session_model.fold import fold
 from session_model.progress import ProgressReceipt, ProgressStatus
+from tests.unit.builders import OPERATOR
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 GREW, NO_GROWTH, UNKNOWN = ProgressStatus.GREW, ProgressStatus.NO_GROWTH, ProgressStatus.UNKNOWN
@@ -19,7 +20,9 @@ GREW, NO_GROWTH, UNKNOWN = ProgressStatus.GREW, ProgressStatus.NO_GROWTH, Progre
 
 def _store() -> SessionStore:
     counter = itertools.count(1)
-    store = SessionStore.in_memory(clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}")
+    store = SessionStore.in_memory(
+        signer=OPERATOR, clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}"
+    )
     store.start("s1", "grow things", "auto")
     return store
 

@@ -11,7 +11,7 @@ from session_model.fold import Kind, fold, step
 from session_model.modes import Mode
 from session_model.principal import Principal
 from session_model.session import Rejection, Session
-from session_model.signing import Signer, TrustedKeys
+from session_model.signing import Signer
 from tests.unit.builders import (
     answer,
     ask,
@@ -22,6 +22,7 @@ from tests.unit.builders import (
     started,
     todo,
     tool,
+    trusted,
     turn,
     window_closed,
 )
@@ -31,7 +32,7 @@ def _run(events):
     state = Session(events[0].session_id)
     steps = []
     for e in events:
-        result = step(state, e, TrustedKeys.none())
+        result = step(state, e, trusted())
         steps.append(result)
         state = result.state
     return state, steps
@@ -492,7 +493,9 @@ def test_late_answer_signed_by_trusted_key_keeps_verified_principal():
         extra={"signature": sig},
         event_id="late",
     )
-    s = fold("s1", [started(), ask("q1"), window_closed("q1"), late], signer.trusted_keys())
+    s = fold(
+        "s1", [started(), ask("q1"), window_closed("q1"), late], trusted(signer.trusted_keys())
+    )
     assert _codes(s) == ["late_answer"]
     assert s.rejections[0].by == Principal("actor:m:1", verified=True)
     assert s.downgrades == 0

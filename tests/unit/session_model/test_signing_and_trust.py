@@ -19,7 +19,7 @@ from session_model.fold import fold
 from session_model.principal import Principal
 from session_model.session import Question, Session
 from session_model.signing import CallSignature, Signer, TrustedKeys, verify_call
-from tests.unit.builders import answer, ask, started
+from tests.unit.builders import OPERATOR, answer, ask, started
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 HUMAN = Principal("actor:member:42", verified=True)
@@ -37,6 +37,7 @@ def _keys(*signers: Signer) -> TrustedKeys:
 
 def _store(**kwargs: Any) -> SessionStore:
     counter = itertools.count(1)
+    kwargs.setdefault("signer", OPERATOR)
     return SessionStore.in_memory(clock=lambda: T0, new_id=lambda: f"ev-{next(counter)}", **kwargs)
 
 
@@ -204,7 +205,7 @@ def test_store_with_signer_stores_a_verified_decision() -> None:
 
 
 def test_store_without_signer_downgrades_a_verified_claim() -> None:
-    store = _store()
+    store = _store(signer=None)
     _asked(store)
     store.answer("s1", "q1", "yes", by=HUMAN)
     s = store.load("s1")
@@ -232,7 +233,7 @@ def test_unverified_answer_is_not_a_downgrade() -> None:
 
 
 def test_downgraded_answer_shows_unverified_on_the_timeline() -> None:
-    store = _store()
+    store = _store(signer=None)
     _asked(store)
     store.answer("s1", "q1", "yes", by=HUMAN, executor="runner-7")
     answered = [e for e in store.timeline("s1") if e["kind"] == "answered"]

@@ -15,6 +15,7 @@ from session_model.signing import Signer, TrustedKeys
 from session_model.timeline import translate
 from tests.unit.builders import (
     CLOSED_AT,
+    OPERATOR,
     answer,
     ask,
     ended,
@@ -469,6 +470,7 @@ def test_noops_duplicates_and_unknown_types_translate_to_nothing():
 def _store():
     ids = itertools.count(1)
     return SessionStore.in_memory(
+        signer=OPERATOR,
         clock=lambda: datetime(2025, 1, 1, 12, 0, tzinfo=UTC),
         new_id=lambda: f"id-{next(ids)}",
     )

@@ -12,7 +12,7 @@ from producers.store import SessionStore
 from schemas import events as ev
 from session_model.fold import Kind, step
 from session_model.session import InheritedFrom, OpenCard, Session, Todo
-from tests.unit.builders import fold_all, make_event, plan, started, todo, tool
+from tests.unit.builders import OPERATOR, fold_all, make_event, plan, started, todo, tool
 
 
 def _card(session: Session, todo_id: str) -> Todo:
@@ -387,6 +387,7 @@ def test_card_not_transferred_has_open_disposition():
 def _store():
     ids = itertools.count(1)
     return SessionStore.in_memory(
+        signer=OPERATOR,
         clock=lambda: datetime(2025, 1, 1, 12, 0, tzinfo=UTC),
         new_id=lambda: f"id-{next(ids)}",
     )

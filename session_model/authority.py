@@ -1,0 +1,79 @@
+"""Who may make a session less supervised: an operator's signature, checked by the fold.
+
+Everything that raises a session's authority (a grant, a less strict mode, a start less strict
+than the deployment's unsigned start mode) is believed only when signed by a key of the fold's
+trusted set, over the event's session id, event id, type and authority fields. Anything that makes
+a session more supervised needs no signature. Records before the operator's configured cut-over
+(a position per partition) are legacy: written before signatures existed, they are believed as
+they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from schemas import events as ev
+from schemas.events import Event
+from session_model.modes import Mode
+from session_model.signing import TrustedKeys, verify_authority
+
+
+@dataclass(frozen=True, slots=True)
+class Authority:
+    """The fold's trust inputs for one event: keys, the unsigned start mode, legacy or not."""
+
+    keys: TrustedKeys = field(default_factory=TrustedKeys.none)
+    start_mode: Mode = Mode.ASK
+    legacy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Cutover:
+    """Per partition, the offset before which unsigned authority is legacy (accepted as is).
+
+    An input of the fold like the trusted keys: empty (the default) means every record is held to
+    the signature rule. Set it once, to the end offsets at the moment writers start signing.
+    """
+
+    before: Mapping[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Cutover:
+        """`"0:1200,1:977"` (partition:offset pairs; empty: no legacy records)."""
+        before: dict[int, int] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            partition, sep, offset = part.partition(":")
+            if not sep:
+                raise ValueError(f"{part!r} is not partition:offset")
+            before[int(partition)] = int(offset)
+        return cls(before)
+
+    def is_legacy(self, partition: int, offset: int) -> bool:
+        """Whether the record at this position was written before the cut-over."""
+        end = self.before.get(partition)
+        return end is not None and offset < end
+
+
+def authority_fields(event: Event) -> dict[str, object]:
+    """The payload fields an operator signs for an event of this type."""
+    p = event.payload
+    if event.type == ev.PERMISSION_GRANTED:
+        return {"operation": p.get("operation")}
+    if event.type == ev.MODE_CHANGED:
+        return {"mode": p.get("mode")}
+    if event.type == ev.STARTED:
+        return {"mode": p.get("mode"), "parent_id": p.get("parent_id")}
+    return {}
+
+
+def signed_by_operator(event: Event, authority: Authority) -> bool:
+    """Whether the event carries a trusted operator key's signature over its authority fields."""
+    return verify_authority(
+        authority.keys,
+        event.payload.get("authority"),
+        session_id=event.session_id,
+        event_id=event.event_id,
+        event_type=event.type,
+        fields=authority_fields(event),
+    )

@@ -1,0 +1,131 @@
+"""Authority through Kafka → worker → Redis: unsigned authority is refused, visible and counted."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from deploy.harness import free_port, wait_for
+from milpa_sessions.settings import Settings
+from processors.replay import replay
+from producers.kafka_log import KafkaEventLog
+from producers.store import SessionStore
+from projections.analytics import Analytics
+from projections.redis_store import RedisProjectionStore
+from schemas import events as ev
+from schemas.errors import UnauthorizedError
+from session_model.authority import Cutover
+from session_model.modes import Mode
+from session_model.policy import SessionPolicy, Verdict
+from session_model.signing import Signer, TrustedKeys
+from tests.integration.conftest import with_keys
+
+pytestmark = pytest.mark.integration
+
+
+def _trust(signer: Signer, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{signer.key_id}.pem").write_bytes(
+        signer.private_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return directory
+
+
+def _forged(agent: SessionStore, sid: str, type_: str, payload: dict[str, object]) -> None:
+    """What a dishonest agent does: append the event itself, past the writer API's check."""
+    agent.append(agent.event(sid, type_, payload))
+
+
+def test_unsigned_authority_is_refused_by_the_worker_counted_and_signed_authority_applies(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+    tmp_path: Path,
+) -> None:
+    operator = Signer.generate("ops-1")
+    port = free_port()
+    worker_settings = with_keys(
+        settings, trusted_keys_dir=_trust(operator, tmp_path / "trusted"), metrics_port=port
+    )
+    start_worker(worker_settings)  # type: ignore[operator]
+    agent = SessionStore(kafka_log, projections, producer="agent-7", read_timeout=60)
+    human = SessionStore(
+        kafka_log, projections, producer="console", signer=operator, read_timeout=60
+    )
+
+    agent.start("a1", "deploy the billing service")
+    with pytest.raises(UnauthorizedError):
+        agent.grant("a1", "deploy")  # the honest path learns at once, and appends nothing
+    _forged(agent, "a1", ev.PERMISSION_GRANTED, {"operation": "deploy"})
+    _forged(agent, "a1", ev.MODE_CHANGED, {"mode": "auto"})
+    stranger = Signer.generate("ops-1")  # the right key id, the wrong key
+    SessionStore(kafka_log, projections, producer="agent-7", signer=stranger).grant("a1", "rm")
+    _forged(agent, "a2", ev.STARTED, {"goal": "sneak in", "mode": "auto", "parent_id": None})
+    agent.record_turn("a1", "assistant", "trying anyway")
+    session = agent.load("a1")
+    assert session.permissions == ()
+    assert session.mode is Mode.ASK
+    assert [r.code for r in session.rejections] == ["unauthorized"] * 3
+    decided = SessionPolicy().decide(session, "deploy", mutating=True, requires_signature=False)
+    assert decided is Verdict.ASK_PERMISSION
+    wait_for(lambda: projections.load("a2") is not None, timeout=60)
+    sneaked = projections.load("a2")
+    assert sneaked is not None
+    assert sneaked.started and sneaked.mode is Mode.ASK
+    assert [r.code for r in sneaked.rejections] == ["unauthorized"]
+
+    # The operator's signed grant and relaxed mode are believed.
+    human.grant("a1", "deploy")
+    human.set_mode("a1", "acknowledge")
+    human.start("a3", "operator-launched", mode="auto")
+    session = human.load("a1")
+    assert (session.permissions, session.mode) == (("deploy",), Mode.ACKNOWLEDGE)
+    assert human.load("a3").mode is Mode.AUTO
+
+    counts = {c.name: c.count for c in Analytics(projections.client, projections.keys).rejections()}
+    assert counts == {"unauthorized": 4}
+    wait_for(lambda: _scrape(port, 'milpa_rejections_total{code="unauthorized"} 4.0'), timeout=30)
+
+
+def _scrape(port: int, line: str) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return line in response.read().decode()
+
+
+def test_a_rebuild_without_the_operator_key_turns_its_grants_into_rejections(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+) -> None:
+    operator = Signer.generate("ops-1")
+    human = SessionStore(kafka_log, projections, producer="console", signer=operator, checks=False)
+    human.start("r1", "rebuild me")
+    human.grant("r1", "deploy")
+    kafka_log.flush()
+
+    def rebuilt(
+        keys: TrustedKeys, cutover: Cutover | None = None
+    ) -> tuple[tuple[str, ...], list[str]]:
+        replay(settings.kafka_bootstrap, settings.events_topic, projections, keys, cutover=cutover)
+        s = projections.load("r1")
+        assert s is not None
+        return s.permissions, [r.code for r in s.rejections]
+
+    assert rebuilt(operator.trusted_keys()) == (("deploy",), [])
+    assert rebuilt(TrustedKeys.none()) == ((), ["unauthorized"])  # the key was removed
+    # A cut-over past the grant: records before it are legacy, believed as written.
+    ends = {p: o + 1 for p, o in _positions(projections, "r1").items()}
+    assert rebuilt(TrustedKeys.none(), Cutover(ends)) == (("deploy",), [])
+
+
+def _positions(projections: RedisProjectionStore, sid: str) -> dict[int, int]:
+    raw = projections.client.hget(projections.keys.session(sid).state, "mark")
+    assert raw is not None
+    partition, _, offset = raw.decode().partition(":")
+    return {int(partition): int(offset)}
