@@ -332,7 +332,10 @@ class SessionStore:
             "by": by.to_record() if by else None,
             "executor": executor,
             "signature": None,
+            "approval": None,
         }
+        if self.checks and session.question is not None and session.question.reason == "signature":
+            payload["approval"] = self._approval(session_id, session.question)
         if by is not None and by.verified and self.signer is not None:
             payload["signature"] = self.signer.sign_answer(
                 session_id=session_id,
@@ -349,6 +352,24 @@ class SessionStore:
                 f"the window to answer {question_id!r} had closed; the late answer is on record"
             )
         return position
+
+    def _approval(self, session_id: str, question: Question) -> dict[str, Any]:
+        """The signature of exactly the call a signature question names (operator key only)."""
+        if self.signer is None:
+            raise UnauthorizedError(
+                f"{question.id!r} asks for a signature over one call: only a holder of an "
+                "operator key can give it, and this writer has none (MILPA_SIGNING_KEY)"
+            )
+        operation, digest = question.signed_call()
+        signed = self.signer.sign_call(
+            session_id=session_id, operation=operation, argument_digest=digest
+        )
+        return {
+            "operation": operation,
+            "argument_digest": digest,
+            "key_id": signed.key_id,
+            "signature": signed.signature,
+        }
 
     def expire_if_due(self, session_id: str, now: datetime) -> bool:
         """Close the open question's answer window if its deadline has passed (ends the session)."""

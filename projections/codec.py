@@ -30,6 +30,7 @@ from schemas.errors import ProjectionError
 from session_model.modes import Mode
 from session_model.principal import Principal
 from session_model.session import (
+    Approval,
     CallFact,
     Decision,
     ExecutionFact,
@@ -326,6 +327,15 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
         False,
         lambda v: [_observation(o) for o in v],
         lambda v: tuple(map(_observation_from, v)),
+    ),
+    (
+        "approvals",
+        False,
+        lambda v: [
+            _trim([a.operation, a.argument_digest, a.key_id, a.signature_id, a.seq, a.consumed_at])
+            for a in v
+        ],
+        lambda v: tuple(Approval(*a) for a in v),
     ),
 )
 STORED_FIELDS = tuple(name for name, *_ in _FIELDS)

@@ -18,6 +18,7 @@ the event changes them.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -28,12 +29,14 @@ from schemas import events as ev
 from schemas.events import Event
 from schemas.frozen import fast_init
 from session_model.authority import Authority, signed_by_operator
+from session_model.canonical import argument_digest
 from session_model.deadlines import format_instant
 from session_model.modes import Mode, less_strict, parse_mode
 from session_model.principal import Principal
 from session_model.session import (
     ROLES,
     TODO_STATUSES,
+    Approval,
     CallFact,
     Decision,
     ExecutionFact,
@@ -46,7 +49,7 @@ from session_model.session import (
     Todo,
     Turn,
 )
-from session_model.signing import TrustedKeys, verify_answer_claim
+from session_model.signing import CallSignature, TrustedKeys, verify_answer_claim, verify_call
 
 _NO_AUTHORITY = Authority()
 Trust = TrustedKeys | Authority
@@ -318,6 +321,13 @@ def _tool_called(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chang
         "run_first": _without(s.run_first, tool),
         "calls": (*s.calls, call),
     }
+    if s.approvals and any(a.consumed_at is None and a.operation == tool for a in s.approvals):
+        digest = argument_digest(p.get("arguments") or {})
+        used = s.approval_for(tool, digest)
+        if used is not None:  # single use: this call consumes its approval
+            changes["approvals"] = tuple(
+                replace(a, consumed_at=seq) if a is used else a for a in s.approvals
+            )
     return changes, Outcome(_APPLIED, seq, turn=turn)
 
 
@@ -434,6 +444,7 @@ def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple
     if p.get("question_id") != question.id:
         raise _Reject("stale_question")
     answer = _text(p, "answer")
+    approval = _approval(s, e, question, seq, auth) if question.reason == "signature" else None
     by, downgraded = _principal(e, question.id, auth.keys)
     decision = Decision(
         question_id=question.id,
@@ -445,20 +456,49 @@ def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple
         why=question.why,
         seq=seq,
         event_id=e.event_id,
-        affirmative=bool(question.options) and answer == question.options[0],
+        affirmative=approval is not None
+        or (bool(question.options) and answer == question.options[0]),
         decided_at=e.occurred_at,
         asked_at=question.asked_at,
     )
     turn = Turn("user", answer, seq)
-    changes = {
+    changes: Changes = {
         "turns": (*s.turns, turn),
         "turn_count": s.turn_count + 1,
         "question": None,
         "decisions": (*s.decisions, decision),
         "downgrades": s.downgrades + 1 if downgraded else s.downgrades,
     }
+    if approval is not None:
+        changes["approvals"] = (*s.approvals, approval)
     outcome = Outcome(_APPLIED, seq, turn=turn, decision=decision, downgraded=downgraded)
     return changes, outcome
+
+
+def _approval(s: Session, e: Event, question: Question, seq: int, auth: Authority) -> Approval:
+    """The approval an answer to a signature question must carry: a trusted key's signature
+    over exactly the call asked about, never seen before in this session (else `unauthorized`)."""
+    raw = e.payload.get("approval")
+    if not isinstance(raw, Mapping):
+        raise _Reject("unauthorized")
+    operation, digest = question.signed_call()
+    key_id, signature = raw.get("key_id"), raw.get("signature")
+    if (
+        raw.get("operation") != operation
+        or raw.get("argument_digest") != digest
+        or not isinstance(key_id, str)
+        or not isinstance(signature, bytes | bytearray)
+    ):
+        raise _Reject("unauthorized")
+    signed = CallSignature(key_id, bytes(signature))
+    if not verify_call(
+        auth.keys, signed, session_id=e.session_id, operation=operation, argument_digest=digest
+    ):
+        raise _Reject("unauthorized")
+    signature_id = hashlib.sha256(signed.signature).hexdigest()[:32]
+    if any(a.signature_id == signature_id for a in s.approvals):
+        raise _Reject("unauthorized")  # a replayed approval
+    return Approval(operation, digest, key_id, signature_id, seq)
 
 
 def _window_closed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:

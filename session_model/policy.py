@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from schemas.errors import MissingCeilingError
-from session_model.canonical import canonical_json
+from session_model.canonical import argument_digest, canonical_json
 from session_model.modes import Mode, strictest
 from session_model.session import Question, Session
 
@@ -40,13 +40,22 @@ class SessionPolicy:
         mutating: bool,
         requires_signature: bool,
         ceiling: Mode | None = None,
+        arguments: Mapping[str, Any] | None = None,
     ) -> Verdict:
-        """Apply the five rules in their order; the first that matches decides."""
+        """Apply the five rules in their order; the first that matches decides.
+
+        Under the signature rule, an unused signed approval of exactly this call (`arguments`)
+        allows it, once: the `tool_called` that makes the call consumes the approval.
+        """
         if session.parent_id is not None and ceiling is None:
             raise MissingCeilingError(
                 f"session {session.id!r} has a parent; pass ceiling=ceiling_for(...)"
             )
         if requires_signature:
+            if arguments is not None and session.approval_for(
+                operation, argument_digest(dict(arguments))
+            ):
+                return Verdict.ALLOW
             return Verdict.REQUIRE_SIGNATURE
         if not mutating:
             return Verdict.ALLOW

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -95,6 +96,15 @@ class Question:
         deadline = self.deadline()
         return deadline is not None and now > deadline
 
+    def signed_call(self) -> tuple[str, str]:
+        """For a signature question: the operation and the argument digest it asks to approve.
+
+        `why` is the canonical JSON of the call's arguments (`signature_question`), so its
+        sha256 is their digest.
+        """
+        digest = hashlib.sha256((self.why or "").encode("utf-8")).hexdigest()
+        return self.id.removeprefix("sign:"), digest
+
 
 @fast_init
 @dataclass(frozen=True, slots=True)
@@ -114,6 +124,19 @@ class Decision:
     decided_at: datetime | None = None
     expired_at: datetime | None = None
     asked_at: datetime | None = None
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """A human's signature over one call: the operation and its exact arguments, used once."""
+
+    operation: str
+    argument_digest: str
+    key_id: str
+    signature_id: str  # sha256 (hex, 32 characters) of the signature: a replay is recognised
+    seq: int  # the answer that carried it
+    consumed_at: int | None = None  # the seq of the `tool_called` that used it
 
 
 @fast_init
@@ -223,6 +246,7 @@ class Session:
     calls: tuple[CallFact, ...] = ()
     executions: tuple[ExecutionFact, ...] = ()
     observations: tuple[Observation, ...] = ()
+    approvals: tuple[Approval, ...] = ()
     event_ids: frozenset[str] = frozenset()
 
     def evolve(self, **changes: Any) -> Session:
@@ -258,6 +282,17 @@ class Session:
     def allows(self, operation: str) -> bool:
         """Whether `operation` is granted in this session."""
         return operation in self.permissions
+
+    def approval_for(self, operation: str, argument_digest: str) -> Approval | None:
+        """The unused signed approval of exactly this call, if any."""
+        for a in self.approvals:
+            if (
+                a.consumed_at is None
+                and a.operation == operation
+                and a.argument_digest == argument_digest
+            ):
+                return a
+        return None
 
     def todo(self, todo_id: str) -> Todo | None:
         """The card with this id, if any."""

@@ -44,6 +44,7 @@ from session_model.session import Question
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import with_keys
 from tests.integration.expected import assert_projection_matches, expected_projections
+from tests.unit.builders import OPERATOR
 
 pytestmark = pytest.mark.integration
 
@@ -174,6 +175,7 @@ def generate(
         collecting,
         InMemoryProjectionStore(),
         producer="it-agent",
+        signer=OPERATOR,  # grants and relaxed modes are signed, as an operator's would be
         checks=False,
         clock=lambda: BASE_TIME + timedelta(milliseconds=next(ticks)),
         new_id=lambda: f"e{next(ids):08d}",

@@ -281,6 +281,7 @@ def test_answer_appends_question_answered() -> None:
         "by": {"id": "cli:rod@laptop", "verified": False},
         "executor": "runner-1",
         "signature": None,
+        "approval": None,
     }
     s = store.load("s1")
     assert s.is_runnable() is True
