@@ -285,14 +285,28 @@ def timeline(ctx: Ctx, session_id: str, since: int, follow: bool) -> None:
 @click.argument("answer")
 @click.option("--by", "by", help="Principal id (default: cli:<user>@<host>, unverified).")
 @click.option("--verified", is_flag=True, help="Claim a verified identity (needs a signing key).")
+@click.option("--yes", is_flag=True, help="Sign a signature question's call without asking.")
 @pass_ctx
 def answer(  # noqa: PLR0917 - click passes every argument and option positionally
-    ctx: Ctx, session_id: str, question_id: str, answer: str, by: str | None, verified: bool
+    ctx: Ctx,
+    session_id: str,
+    question_id: str,
+    answer: str,
+    by: str | None,
+    verified: bool,
+    yes: bool,
 ) -> None:
-    """Answer a session's open question."""
+    """Answer a session's open question (a signature question: sign its exact call)."""
     store = _store(ctx)
     if verified and store.signer is None:
         raise InvalidCall("--verified needs MILPA_SIGNING_KEY (an Ed25519 PEM private key)")
+    question = store.load(session_id).question
+    if question is not None and question.id == question_id and question.reason == "signature":
+        operation, digest = question.signed_call()
+        err.print(f"signing exactly this call in {session_id}: {operation} {question.why}")
+        err.print(f"(argument digest {digest}; the approval allows this call once)")
+        if not yes and not click.confirm("sign it?", err=True):
+            raise InvalidCall("not signed: nothing was appended")
     principal = (
         Principal(by, verified=verified)
         if by

@@ -62,16 +62,10 @@ def worker_process(settings: Settings, logfile: Path) -> Iterator[subprocess.Pop
 
 def _progress_table(progress: FleetProgress, agents: int, started_at: float) -> Table:
     table = Table(title=f"fleet of {agents} agents — {time.monotonic() - started_at:4.1f}s")
-    for column in ("started", "finished", "expired", "questions", "answered", "events"):
-        table.add_column(column, justify="right")
-    table.add_row(
-        str(progress.started),
-        str(progress.finished),
-        str(progress.expired),
-        str(progress.questions),
-        str(progress.answers),
-        str(progress.events),
-    )
+    columns = ("started", "finished", "expired", "questions", "answers", "signed", "events")
+    for column in columns:
+        table.add_column("answered" if column == "answers" else column, justify="right")
+    table.add_row(*(str(getattr(progress, column)) for column in columns))
     return table
 
 
@@ -211,6 +205,14 @@ def _report(store: SessionStore, ids: list[str], decisions: list[PublishedDecisi
         pauses.add_row(reason, str(n), str(answered), str(expired), str(n - answered - expired))
     out.print(pauses)
 
+    approvals = [a for s in sessions for a in s.approvals]
+    unauthorized = sum(s.rejection_counts().get("unauthorized", 0) for s in sessions)
+    out.print(
+        f"authority: {sum(len(s.permissions) for s in sessions)} grants and "
+        f"{len(approvals)} call approvals signed by the operator "
+        f"({sum(1 for a in approvals if a.consumed_at is not None)} used by their call); "
+        f"unsigned authority refused: {unauthorized}"
+    )
     expired_sessions = [s for s in sessions if _status(s) == "expired"]
     late = sum(s.rejection_counts().get("late_answer", 0) for s in sessions)
     out.print(

@@ -61,6 +61,7 @@ class FleetProgress:
     expired: int = 0
     questions: int = 0
     answers: int = 0
+    signed: int = 0  # calls that went through on a signed approval
     events: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -110,11 +111,15 @@ def run_agent(
         progress.add(events=2)
         op = rng.choice(MUTATING)
         arguments = {"step": step, "target": f"module-{step}"}
-        needs_signature = rng.random() < 0.04
+        # A signature-gated call now and then; the first agent's first one always (the demo
+        # shows a signed call going through).
+        needs_signature = rng.random() < 0.04 or (index == 0 and step == 0)
         roll = rng.random()
         session = store.load(sid)
         deadline = deadline_in(datetime.now(UTC), config.deadline_seconds)
-        verdict = policy.decide(session, op, mutating=True, requires_signature=needs_signature)
+        verdict = policy.decide(
+            session, op, mutating=True, requires_signature=needs_signature, arguments=arguments
+        )
         if roll < 0.12:
             question = target_question(
                 op, f"module-{step}", f"Did you mean module-{step}?", deadline
@@ -136,6 +141,14 @@ def run_agent(
             decision = session.decisions[-1]
             if question.reason == "permission" and not decision.affirmative:
                 continue  # a yes comes with the operator's signed grant (see run_operator)
+            if question.reason == "signature":
+                # The operator signed exactly this call: the policy allows it, this once.
+                verdict = policy.decide(
+                    session, op, mutating=True, requires_signature=True, arguments=arguments
+                )
+                if verdict is not Verdict.ALLOW:
+                    continue
+                progress.add(signed=1)
         store.record_tool_call(sid, op, arguments, "ok", mutating=True, artifact=f"src/m{step}.py")
         store.set_todo(sid, "change", "change the code", "in_progress")
         progress.add(events=2)
@@ -151,7 +164,7 @@ def run_operator(
     progress: FleetProgress,
     stop: threading.Event,
 ) -> None:
-    """Answer most open questions after a delay; never signature ones (a click cannot sign)."""
+    """Answer most open questions after a delay; sign the exact call a signature question names."""
     rng = random.Random(config.seed)
     operator = Principal("actor:member:42", verified=True)
     seen: dict[tuple[str, str, int], float] = {}
@@ -163,12 +176,14 @@ def run_operator(
                 continue
             key = (sid, q.id, q.seq)
             first_seen = seen.setdefault(key, time.monotonic())
-            if time.monotonic() - first_seen < config.operator_delay or q.reason == "signature":
+            if time.monotonic() - first_seen < config.operator_delay:
                 continue
-            if rng.random() > config.answer_ratio:
+            if q.reason != "signature" and rng.random() > config.answer_ratio:
                 seen[key] = float("inf")  # left to expire
                 continue
             answer = q.options[0] if q.options and rng.random() < 0.85 else (q.options or ("",))[-1]
+            if q.reason == "signature":
+                answer = "approved"  # the console shows the call; the store signs exactly it
             try:
                 if q.reason == "permission" and answer == "yes":
                     # The grant first: it is the operator's signed act the agent then relies on.

@@ -362,7 +362,10 @@ class SessionStore:
             )
         operation, digest = question.signed_call()
         signed = self.signer.sign_call(
-            session_id=session_id, operation=operation, argument_digest=digest
+            session_id=session_id,
+            operation=operation,
+            argument_digest=digest,
+            question_seq=question.seq,
         )
         return {
             "operation": operation,

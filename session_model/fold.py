@@ -476,8 +476,11 @@ def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple
 
 
 def _approval(s: Session, e: Event, question: Question, seq: int, auth: Authority) -> Approval:
-    """The approval an answer to a signature question must carry: a trusted key's signature
-    over exactly the call asked about, never seen before in this session (else `unauthorized`)."""
+    """The approval an answer to a signature question must carry (else `unauthorized`).
+
+    A trusted key's signature over exactly the call asked about, answering this asking of the
+    question (its seq), and never seen before in this session.
+    """
     raw = e.payload.get("approval")
     if not isinstance(raw, Mapping):
         raise _Reject("unauthorized")
@@ -492,7 +495,12 @@ def _approval(s: Session, e: Event, question: Question, seq: int, auth: Authorit
         raise _Reject("unauthorized")
     signed = CallSignature(key_id, bytes(signature))
     if not verify_call(
-        auth.keys, signed, session_id=e.session_id, operation=operation, argument_digest=digest
+        auth.keys,
+        signed,
+        session_id=e.session_id,
+        operation=operation,
+        argument_digest=digest,
+        question_seq=question.seq,
     ):
         raise _Reject("unauthorized")
     signature_id = hashlib.sha256(signed.signature).hexdigest()[:32]

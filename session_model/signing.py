@@ -57,16 +57,24 @@ def authority_signing_bytes(
     )
 
 
-def call_signing_bytes(*, session_id: str, operation: str, argument_digest: str) -> bytes:
-    """The bytes a signature over one call covers: this session, this operation, these arguments."""
-    return canonical_bytes(
-        {
-            "kind": "milpa.call.v1",
-            "session_id": session_id,
-            "operation": operation,
-            "argument_digest": argument_digest,
-        }
-    )
+def call_signing_bytes(
+    *, session_id: str, operation: str, argument_digest: str, question_seq: int | None = None
+) -> bytes:
+    """The bytes a signature over one call covers: this session, this operation, these arguments.
+
+    With `question_seq`, also the asking it answers: Ed25519 signatures are deterministic, so
+    without it a second approval of the same call would repeat the first one's bytes exactly and
+    could not be told from a replay.
+    """
+    fields: dict[str, object] = {
+        "kind": "milpa.call.v1",
+        "session_id": session_id,
+        "operation": operation,
+        "argument_digest": argument_digest,
+    }
+    if question_seq is not None:
+        fields["question_seq"] = question_seq
+    return canonical_bytes(fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,10 +186,20 @@ class Signer:
         )
         return {"key_id": self.key_id, "signature": self.private_key.sign(message)}
 
-    def sign_call(self, *, session_id: str, operation: str, argument_digest: str) -> CallSignature:
-        """A signature naming one call."""
+    def sign_call(
+        self,
+        *,
+        session_id: str,
+        operation: str,
+        argument_digest: str,
+        question_seq: int | None = None,
+    ) -> CallSignature:
+        """A signature naming one call (answering the question asked at `question_seq`)."""
         message = call_signing_bytes(
-            session_id=session_id, operation=operation, argument_digest=argument_digest
+            session_id=session_id,
+            operation=operation,
+            argument_digest=argument_digest,
+            question_seq=question_seq,
         )
         return CallSignature(self.key_id, self.private_key.sign(message))
 
@@ -275,11 +293,15 @@ def verify_call(
     session_id: str,
     operation: str,
     argument_digest: str,
+    question_seq: int | None = None,
 ) -> bool:
     """The signature gate: True only for a trusted key's signature over exactly this call."""
     if signature is None:
         return False
     message = call_signing_bytes(
-        session_id=session_id, operation=operation, argument_digest=argument_digest
+        session_id=session_id,
+        operation=operation,
+        argument_digest=argument_digest,
+        question_seq=question_seq,
     )
     return keys.verify(signature.key_id, signature.signature, message)

@@ -6,9 +6,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 
-from deploy.harness import free_port, wait_for
+from deploy.harness import free_port, read_topic, wait_for
+from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
@@ -16,10 +18,12 @@ from producers.store import SessionStore
 from projections.analytics import Analytics
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
+from schemas.codec import EventCodec
 from schemas.errors import UnauthorizedError
+from schemas.events import Event
 from session_model.authority import Cutover
 from session_model.modes import Mode
-from session_model.policy import SessionPolicy, Verdict
+from session_model.policy import SessionPolicy, Verdict, signature_question
 from session_model.signing import Signer, TrustedKeys
 from tests.integration.conftest import with_keys
 
@@ -129,3 +133,73 @@ def _positions(projections: RedisProjectionStore, sid: str) -> dict[int, int]:
     assert raw is not None
     partition, _, offset = raw.decode().partition(":")
     return {int(partition): int(offset)}
+
+
+def test_a_signed_call_flows_from_the_cli_through_the_worker_once_and_a_replay_is_refused(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: object,
+    tmp_path: Path,
+) -> None:
+    runner = CliRunner()
+    env = settings.to_env()
+    made = runner.invoke(main, ["keys", "generate", "ops-1", "--dir", str(tmp_path)], env=env)
+    assert made.exit_code == 0, made.output
+    start_worker(with_keys(settings, trusted_keys_dir=tmp_path / "trusted"))  # type: ignore[operator]
+    agent = SessionStore(kafka_log, projections, producer="agent-7", read_timeout=60)
+    args = {"service": "billing", "version": "2.0.1"}
+    agent.start("c1", "release billing")
+    agent.ask("c1", signature_question("deploy", args))
+    agent.load("c1")
+
+    def decide(arguments: dict[str, str]) -> Verdict:
+        return SessionPolicy().decide(
+            agent.load("c1"), "deploy", mutating=True, requires_signature=True, arguments=arguments
+        )
+
+    assert decide(args) is Verdict.REQUIRE_SIGNATURE
+    answer = ["answer", "c1", "sign:deploy", "approved", "--by", "actor:member:42", "--verified"]
+    refused = runner.invoke(main, answer, env=env)  # no operator key: nothing is signed
+    assert refused.exit_code == 2
+    signing = {**env, "MILPA_SIGNING_KEY": str(tmp_path / "ops-1.key")}
+    shown = runner.invoke(main, [*answer, "--yes"], env=signing)
+    assert shown.exit_code == 0, shown.output
+    assert 'deploy {"service":"billing","version":"2.0.1"}' in shown.output
+    wait_for(lambda: bool(projections.load("c1") and projections.load("c1").approvals), 60)
+    assert decide(args) is Verdict.ALLOW
+    assert decide({**args, "version": "6.6.6"}) is Verdict.REQUIRE_SIGNATURE
+    agent.record_tool_call("c1", "deploy", args, "deployed", mutating=True)
+    assert decide(args) is Verdict.REQUIRE_SIGNATURE  # used once
+    session = agent.load("c1")
+    assert session.approvals[0].consumed_at == session.seq
+    assert session.decisions[-1].by is not None and session.decisions[-1].by.verified
+
+    # The agent replays the approval it saw on the log for its next, identical call.
+    agent.ask("c1", signature_question("deploy", args))
+    seen = session.approvals[0]
+    replayed = next(
+        r for r in _events(kafka_log, settings) if r.payload.get("approval") is not None
+    ).payload["approval"]
+    assert replayed["argument_digest"] == seen.argument_digest
+    _forged(
+        agent,
+        "c1",
+        ev.QUESTION_ANSWERED,
+        {"question_id": "sign:deploy", "answer": "approved", "approval": replayed},
+    )
+    agent.record_turn("c1", "assistant", "waiting")
+    session = agent.load("c1")
+    assert session.question is not None
+    assert [r.code for r in session.rejections] == ["unauthorized"]
+    assert decide(args) is Verdict.REQUIRE_SIGNATURE
+
+
+def _events(kafka_log: KafkaEventLog, settings: Settings) -> list[Event]:
+    """Every event on this test's topic, as an agent reading the log would see them."""
+    kafka_log.flush()
+    codec = EventCodec()
+    return [
+        codec.decode(record.value)
+        for record in read_topic(settings.kafka_bootstrap, settings.events_topic)
+    ]
