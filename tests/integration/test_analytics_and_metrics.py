@@ -13,10 +13,12 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from cryptography.hazmat.primitives import serialization
 from kafka.admin import KafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,6 +32,7 @@ from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
 from session_model.session import Question
+from session_model.signing import Signer
 from tests.integration.conftest import with_keys
 
 pytestmark = pytest.mark.integration
@@ -63,6 +66,19 @@ def _sample(samples: Samples | None, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+OPERATOR = Signer.generate("ops-analytics")
+
+
+def _trusting(settings: Settings, directory: Path) -> Settings:
+    """`settings` whose workers trust `OPERATOR` (its public key written into `directory`)."""
+    (directory / f"{OPERATOR.key_id}.pem").write_bytes(
+        OPERATOR.private_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return with_keys(settings, trusted_keys_dir=directory)
+
+
 def _ended(projections: RedisProjectionStore, sid: str) -> bool:
     session = projections.load(sid)
     return session is not None and session.ended
@@ -79,6 +95,7 @@ def _ask_the_scenario(
     """The questions behind `EXPECTED`; returns the session ids once all of it is projected."""
     agent = SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60)
     loose = SessionStore(kafka_log, projections, producer="it-agent", checks=False)
+    human = SessionStore(kafka_log, projections, producer="console", signer=OPERATOR)
     sids = [f"{prefix}-{n}" for n in range(7)]
     for sid in sids:
         agent.start(sid, "analytics")
@@ -91,16 +108,18 @@ def _ask_the_scenario(
     agent.answer(s0, "perm:deploy", "yes", Principal("cli:ops@laptop"))
     agent.ask(s1, permission_question("drop", {"table": "t"}, expires_at=soon))
     agent.ask(s2, permission_question("migrate", {}))
-    # signature: a second pause of s0, left open; one answered by an unsigned "verified" claim
+    # signature: a second pause of s0, left open; one signed by the operator
     agent.ask(s0, signature_question("release", {"v": 2}))
     agent.ask(s3, signature_question("tag", {"v": 1}))
-    agent.answer(s3, "sign:tag", "signed", Principal("actor:member:7", verified=True))
+    agent.load(s3)  # the operator answers what it sees
+    human.answer(s3, "sign:tag", "signed", Principal("actor:member:7", verified=True))
     # target_not_named: expired
     agent.ask(s4, target_question("rm", "/srv/data", "Remove /srv/data?", expires_at=soon))
     # no reason → unspecified: one open, one answered
     agent.ask(s5, Question(id="q-open", question="Carry on?", options=("yes", "no")))
     agent.ask(s6, Question(id="q-which", question="Which branch?"))
-    agent.answer(s6, "q-which", "main", Principal("cli:ops@laptop"))
+    # answered by an unsigned "verified" claim: stored unverified, a downgrade
+    agent.answer(s6, "q-which", "main", Principal("actor:member:9", verified=True))
     loose.answer(s5, "not-the-open-one", "yes", Principal("cli:ops@laptop"))  # stale_question
     for sid in sids:
         agent.load(sid)
@@ -137,8 +156,10 @@ def test_pauses_by_reason_and_outcome_through_redis_the_cli_and_metrics(
     kafka_log: KafkaEventLog,
     projections: RedisProjectionStore,
     start_worker: Any,
+    tmp_path: Path,
 ) -> None:
     port = free_port()
+    settings = _trusting(settings, tmp_path)
     worker = start_worker(with_keys(settings, metrics_port=port))
     _ask_the_scenario(kafka_log, projections, "an", worker)
     analytics = Analytics(projections.client, projections.keys)
@@ -257,18 +278,20 @@ def _group_caught_up(settings: Settings) -> bool:
     return all(committed.get(p, 0) >= end for p, end in ends.items() if end > 0)
 
 
-def test_counters_are_not_counted_twice_after_a_kill_nine_or_a_full_redelivery(
+def test_counters_are_not_counted_twice_after_a_kill_nine_or_a_full_redelivery(  # noqa: PLR0917
     settings: Settings,
     kafka_log: KafkaEventLog,
     projections: RedisProjectionStore,
     start_worker: Any,
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
+    settings = _trusting(settings, tmp_path)
     # Faust reads these from the environment: the killed member leaves the group after 6 s
     # (the broker's minimum) instead of a minute, so the restart gets its partitions sooner.
     monkeypatch.setenv("BROKER_SESSION_TIMEOUT", "6")
     monkeypatch.setenv("BROKER_HEARTBEAT_INTERVAL", "1")
-    first = start_worker()
+    first = start_worker(settings)
     _ask_the_scenario(kafka_log, projections, "crash", first)
     first.kill9()  # right after applying: the group's offsets likely trail what Redis holds
     before = _counter_hashes(projections)
