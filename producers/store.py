@@ -292,6 +292,12 @@ class SessionStore:
         session = self._live(session_id)
         if session is not None and session.question is not None:
             raise QuestionOpenError(f"question {session.question.id!r} is still open")
+        removed = [o for o in question.options if session and o in session.removed_options]
+        if removed:
+            raise InvalidCall(
+                f"option(s) {', '.join(map(repr, removed))} were removed from session "
+                f"{session_id!r} and cannot be offered again"
+            )
         payload = {
             "question_id": question.id,
             "question": question.question,

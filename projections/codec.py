@@ -547,6 +547,7 @@ _SHAPES: tuple[tuple[str, tuple[_Field, ...]], ...] = (
     ("open-work", ("todos",)),
     ("transferred", ("to", "todos")),
     ("ended", ("because",)),
+    ("announced", ("operation", "arguments")),  # append only: a shape's index is stored
 )
 
 

@@ -429,6 +429,8 @@ def _question_asked(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Ch
         seq=seq,
         asked_at=e.occurred_at,
     )
+    if any(option in s.removed_options for option in question.options):
+        raise _Reject("invalid")  # a removed option never comes back in this session
     reason = question.reason or UNSPECIFIED_REASON
     pauses = dict(s.pauses)
     pauses[reason] = pauses.get(reason, 0) + 1

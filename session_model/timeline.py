@@ -6,8 +6,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from schemas import events as ev
+from session_model.canonical import canonical_json
 from session_model.deadlines import format_instant
 from session_model.fold import Kind, Outcome, Step
+from session_model.modes import Mode
 from session_model.session import OpenCard, Session
 
 TimelineEntry = dict[str, Any]
@@ -66,7 +68,8 @@ def _turn(sid: str, seq: int, p: Mapping[str, Any], s: Session, o: Outcome) -> l
 def _tool_called(
     sid: str, seq: int, p: Mapping[str, Any], s: Session, o: Outcome
 ) -> list[TimelineEntry]:
-    return [
+    mutating = p.get("mutating") is True
+    entries: list[TimelineEntry] = [
         {
             "session": sid,
             "kind": "activity",
@@ -74,10 +77,23 @@ def _tool_called(
             "state": "tool",
             "tool": p.get("tool"),
             "ok": p.get("ok", True) is True,
-            "mutating": p.get("mutating") is True,
+            "mutating": mutating,
             "result": p.get("result", ""),
         }
     ]
+    if mutating and s.mode is Mode.ACKNOWLEDGE:
+        # `acknowledge` announces and continues: what the agent did without asking, shown apart.
+        arguments = p.get("arguments")
+        entries.append(
+            {
+                "session": sid,
+                "kind": "announced",
+                "seq": seq,
+                "operation": p.get("tool"),
+                "arguments": canonical_json(arguments if isinstance(arguments, Mapping) else {}),
+            }
+        )
+    return entries
 
 
 def _message_sent(

@@ -319,6 +319,19 @@ def test_every_timeline_entry_the_fold_makes_round_trips(events: list) -> None:
             assert entry_from_json(stored, SID) == _as_json(entry)
 
 
+def test_an_announced_entry_is_stored_in_its_shape_and_round_trips() -> None:
+    entry = {
+        "session": SID,
+        "kind": "announced",
+        "seq": 7,
+        "operation": "deploy",
+        "arguments": '{"env":"prod"}',
+    }
+    stored = entry_to_json(entry, SID)
+    assert stored.startswith(b"[")
+    assert entry_from_json(stored, SID) == entry
+
+
 def _card(**changes: object) -> dict[str, object]:
     card: dict[str, object] = {
         "id": "t1",

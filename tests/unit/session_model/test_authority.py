@@ -1,4 +1,4 @@
-"""Authority is signed, not claimed: grants, relaxed modes and relaxed starts need an operator."""
+"""Authority is signed, not claimed; acknowledge announces; a removed option never returns."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 
 from producers.store import SessionStore
 from schemas import events as ev
-from schemas.errors import UnauthorizedError
+from schemas.errors import InvalidCall, UnauthorizedError
 from schemas.events import Event
 from session_model.authority import Authority, Cutover
 from session_model.fold import Kind, fold, step
 from session_model.modes import Mode
 from session_model.policy import SessionPolicy, Verdict
 from session_model.projection import BatchFolder, Position, Record
-from session_model.session import Session
+from session_model.session import Question, Session
 from session_model.signing import Signer, TrustedKeys
 from tests.unit.builders import OPERATOR, make_event, sign, started, trusted
 
@@ -142,3 +142,40 @@ def test_a_writer_with_the_operator_key_grants_and_relaxes() -> None:
     store.set_mode("s1", "auto")
     s = store.load("s1")
     assert (s.mode, s.permissions, s.rejections) == (Mode.AUTO, ("deploy",), ())
+
+
+def test_a_mutating_call_in_acknowledge_is_announced_on_the_timeline() -> None:
+    store = SessionStore.in_memory(signer=OPERATOR)
+    store.start("s1", "g", "acknowledge")
+    store.record_tool_call("s1", "deploy", {"v": 2, "env": "prod"}, "ok", mutating=True)
+    store.record_tool_call("s1", "read_file", {"path": "a"}, "ok")
+    store.set_mode("s1", "auto")
+    store.record_tool_call("s1", "deploy", {"v": 3}, "ok", mutating=True)
+    announced = [e for e in store.timeline("s1") if e["kind"] == "announced"]
+    assert announced == [
+        {
+            "session": "s1",
+            "kind": "announced",
+            "seq": 2,
+            "operation": "deploy",
+            "arguments": '{"env":"prod","v":2}',
+        }
+    ]
+
+
+def test_a_removed_option_cannot_be_offered_again() -> None:
+    store = SessionStore.in_memory(signer=OPERATOR)
+    store.start("s1", "g")
+    store.remove_option("s1", "force-push", "policy")
+    with pytest.raises(InvalidCall, match="force-push"):
+        store.ask("s1", Question("how", "How to publish?", ("rebase", "force-push")))
+    assert store.load("s1").question is None
+    forged = make_event(
+        ev.QUESTION_ASKED,
+        {"question_id": "how", "question": "How?", "options": ["rebase", "force-push"]},
+    )
+    result = step(store.load("s1"), forged, TRUSTED)
+    assert result.outcome.rejection is not None
+    assert result.outcome.rejection.code == "invalid"
+    assert result.state.question is None
+    store.ask("s1", Question("how", "How to publish?", ("rebase", "merge")))
