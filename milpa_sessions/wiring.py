@@ -45,6 +45,7 @@ def projection_store(settings: StackSettings) -> RedisProjectionStore:
         Keys(settings.redis_prefix),
         settings.compactor_max_turns,
         timeout=settings.redis_timeout,
+        auth=settings.redis_auth(),
     )
 
 
@@ -68,7 +69,7 @@ def session_store(settings: WriterSettings, *, producer: str | None = None) -> S
 
 def ping_redis(settings: StackSettings) -> None:
     """Raise `ProjectionError` unless Redis answers a PING within the configured timeout."""
-    client = sync_client(settings.redis_url, settings.redis_timeout)
+    client = sync_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
     try:
         client.ping()
     except redis.RedisError as e:

@@ -95,7 +95,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
         if "worker" not in holder:
-            client = async_client(settings.redis_url, settings.redis_timeout)
+            client = async_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
             store = AsyncRedisProjectionStore(
                 client, Keys(settings.redis_prefix), settings.compactor_max_turns
             )
@@ -166,13 +166,17 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         holder["assigned"] = True
 
     if settings.metrics_port > 0:
-        _serve_worker_metrics(app, settings.metrics_port, holder, events.get_topic_name())
+        _serve_worker_metrics(
+            app, settings.metrics_port, holder, events.get_topic_name(), settings.metrics_host
+        )
 
     return ProjectorApp(app, worker, scheduler)
 
 
-def _serve_worker_metrics(app: Any, port: int, holder: dict[str, Any], topic: str) -> None:
-    """Expose the worker's stats on `127.0.0.1:port/metrics` while the app runs."""
+def _serve_worker_metrics(
+    app: Any, port: int, holder: dict[str, Any], topic: str, host: str
+) -> None:
+    """Expose the worker's stats on `host:port/metrics` while the app runs."""
 
     def worker_stats() -> WorkerStats | None:
         w: ProjectionWorker | None = holder.get("worker")
@@ -195,7 +199,7 @@ def _serve_worker_metrics(app: Any, port: int, holder: dict[str, Any], topic: st
             log.debug("highwaters unavailable (rebalancing?): %s", e)  # next scrape retries
         return found
 
-    serve_metrics(app, port, worker_stats, scheduler_stats, highwaters)
+    serve_metrics(app, port, worker_stats, scheduler_stats, highwaters, host=host)
 
 
 def serve_metrics(
@@ -204,13 +208,15 @@ def serve_metrics(
     worker_stats: Callable[[], WorkerStats | None],
     scheduler_stats: Callable[[], SchedulerStats | None],
     highwaters: Callable[[], Mapping[int, int]],
+    *,
+    host: str = "127.0.0.1",
 ) -> None:
-    """Expose these stats on `127.0.0.1:port/metrics` while the app runs."""
+    """Expose these stats on `host:port/metrics` while the app runs (loopback by default)."""
     metrics = Metrics(worker_stats, scheduler_stats, highwaters)
 
     @app.task  # type: ignore[untyped-decorator]
     async def metrics_server() -> None:
-        metrics.serve(port)
+        metrics.serve(port, host)
         try:
             await asyncio.Event().wait()  # until the app stops and cancels this task
         finally:

@@ -64,7 +64,8 @@ def create_scheduler_app(
         # redis.asyncio clients belong to the loop they were created in: create it in the app's.
         if "store" not in holder:
             holder["store"] = AsyncRedisProjectionStore(
-                async_client(settings.redis_url, settings.redis_timeout), keys
+                async_client(settings.redis_url, settings.redis_timeout, settings.redis_auth()),
+                keys,
             )
         result: AsyncRedisProjectionStore = holder["store"]
         return result
@@ -103,5 +104,12 @@ def create_scheduler_app(
         await producer.stop()
 
     if settings.metrics_port > 0:
-        serve_metrics(app, settings.metrics_port, lambda: None, lambda: scheduler.stats, dict)
+        serve_metrics(
+            app,
+            settings.metrics_port,
+            lambda: None,
+            lambda: scheduler.stats,
+            dict,
+            host=settings.metrics_host,
+        )
     return SchedulerApp(app, scheduler)

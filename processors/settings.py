@@ -18,7 +18,8 @@ class WorkerSettings(StackSettings):
     commit_interval: float = 0.5  # seconds between offset commits (of batches fully applied)
     commit_every: int = 10_000  # or after this many records
     scheduler_enabled: bool = True  # the in-worker scheduler (expiry and compaction events)
-    metrics_port: int = 0  # Prometheus text on 127.0.0.1:port/metrics (0: off)
+    metrics_port: int = 0  # Prometheus text on metrics_host:port/metrics (0: off)
+    metrics_host: str = "127.0.0.1"  # the metrics' bind address: loopback unless said otherwise
     # How long a stopping worker or scheduler may take after SIGTERM before it exits regardless
     # (what it had not committed is redelivered), and how long one waits at start-up for Kafka
     # and Redis (0: for ever, printing a status line every startup_status_every seconds).

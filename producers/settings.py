@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Self
 
+from projections.redis_client import RedisAuth
 from schemas.errors import ConfigurationError
 from session_model.authority import Cutover
 from session_model.modes import Mode, parse_mode
@@ -43,10 +44,28 @@ class StackSettings:
     # The compaction rule every writer of projections must agree on (the due index, the cut).
     compactor_max_turns: int = 40
     compactor_keep_recent: int = 12
+    # Redis ACL credentials and TLS: the user, a file holding its password (never the URL or an
+    # environment variable: they end up in logs and process lists), and for rediss:// the CA.
+    redis_username: str = ""
+    redis_password_file: Path | None = None
+    redis_ca_file: Path | None = None
     # Seconds a Redis connect or reply may take before the call fails (the CLI then exits with
     # one line; the worker retries with backoff), and a Kafka client's bootstrap and metadata.
     redis_timeout: float = 3.0
     kafka_timeout: float = 5.0
+
+    def redis_auth(self) -> RedisAuth:
+        """The Redis credentials (the password read from its file now)."""
+        password = None
+        if self.redis_password_file is not None:
+            try:
+                password = self.redis_password_file.read_text(encoding="utf-8").strip()
+            except OSError as e:
+                raise ConfigurationError(
+                    f"{ENV_PREFIX}REDIS_PASSWORD_FILE: cannot read {self.redis_password_file}: "
+                    f"{e.strerror}"
+                ) from e
+        return RedisAuth(self.redis_username or None, password, self.redis_ca_file)
 
     def start_mode(self) -> Mode:
         """`unsigned_start_mode` as a mode (ConfigurationError if it names none)."""

@@ -8,6 +8,8 @@ of 64 sessions), and packing them was ~10 % of a worker's CPU in the profile (do
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -74,7 +76,34 @@ _PACKING: dict[type, type] = {
 }
 
 
-def async_client(url: str, timeout: float | None = None) -> aioredis.Redis:
+@dataclass(frozen=True, slots=True)
+class RedisAuth:
+    """Credentials beyond the URL: an ACL user, its password (read from a file), a CA for TLS."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)  # never printed, never logged
+    ca_file: Path | None = None  # `rediss://`: the CA that signed the server's certificate
+
+    def options(self, url: str) -> dict[str, Any]:
+        """Client keyword arguments (those the URL does not already carry)."""
+        options: dict[str, Any] = {}
+        if self.username:
+            options["username"] = self.username
+        if self.password is not None:
+            options["password"] = self.password
+        if self.ca_file is not None:
+            if not url.startswith("rediss://"):
+                raise ConfigurationError("a Redis CA file needs a rediss:// URL")
+            options["ssl_ca_certs"] = str(self.ca_file)
+        return options
+
+
+NO_AUTH = RedisAuth()
+
+
+def async_client(
+    url: str, timeout: float | None = None, auth: RedisAuth = NO_AUTH
+) -> aioredis.Redis:
     """A `redis.asyncio` client for `url` whose connections pack commands with hiredis.
 
     `timeout` bounds a connect and a reply; a failed call is retried once by the client (the
@@ -88,13 +117,14 @@ def async_client(url: str, timeout: float | None = None) -> aioredis.Redis:
     if timeout is not None:
         options["socket_timeout"] = options["socket_connect_timeout"] = timeout
     options["retry"] = AsyncRetry(NoBackoff(), 1)
+    options.update(auth.options(url))
     return aioredis.Redis.from_pool(ConnectionPool(**options))
 
 
-def sync_client(url: str, timeout: float | None = None) -> redis.Redis:
+def sync_client(url: str, timeout: float | None = None, auth: RedisAuth = NO_AUTH) -> redis.Redis:
     """A synchronous client for `url`: bounded connect and reply times, no retry (a reader
     fails fast and says why; it can run again)."""
-    options: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
+    options: dict[str, Any] = {"retry": Retry(NoBackoff(), 0), **auth.options(url)}
     if timeout is not None:
         options["socket_timeout"] = options["socket_connect_timeout"] = timeout
     try:

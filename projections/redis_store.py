@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from projections import requests
 from projections.codec import turn_from_json
 from projections.keys import Keys
-from projections.redis_client import sync_client
+from projections.redis_client import NO_AUTH, RedisAuth, sync_client
 from projections.requests import (
     COMMIT_GROUP,
     commit_call,
@@ -59,9 +59,11 @@ class RedisProjectionStore:
         keys: Keys | None = None,
         compact_after: int | None = None,
         timeout: float | None = None,
+        auth: RedisAuth = NO_AUTH,
     ) -> RedisProjectionStore:
         """A store on `url` (`timeout`: seconds a connect or a reply may take; one retry)."""
-        return cls(sync_client(url, timeout), keys or Keys(), compact_after=compact_after)
+        client = sync_client(url, timeout, auth)
+        return cls(client, keys or Keys(), compact_after=compact_after)
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip."""

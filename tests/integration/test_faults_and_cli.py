@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from deploy.harness import REPO, Proc, free_port, wait_for
+from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
@@ -145,8 +147,17 @@ def test_an_unreachable_or_hung_redis_ends_every_reader_within_seconds(
 
 
 def test_an_unreachable_or_hung_broker_ends_every_writer_within_seconds(
-    settings: Settings, kafka_store: SessionStore, start_worker: Any, black_hole: str
+    settings: Settings,
+    kafka_store: SessionStore,
+    start_worker: Any,
+    black_hole: str,
+    tmp_path: Path,
 ) -> None:
+    # The operator's key: `grant` must reach the broker to fail on it (without a key it is
+    # refused before, with its own one line).
+    made = CliRunner().invoke(main, ["keys", "generate", "ops", "--dir", str(tmp_path)])
+    assert made.exit_code == 0, made.output
+    settings = with_keys(settings, signing_key=tmp_path / "ops.key")
     worker = start_worker()
     kafka_store.start("s1", "be steered", mode="ask")
     question = permission_question("deploy", {"to": "prod"}, expires_at=None)

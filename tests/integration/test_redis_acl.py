@@ -1,0 +1,101 @@
+"""Redis with ACL users: the worker's user and password (from a file) work; a wrong one fails in
+one clear line that never shows the password."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from deploy.harness import Proc, free_port, wait_for
+from milpa_sessions.cli import main
+from milpa_sessions.settings import Settings
+from producers.kafka_log import KafkaEventLog
+from projections.keys import Keys
+from projections.redis_store import RedisProjectionStore
+from tests.integration.conftest import with_keys
+from tests.unit.builders import started, turn
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "w0rker-s3cret-Zq"
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A redis-server of this test's own: no default user, a `worker` user with a password."""
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    port = free_port()
+    args = [
+        binary,
+        *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+        *("--user", "default", "off"),
+        *("--user", "worker", "on", f">{PASSWORD}", "~*", "&*", "+@all"),
+    ]
+    proc = Proc.start("redis-acl", args, tmp_path / "redis.log", cwd=tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    probe = redis.Redis.from_url(url, username="worker", password=PASSWORD, socket_timeout=1)
+    wait_for(lambda: _pings(probe), timeout=20)
+    probe.close()
+    secret = tmp_path / "redis-worker.password"
+    secret.write_text(PASSWORD + "\n")
+    secret.chmod(0o600)
+    yield {"url": url, "password_file": secret, "tmp": tmp_path}
+    proc.kill9()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_the_worker_projects_into_an_acl_redis_with_its_user_and_password_file(
+    settings: Settings, kafka_log: KafkaEventLog, acl_redis: dict[str, Any], start_worker: Any
+) -> None:
+    secured = with_keys(
+        settings,
+        redis_url=acl_redis["url"],
+        redis_username="worker",
+        redis_password_file=acl_redis["password_file"],
+    )
+    start_worker(secured)
+    kafka_log.append(started("behind an ACL", session_id="acl-1"))
+    kafka_log.append(turn("user", "hello", session_id="acl-1"))
+    store = RedisProjectionStore.from_url(
+        acl_redis["url"], Keys(secured.redis_prefix), auth=secured.redis_auth()
+    )
+    wait_for(lambda: (s := store.load("acl-1")) is not None and s.turn_count == 1, timeout=60)
+    store.client.close()
+    env = {**secured.to_env()}
+    shown = CliRunner().invoke(main, ["show", "acl-1"], env=env)
+    assert shown.exit_code == 0, shown.output
+
+
+def test_a_wrong_redis_password_fails_in_one_line_without_the_password(
+    settings: Settings, acl_redis: dict[str, Any]
+) -> None:
+    wrong = acl_redis["tmp"] / "wrong.password"
+    wrong.write_text("not-the-password")
+    runs = {
+        "wrong password": {
+            "MILPA_REDIS_USERNAME": "worker",
+            "MILPA_REDIS_PASSWORD_FILE": str(wrong),
+        },
+        "no credentials": {},
+        "unreadable file": {"MILPA_REDIS_PASSWORD_FILE": str(acl_redis["tmp"] / "missing")},
+    }
+    for what, extra in runs.items():
+        env = {**settings.to_env(), "MILPA_REDIS_URL": acl_redis["url"], **extra}
+        result = CliRunner().invoke(main, ["list"], env=env)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 1, (what, result.output)
+        assert len(lines) == 1 and lines[0].startswith("error:"), (what, result.output)
+        assert "Traceback" not in result.output
+        assert PASSWORD not in result.output and "not-the-password" not in result.output
