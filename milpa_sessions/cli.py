@@ -168,7 +168,7 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
             bar.update(task, completed=done, total=total)
 
         report = replay(
-            ctx.settings.kafka_bootstrap,
+            ctx.settings.kafka_access(),
             ctx.settings.events_topic,
             store,
             wiring.trusted_keys(ctx.settings),

@@ -150,7 +150,7 @@ def _factory(
 
 def _collect_decisions(settings: Settings, prefix: str, ids: list[str]) -> list[PublishedDecision]:
     subscriber = DecisionSubscriber(
-        settings.kafka_bootstrap, settings.decisions_topic, f"{prefix}-subscriber"
+        settings.kafka_access(), settings.decisions_topic, f"{prefix}-subscriber"
     )
     wanted = set(ids)
     found: list[PublishedDecision] = []

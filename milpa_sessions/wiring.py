@@ -52,7 +52,7 @@ def projection_store(settings: StackSettings) -> RedisProjectionStore:
 def session_store(settings: WriterSettings, *, producer: str | None = None) -> SessionStore:
     """A `SessionStore` writing to Kafka and reading the Redis projections."""
     log = KafkaEventLog(
-        settings.kafka_bootstrap,
+        settings.kafka_access(),
         settings.events_topic,
         client_id=producer or settings.producer_id,
         config=ProducerConfig(max_block=settings.kafka_timeout),

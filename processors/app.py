@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import faust.auth
 from faust.exceptions import ConsumerNotStarted
 
 from processors.batch_consumer import BatchApp
@@ -26,6 +27,7 @@ from processors.scheduler import Scheduler, SchedulerStats
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
 from processors.worker import ProjectionWorker, WorkerStats
+from producers.kafka_access import KafkaAccess
 from projections.keys import Keys
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore
@@ -36,10 +38,25 @@ from session_model.signing import TrustedKeys
 log = logging.getLogger(__name__)
 
 
+def faust_credentials(access: KafkaAccess) -> Any:
+    """Faust's credentials for this access (None on a plaintext cluster)."""
+    if access.sasl:
+        return faust.auth.SASLCredentials(
+            username=access.username,
+            password=access.password,
+            ssl_context=access.ssl_context() if access.tls else None,
+            mechanism=access.mechanism,
+        )
+    if access.tls:
+        return faust.auth.SSLCredentials(access.ssl_context())
+    return None
+
+
 def faust_options(settings: WorkerSettings) -> dict[str, Any]:
     """The Faust configuration every app of ours shares (the worker's adds its batching)."""
     return {
         "broker": f"kafka://{settings.kafka_bootstrap}",
+        "broker_credentials": faust_credentials(settings.kafka_access()),
         "web_enabled": False,
         "autodiscover": False,
         "store": "memory://",
@@ -85,10 +102,10 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     )
     events = raw_topic(app, settings.events_topic, settings.partitions)
     # Decisions and dead letters share a producer; closings have their own (see processors.sinks).
-    output = LazyProducer(settings.kafka_bootstrap)
+    output = LazyProducer(settings.kafka_access())
     deadletter = ProducerSink(output, settings.deadletter_topic)
     decisions = ProducerSink(output, settings.decisions_topic)
-    scheduling = LazyProducer(settings.kafka_bootstrap)
+    scheduling = LazyProducer(settings.kafka_access())
     closings = ProducerSink(scheduling, settings.events_topic)
     holder: dict[str, Any] = {}
 

@@ -48,6 +48,7 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from producers.kafka_access import KafkaAccess
 from projections.projector import Projector
 from projections.redis_store import RedisProjectionStore
 from schemas.codec import EventCodec
@@ -88,7 +89,7 @@ class ReplayReport:
 
 
 def replay(
-    bootstrap: str,
+    bootstrap: str | KafkaAccess,
     topic: str,
     store: RedisProjectionStore,
     keys: TrustedKeys,
@@ -114,14 +115,15 @@ def replay(
         # The session's pauses and outcomes are already in the global counters: rebuilding its
         # projection must not count them a second time.
         store = dataclasses.replace(store, count_stats=False)
-    ends, partitions = _end_offsets(bootstrap, topic, session_id)
+    access = KafkaAccess.of(bootstrap)
+    ends, partitions = _end_offsets(access, topic, session_id)
     total = sum(ends.values())
     if session_id is None:
         store.clear()
     else:
         store.drop(session_id)
     folder = BatchFolder(keys, start_mode, cutover or Cutover())
-    job = _Job(bootstrap, topic, store, folder, session_id, batch_size, Intake(codec, partitions))
+    job = _Job(access, topic, store, folder, session_id, batch_size, Intake(codec, partitions))
     groups = _groups(sorted(ends), processes)
     if len(groups) <= 1:
         return job.run(ends, None if progress is None else lambda read: progress(read, total))
@@ -146,7 +148,7 @@ def _groups(partitions: Sequence[int], processes: int | None) -> list[list[int]]
 class _Job:
     """What every rebuild process needs, besides its partitions and their end offsets."""
 
-    bootstrap: str
+    bootstrap: KafkaAccess
     topic: str
     store: RedisProjectionStore
     folder: BatchFolder
@@ -288,7 +290,9 @@ def _bulk_collector() -> Iterator[None]:
         gc.set_threshold(*previous)
 
 
-def _end_offsets(bootstrap: str, topic: str, session_id: str | None) -> tuple[dict[int, int], int]:
+def _end_offsets(
+    bootstrap: KafkaAccess, topic: str, session_id: str | None
+) -> tuple[dict[int, int], int]:
     """partition -> end offset now, of the partitions to rebuild that hold anything, and the
     topic's partition count (LogError)."""
     found: dict[int, int] = {}
@@ -319,9 +323,9 @@ def _end_offsets(bootstrap: str, topic: str, session_id: str | None) -> tuple[di
 
 
 @contextlib.asynccontextmanager
-async def _consumer(bootstrap: str) -> Any:
+async def _consumer(access: KafkaAccess) -> Any:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap.split(","),
+        **access.aiokafka(),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -332,7 +336,7 @@ async def _consumer(bootstrap: str) -> Any:
         try:
             await consumer.start()
         except KafkaError as e:
-            raise LogError(f"cannot reach Kafka at {bootstrap}: {e}") from e
+            raise LogError(f"cannot reach Kafka at {access.bootstrap}: {e}") from e
         yield consumer
     finally:
         await consumer.stop()
@@ -365,7 +369,7 @@ class _Fetcher:
     `_AHEAD` batches ahead. Kafka failures come out of `batches()` as `LogError`.
     """
 
-    def __init__(self, bootstrap: str, topic: str, ends: dict[int, int], batch_size: int):
+    def __init__(self, bootstrap: KafkaAccess, topic: str, ends: dict[int, int], batch_size: int):
         self.bootstrap = bootstrap
         self.topic = topic
         self.ends = {TopicPartition(topic, p): end for p, end in ends.items()}

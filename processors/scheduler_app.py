@@ -55,7 +55,7 @@ def create_scheduler_app(
     app = faust.App(f"{settings.consumer_group}-scheduler", **faust_options(settings))
     # Producer only: it consumes nothing, so it joins no consumer group.
     app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)
-    producer = LazyProducer(settings.kafka_bootstrap)
+    producer = LazyProducer(settings.kafka_access())
     events = ProducerSink(producer, settings.events_topic)
     keys = Keys(settings.redis_prefix)
     holder: dict[str, Any] = {}

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import aiokafka
 
 from processors.ports import OutRecord
+from producers.kafka_access import KafkaAccess
 from schemas.errors import LogError
 
 
@@ -26,8 +27,9 @@ class LazyProducer:
     republished; the scheduler puts a failed tick's closings back on its schedule).
     """
 
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, bootstrap: str | KafkaAccess) -> None:
+        self.access = KafkaAccess.of(bootstrap)
+        self.bootstrap = self.access.bootstrap
         self._producer: aiokafka.AIOKafkaProducer | None = None
         self._starting: asyncio.Lock | None = None
         self._stopped = False
@@ -42,7 +44,7 @@ class LazyProducer:
                 raise LogError(f"the producer to {self.bootstrap} was stopped")
             if self._producer is None:
                 producer = aiokafka.AIOKafkaProducer(
-                    bootstrap_servers=self.bootstrap.split(","),
+                    **self.access.aiokafka(),
                     acks="all",
                     enable_idempotence=True,
                     linger_ms=0,

@@ -18,6 +18,7 @@ from typing import Any
 from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 
+from producers.kafka_access import KafkaAccess
 from schemas.codec import EventCodec
 from schemas.errors import CodecError, LogError
 from session_model.principal import Principal
@@ -88,7 +89,7 @@ class DecisionSubscriber:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: str | KafkaAccess,
         topic: str,
         group_id: str,
         *,
@@ -103,7 +104,7 @@ class DecisionSubscriber:
         try:
             self._consumer = KafkaConsumer(
                 topic,
-                bootstrap_servers=bootstrap.split(","),
+                **KafkaAccess.of(bootstrap).kafka_python(),
                 group_id=group_id,
                 auto_offset_reset="earliest" if from_beginning else "latest",
                 enable_auto_commit=False,

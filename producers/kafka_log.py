@@ -14,6 +14,7 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
+from producers.kafka_access import KafkaAccess
 from schemas.codec import EventCodec
 from schemas.errors import LogError
 from schemas.events import Event
@@ -42,7 +43,7 @@ class KafkaEventLog:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: str | KafkaAccess,
         topic: str,
         *,
         codec: EventCodec | None = None,
@@ -50,7 +51,8 @@ class KafkaEventLog:
         client_id: str = "milpa-sessions",
     ) -> None:
         self.topic = topic
-        self.bootstrap = bootstrap
+        self.access = KafkaAccess.of(bootstrap)
+        self.bootstrap = self.access.bootstrap
         self.codec = codec or EventCodec()
         self.config = config or ProducerConfig()
         self.client_id = client_id
@@ -62,7 +64,7 @@ class KafkaEventLog:
             c = self.config
             try:
                 self._client = KafkaProducer(
-                    bootstrap_servers=self.bootstrap.split(","),
+                    **self.access.kafka_python(),
                     client_id=self.client_id,
                     acks="all",
                     enable_idempotence=True,

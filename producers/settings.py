@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Self
 
+from producers.kafka_access import KafkaAccess
 from projections.redis_client import RedisAuth
 from schemas.errors import ConfigurationError
 from session_model.authority import Cutover
@@ -44,6 +45,13 @@ class StackSettings:
     # The compaction rule every writer of projections must agree on (the due index, the cut).
     compactor_max_turns: int = 40
     compactor_keep_recent: int = 12
+    # Kafka security: the protocol (PLAINTEXT, or SASL_SSL with SCRAM on a secured cluster), the
+    # user, a file holding its password, and the CA that signed the brokers' certificates.
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = "SCRAM-SHA-512"
+    kafka_username: str = ""
+    kafka_password_file: Path | None = None
+    kafka_ca_file: Path | None = None
     # Redis ACL credentials and TLS: the user, a file holding its password (never the URL or an
     # environment variable: they end up in logs and process lists), and for rediss:// the CA.
     redis_username: str = ""
@@ -54,17 +62,21 @@ class StackSettings:
     redis_timeout: float = 3.0
     kafka_timeout: float = 5.0
 
+    def kafka_access(self) -> KafkaAccess:
+        """How to reach Kafka (the password read from its file now)."""
+        password = _secret(self.kafka_password_file, "KAFKA_PASSWORD_FILE")
+        return KafkaAccess(
+            self.kafka_bootstrap,
+            self.kafka_security_protocol.upper(),
+            self.kafka_sasl_mechanism.upper(),
+            self.kafka_username or None,
+            password,
+            self.kafka_ca_file,
+        )
+
     def redis_auth(self) -> RedisAuth:
         """The Redis credentials (the password read from its file now)."""
-        password = None
-        if self.redis_password_file is not None:
-            try:
-                password = self.redis_password_file.read_text(encoding="utf-8").strip()
-            except OSError as e:
-                raise ConfigurationError(
-                    f"{ENV_PREFIX}REDIS_PASSWORD_FILE: cannot read {self.redis_password_file}: "
-                    f"{e.strerror}"
-                ) from e
+        password = _secret(self.redis_password_file, "REDIS_PASSWORD_FILE")
         return RedisAuth(self.redis_username or None, password, self.redis_ca_file)
 
     def start_mode(self) -> Mode:
@@ -114,6 +126,16 @@ class WriterSettings(StackSettings):
     producer_id: str = "milpa-sessions"
     signing_key: Path | None = None  # the operator's private key the CLI signs answers with
     read_timeout: float = 10.0  # seconds a read waits for the projection to apply a write
+
+
+def _secret(path: Path | None, name: str) -> str | None:
+    """The secret held in `path` (stripped), or None without a file."""
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ConfigurationError(f"{ENV_PREFIX}{name}: cannot read {path}: {e.strerror}") from e
 
 
 def _convert(name: str, type_: Any, raw: str) -> Any:

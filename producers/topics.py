@@ -44,7 +44,7 @@ def ensure_topics(settings: StackSettings, timeout_ms: int = 30_000) -> dict[str
     """Create missing topics; returns `{name: "created" | "exists"}`."""
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=settings.kafka_bootstrap.split(","),
+            **settings.kafka_access().kafka_python(),
             client_id=ADMIN_CLIENT_ID,
             request_timeout_ms=timeout_ms,
             bootstrap_timeout_ms=int(settings.kafka_timeout * 1000),
@@ -102,7 +102,7 @@ def describe_group(settings: StackSettings, group: str | None = None) -> GroupDe
     group = group or settings.consumer_group
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=settings.kafka_bootstrap.split(","),
+            **settings.kafka_access().kafka_python(),
             request_timeout_ms=int(settings.kafka_timeout * 1000),
             bootstrap_timeout_ms=int(settings.kafka_timeout * 1000),
         )
@@ -144,7 +144,7 @@ def delete_topics(settings: StackSettings, names: Iterable[str] | None = None) -
     group, so every topic starting with the group's name goes too.
     """
     try:
-        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+        admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
     except KafkaError as e:
         raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
     try:
