@@ -94,14 +94,14 @@ def stack_from_env_file(state: Path | None = None) -> Stack | None:
 
 def stack_command(
     command: str,
-    *,
+    *options: str,
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
     check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Run `deploy/stack.py <command>`; with `check`, a RuntimeError with its output if it fails."""
     done = subprocess.run(
-        [sys.executable, str(STACK_SCRIPT), command],
+        [sys.executable, str(STACK_SCRIPT), command, *options],
         cwd=REPO,
         env=None if env is None else dict(env),
         capture_output=True,

@@ -25,6 +25,7 @@ from milpa_sessions.render import out, render_session, render_timeline, session_
 from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
 from processors.replay import replay
+from producers.acls import Principals, apply_acls
 from producers.store import SessionStore
 from producers.topics import ensure_topics, group_members
 from schemas.errors import InvalidCall, WorkersRunningError
@@ -144,6 +145,22 @@ def topics_create(ctx: Ctx) -> None:
             out.print(f"{name}: {state}")
 
     _emit(ctx, result, render)
+
+
+@main.group()
+def acls() -> None:
+    """Kafka ACLs of a secured cluster."""
+
+
+@acls.command("apply")
+@click.option("--agent", default="agent", show_default=True, help="The agents' SCRAM user.")
+@click.option("--worker", default="worker", show_default=True, help="The workers' SCRAM user.")
+@click.option("--operator", default="operator", show_default=True, help="Operators' SCRAM user.")
+@pass_ctx
+def acls_apply(ctx: Ctx, agent: str, worker: str, operator: str) -> None:
+    """Allow each role what it needs, no more (run with an administrator's credentials)."""
+    created = apply_acls(ctx.settings, Principals(agent, worker, operator))
+    _emit(ctx, {"created": created}, lambda: out.print(f"{created} ACL(s) in place"))
 
 
 @main.command("replay")
