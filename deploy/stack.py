@@ -154,10 +154,11 @@ def port_open(port: int, timeout: float = 1.0) -> bool:
 
 
 def redis_ping(port: int, timeout: float = 1.0) -> bool:
+    """Whether a redis-server answers on `port` (with ACLs on, a refusal to a stranger counts)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
@@ -296,7 +297,8 @@ def redis_status(p: Paths) -> Status:
 
 def env_lines(p: Paths) -> list[str]:
     kafka = read_json(p.kafka_json)
-    rport = read_json(p.redis_json)["port"]
+    redis = read_json(p.redis_json)
+    rport = redis["port"]
     lines = [
         f"MILPA_KAFKA_BOOTSTRAP=127.0.0.1:{kafka['port']}",
         f"MILPA_REDIS_URL=redis://127.0.0.1:{rport}/0",
@@ -309,6 +311,11 @@ def env_lines(p: Paths) -> list[str]:
             f"MILPA_KAFKA_CA_FILE={p.secure / 'ca.pem'}",
             "MILPA_KAFKA_USERNAME=operator",
             f"MILPA_KAFKA_PASSWORD_FILE={p.secure / 'operator.password'}",
+        ]
+    if redis.get("secure"):
+        lines += [
+            "MILPA_REDIS_USERNAME=operator",
+            f"MILPA_REDIS_PASSWORD_FILE={p.secure / 'redis-operator.password'}",
         ]
     return lines
 
@@ -650,10 +657,36 @@ LOG4J2 = """\
 """
 
 
-def start_redis(p: Paths, redis_bin: str, port: int) -> Status:
+# --secure: Redis ACL users (the default user is off). Commands a Lua script runs are checked
+# against the caller's ACL, so an agent (a reader) cannot commit through the commit script.
+REDIS_USERS = {
+    "worker": "~* &* +@all",
+    "operator": "~* &* +@all",  # `replay` rewrites projections
+    "agent": "~* -@all +@read +@connection +evalsha +script|load +multi +exec",
+}
+
+
+def redis_acl(p: Paths) -> Path:
+    """--secure: the ACL file of the stack's Redis (made once; passwords in secure/redis-*)."""
+    p.secure.mkdir(parents=True, exist_ok=True)
+    p.secure.chmod(0o700)
+    lines = ["user default off"]
+    for user, rules in REDIS_USERS.items():
+        path = p.secure / f"redis-{user}.password"
+        if not path.exists():
+            path.write_text(secrets.token_hex(16) + "\n")
+            path.chmod(0o600)
+        lines.append(f"user {user} on >{path.read_text().strip()} {rules}")
+    acl = p.secure / "redis.acl"
+    acl.write_text("\n".join(lines) + "\n")
+    acl.chmod(0o600)
+    return acl
+
+
+def start_redis(p: Paths, redis_bin: str, port: int, secure: bool = False) -> Status:
     for f in (p.redis_pid, p.redis_log):
         f.unlink(missing_ok=True)
-    write_text_atomic(p.redis_json, json.dumps({"port": port}) + "\n")
+    write_text_atomic(p.redis_json, json.dumps({"port": port, "secure": secure}) + "\n")
     cmd = [
         redis_bin,
         "--port",
@@ -672,6 +705,7 @@ def start_redis(p: Paths, redis_bin: str, port: int) -> Status:
         str(p.redis_log),
         "--dir",
         str(p.dir),
+        *(("--aclfile", str(redis_acl(p))) if secure else ()),
     ]
     info(f"starting redis-server on 127.0.0.1:{port} ...")
     res = subprocess.run(
@@ -890,7 +924,7 @@ def cmd_up(p: Paths, export: bool, secure: bool = False) -> int:
 
         p.env.unlink(missing_ok=True)
         if redis_bin:
-            start_redis(p, redis_bin, rport)
+            start_redis(p, redis_bin, rport, secure)
         if java and lib:
             kport, cport = ports
             try:
@@ -968,7 +1002,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--secure",
         action="store_true",
-        help="up: the broker on SASL_SSL (SCRAM users admin, agent, worker, operator; ACLs on)",
+        help="up: the broker on SASL_SSL (SCRAM users admin, agent, worker, operator; ACLs on) "
+        "and Redis with ACL users (worker, operator, agent: read only)",
     )
     args = ap.parse_args(argv)
     p = Paths(args.state_dir.expanduser().resolve())

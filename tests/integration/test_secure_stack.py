@@ -20,9 +20,10 @@ from producers.store import SessionStore
 from producers.topics import ensure_topics
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
-from schemas.errors import LogError
+from schemas.errors import LogError, ProjectionError
 from session_model.policy import permission_question
 from session_model.principal import Principal
+from session_model.projection import BatchFolder, Position, Record
 from tests.integration.conftest import with_keys
 from tests.unit.builders import started
 
@@ -49,8 +50,9 @@ def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
 
 
 def _as(base: Settings, stack: dict[str, Any], user: str) -> Settings:
-    """`base` on the secure stack, as SCRAM user `user`."""
+    """`base` on the secure stack, as SCRAM user `user` (and the Redis user of that role)."""
     env = stack["env"]
+    redis_user = "operator" if user == "admin" else user
     return replace(
         base,
         kafka_bootstrap=env["MILPA_KAFKA_BOOTSTRAP"],
@@ -59,6 +61,8 @@ def _as(base: Settings, stack: dict[str, Any], user: str) -> Settings:
         kafka_ca_file=Path(env["MILPA_KAFKA_CA_FILE"]),
         kafka_username=user,
         kafka_password_file=stack["secrets"] / f"{user}.password",
+        redis_username=redis_user,
+        redis_password_file=stack["secrets"] / f"redis-{redis_user}.password",
     )
 
 
@@ -104,8 +108,10 @@ def test_the_end_to_end_path_works_with_tls_acls_and_signed_authority(
     worker = with_keys(roles["worker"], trusted_keys_dir=tmp_path / "trusted")
     start_worker(worker)
     agent_settings = roles["agent"]
-    projections = RedisProjectionStore.from_url(
-        agent_settings.redis_url, Keys(agent_settings.redis_prefix)
+    projections = RedisProjectionStore.from_url(  # an agent reads Redis, never writes it
+        agent_settings.redis_url,
+        Keys(agent_settings.redis_prefix),
+        auth=agent_settings.redis_auth(),
     )
     log = KafkaEventLog(agent_settings.kafka_access(), agent_settings.events_topic)
     try:
@@ -129,6 +135,8 @@ def test_the_end_to_end_path_works_with_tls_acls_and_signed_authority(
         assert session is not None
         assert session.permissions == ("deploy",)
         assert session.decisions[0].by == Principal("actor:member:42", verified=True)
+        with pytest.raises(ProjectionError, match=r"can.t run this command"):
+            projections.commit(BatchFolder().fold({}, [Record(started("x"), Position(0, 0))]))
         operator = roles["operator"]
         subscriber = DecisionSubscriber(
             operator.kafka_access(), operator.decisions_topic, "milpa-secure-subscriber"
