@@ -51,12 +51,21 @@ def stack_dir() -> Path:
 
 
 def reachable(bootstrap: str, url: str) -> bool:
-    """The first Kafka bootstrap address accepts TCP and Redis answers PING."""
+    """The first Kafka bootstrap address accepts TCP and Redis answers PING (with ACLs on, a
+    refusal to an unauthenticated PING is an answer)."""
     host, _, port = bootstrap.split(",", maxsplit=1)[0].rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=2):
             pass
-        return bool(redis.Redis.from_url(url, socket_timeout=2).ping())
+        client = redis.Redis.from_url(url, socket_timeout=2)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.AuthenticationError:
+        return True
+    except redis.ResponseError as e:
+        return "NOAUTH" in str(e)
     except (OSError, ValueError, redis.RedisError):
         return False
 
@@ -331,9 +340,17 @@ def wait_for(
 # -- Kafka and Redis -------------------------------------------------------------------------------
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+Client = str | Mapping[str, Any]
+"""A bootstrap string, or kafka-python client options (`KafkaAccess.kafka_python()`)."""
+
+
+def _options(client: Client) -> dict[str, Any]:
+    return {"bootstrap_servers": client.split(",")} if isinstance(client, str) else dict(client)
+
+
+def end_offsets(bootstrap: Client, topic: str) -> dict[int, int]:
     """partition → end offset of `topic` ({} when it does not exist)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap.split(","), group_id=None)
+    consumer = KafkaConsumer(**_options(bootstrap), group_id=None)
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
@@ -342,14 +359,12 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> Iterator[Any]:
+def read_topic(bootstrap: Client, topic: str, timeout: float = 60.0) -> Iterator[Any]:
     """Every record of `topic`, from the beginning to the end offsets it had at the start.
 
     Stops early after `timeout` seconds.
     """
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap.split(","), group_id=None, enable_auto_commit=False
-    )
+    consumer = KafkaConsumer(**_options(bootstrap), group_id=None, enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or set()]
         consumer.assign(tps)

@@ -3,8 +3,8 @@
 - an agent (a writer of session events) may only write the events topic;
 - the worker reads the events topic in its consumer group, writes decisions, dead letters and the
   scheduler's events, and owns the topics and groups prefixed by its group (Faust's own);
-- an operator writes events (grants, answers), reads decisions, rebuilds (`replay` reads the
-  events topic) and may describe the workers' group (replay's guard).
+- an operator writes events (grants, answers), reads decisions and dead letters, rebuilds
+  (`replay` reads the events topic) and may describe the workers' group (replay's guard).
 
 Applied with an administrator's credentials (`milpa-sessions acls apply`); idempotent.
 """
@@ -18,13 +18,13 @@ from kafka.admin import (
     ACLOperation,
     ACLPermissionType,
     ACLResourcePatternType,
-    KafkaAdminClient,
     ResourcePattern,
     ResourceType,
 )
 from kafka.errors import KafkaError
 
 from producers.settings import StackSettings
+from producers.topics import admin_client
 from schemas.errors import LogError
 
 Grant = tuple[ResourceType, str, ACLResourcePatternType, tuple[ACLOperation, ...]]
@@ -55,22 +55,33 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
         settings.deadletter_topic,
     )
     group = settings.consumer_group
-    return {
-        f"User:{who.agent}": [(_TOPIC, events, _LITERAL, (_WRITE, _DESCRIBE))],
-        f"User:{who.worker}": [
-            (_TOPIC, events, _LITERAL, (_READ, _WRITE, _DESCRIBE)),
-            (_TOPIC, decisions, _LITERAL, (_WRITE, _DESCRIBE)),
-            (_TOPIC, dead, _LITERAL, (_WRITE, _DESCRIBE)),
-            (_TOPIC, f"{group}-", _PREFIXED, (_CREATE, _READ, _WRITE, _DESCRIBE)),
-            (_GROUP, group, _PREFIXED, (_READ, _DESCRIBE)),
-        ],
-        f"User:{who.operator}": [
-            (_TOPIC, events, _LITERAL, (_READ, _WRITE, _DESCRIBE)),
-            (_TOPIC, decisions, _LITERAL, (_READ, _DESCRIBE)),
-            (_GROUP, group, _LITERAL, (_DESCRIBE,)),
-            (_GROUP, "milpa-", _PREFIXED, (_READ, _DESCRIBE)),
-        ],
-    }
+    roles: list[tuple[str, list[Grant]]] = [
+        (who.agent, [(_TOPIC, events, _LITERAL, (_WRITE, _DESCRIBE))]),
+        (
+            who.worker,
+            [
+                (_TOPIC, events, _LITERAL, (_READ, _WRITE, _DESCRIBE)),
+                (_TOPIC, decisions, _LITERAL, (_WRITE, _DESCRIBE)),
+                (_TOPIC, dead, _LITERAL, (_WRITE, _DESCRIBE)),
+                (_TOPIC, f"{group}-", _PREFIXED, (_CREATE, _READ, _WRITE, _DESCRIBE)),
+                (_GROUP, group, _PREFIXED, (_READ, _DESCRIBE)),
+            ],
+        ),
+        (
+            who.operator,
+            [
+                (_TOPIC, events, _LITERAL, (_READ, _WRITE, _DESCRIBE)),
+                (_TOPIC, decisions, _LITERAL, (_READ, _DESCRIBE)),
+                (_TOPIC, dead, _LITERAL, (_READ, _DESCRIBE)),  # to inspect what was refused
+                (_GROUP, group, _LITERAL, (_DESCRIBE,)),
+                (_GROUP, "milpa-", _PREFIXED, (_READ, _DESCRIBE)),
+            ],
+        ),
+    ]
+    allowed: dict[str, list[Grant]] = {}
+    for user, granted in roles:  # one user may hold several roles (a test principal does)
+        allowed.setdefault(f"User:{user}", []).extend(granted)
+    return allowed
 
 
 def apply_acls(settings: StackSettings, who: Principals | None = None) -> int:
@@ -87,15 +98,7 @@ def apply_acls(settings: StackSettings, who: Principals | None = None) -> int:
         for kind, name, pattern, operations in allowed
         for operation in operations
     ]
-    access = settings.kafka_access()
-    try:
-        admin = KafkaAdminClient(
-            **access.kafka_python(),
-            request_timeout_ms=int(settings.kafka_timeout * 1000),
-            bootstrap_timeout_ms=int(settings.kafka_timeout * 1000),
-        )
-    except KafkaError as e:
-        raise LogError(f"cannot reach Kafka at {access.bootstrap}: {e}") from e
+    admin = admin_client(settings)
     try:
         result = admin.create_acls(acls)
     except KafkaError as e:

@@ -7,12 +7,13 @@ a change to every client. The password is read from a file and never printed.
 
 from __future__ import annotations
 
+import socket
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import ConfigurationError
+from schemas.errors import ConfigurationError, LogError
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -93,6 +94,28 @@ class KafkaAccess:
         if self.tls:
             options["ssl_context"] = self.ssl_context()
         return options
+
+    def check_reachable(self, timeout: float) -> None:
+        """With TLS: raise `LogError` unless a bootstrap server completes a handshake in time.
+
+        kafka-python's bootstrap timeout does not bound a TLS handshake that never ends (a hung
+        broker or a wrong port held that long for over a minute): this one is bounded.
+        """
+        if not self.tls:
+            return
+        failures: list[str] = []
+        context = self.ssl_context()
+        for server in self.servers:
+            host, _, port = server.rpartition(":")
+            try:
+                with (
+                    socket.create_connection((host, int(port)), timeout=timeout) as raw,
+                    context.wrap_socket(raw, server_hostname=host),
+                ):
+                    return
+            except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+                failures.append(f"{server}: {e}")
+        raise LogError(f"cannot reach Kafka at {self.bootstrap}: {'; '.join(failures)}")
 
     def ssl_context(self) -> ssl.SSLContext:
         """A client TLS context trusting `ca_file` (else the system's CAs), hostnames checked."""

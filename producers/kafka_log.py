@@ -62,6 +62,7 @@ class KafkaEventLog:
     def _producer(self) -> KafkaProducer:
         if self._client is None:
             c = self.config
+            self.access.check_reachable(c.max_block)
             try:
                 self._client = KafkaProducer(
                     **self.access.kafka_python(),

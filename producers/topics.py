@@ -40,17 +40,24 @@ def topic_specs(settings: StackSettings) -> list[TopicSpec]:
     ]
 
 
-def ensure_topics(settings: StackSettings, timeout_ms: int = 30_000) -> dict[str, str]:
-    """Create missing topics; returns `{name: "created" | "exists"}`."""
+def admin_client(settings: StackSettings, timeout_ms: int | None = None) -> KafkaAdminClient:
+    """An admin client, bootstrapped within `kafka_timeout` (`timeout_ms`: per request)."""
+    access = settings.kafka_access()
+    access.check_reachable(settings.kafka_timeout)
     try:
-        admin = KafkaAdminClient(
-            **settings.kafka_access().kafka_python(),
+        return KafkaAdminClient(
+            **access.kafka_python(),
             client_id=ADMIN_CLIENT_ID,
-            request_timeout_ms=timeout_ms,
+            request_timeout_ms=timeout_ms or int(settings.kafka_timeout * 1000),
             bootstrap_timeout_ms=int(settings.kafka_timeout * 1000),
         )
     except KafkaError as e:
-        raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
+        raise LogError(f"cannot reach Kafka at {access.bootstrap}: {e}") from e
+
+
+def ensure_topics(settings: StackSettings, timeout_ms: int = 30_000) -> dict[str, str]:
+    """Create missing topics; returns `{name: "created" | "exists"}`."""
+    admin = admin_client(settings, timeout_ms)
     outcome: dict[str, str] = {}
     try:
         existing = set(admin.list_topics())
@@ -100,14 +107,7 @@ class GroupDescription:
 def describe_group(settings: StackSettings, group: str | None = None) -> GroupDescription:
     """The state and members of `group` (default: the workers' group); no members if unknown."""
     group = group or settings.consumer_group
-    try:
-        admin = KafkaAdminClient(
-            **settings.kafka_access().kafka_python(),
-            request_timeout_ms=int(settings.kafka_timeout * 1000),
-            bootstrap_timeout_ms=int(settings.kafka_timeout * 1000),
-        )
-    except KafkaError as e:
-        raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
+    admin = admin_client(settings)
     try:
         described = admin.describe_groups([group]).get(group)
     except KafkaError as e:
@@ -143,10 +143,7 @@ def delete_topics(settings: StackSettings, names: Iterable[str] | None = None) -
     For throw-away deployments (tests, benchmarks). Faust names its internal topics after the
     group, so every topic starting with the group's name goes too.
     """
-    try:
-        admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
-    except KafkaError as e:
-        raise LogError(f"cannot reach Kafka at {settings.kafka_bootstrap}: {e}") from e
+    admin = admin_client(settings, 30_000)
     try:
         existing = set(admin.list_topics())
         chosen = set(names) if names is not None else {spec.name for spec in topic_specs(settings)}

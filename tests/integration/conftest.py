@@ -28,6 +28,7 @@ from deploy.harness import (
     start_python,
 )
 from milpa_sessions.settings import Settings
+from producers.acls import Principals, apply_acls
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
 from producers.topics import delete_topics, ensure_topics
@@ -74,17 +75,48 @@ def stack() -> Iterator[Stack]:
     pytest.skip(message)
 
 
+# How this run reaches the stack beyond its addresses: on a secured stack (`./dev test --secure`),
+# the test principal's Kafka and Redis credentials; topics and ACLs are made by the admin.
+SECURITY_FIELDS = (
+    "kafka_security_protocol",
+    "kafka_sasl_mechanism",
+    "kafka_username",
+    "kafka_password_file",
+    "kafka_ca_file",
+    "redis_username",
+    "redis_password_file",
+    "redis_ca_file",
+)
+
+
+@pytest.fixture(scope="session")
+def secured(stack: Stack) -> Settings:
+    """The stack's addresses and this run's credentials (none on a plaintext stack)."""
+    env = {
+        k: v for k, v in os.environ.items() if k.removeprefix("MILPA_").lower() in SECURITY_FIELDS
+    }
+    return Settings.from_env(env, kafka_bootstrap=stack.kafka_bootstrap, redis_url=stack.redis_url)
+
+
+def _as_admin(s: Settings) -> Settings:
+    """`s` with the administrator's Kafka credentials (to create topics and ACLs)."""
+    user = os.environ.get("MILPA_TEST_KAFKA_ADMIN", "admin")
+    secret = os.environ.get("MILPA_TEST_KAFKA_ADMIN_PASSWORD_FILE")
+    if secret is None:
+        pytest.fail("a SASL stack needs MILPA_TEST_KAFKA_ADMIN_PASSWORD_FILE", pytrace=False)
+    return replace(s, kafka_username=user, kafka_password_file=Path(secret))
+
+
 @pytest.fixture
-def settings(stack: Stack) -> Iterator[Settings]:
+def settings(secured: Settings) -> Iterator[Settings]:
     """Settings with topics, group and key prefix of this test alone (topics created, then deleted).
 
     Deleted at teardown, after the test's workers stopped: a long-lived local broker would
     otherwise keep four topics per test run (hundreds after a few runs of the suite).
     """
     tag = uuid.uuid4().hex[:10]
-    s = Settings(
-        kafka_bootstrap=stack.kafka_bootstrap,
-        redis_url=stack.redis_url,
+    s = replace(
+        secured,
         redis_prefix=f"it{tag}",
         events_topic=f"it-{tag}-events",
         decisions_topic=f"it-{tag}-decisions",
@@ -93,10 +125,14 @@ def settings(stack: Stack) -> Iterator[Settings]:
         partitions=6,
         read_timeout=60.0,
     )
-    ensure_topics(s)
+    admin = _as_admin(s) if s.kafka_access().sasl else s
+    ensure_topics(admin)
+    if admin is not s:  # the test principal plays every role, on this test's resources only
+        me = s.kafka_username
+        apply_acls(admin, Principals(agent=me, worker=me, operator=me))
     yield s
     try:
-        delete_topics(s)
+        delete_topics(admin)
     except LogError as e:  # the test's outcome stands; the leftovers are only clutter
         warnings.warn(f"could not delete the test's topics: {e}", stacklevel=1)
 
@@ -104,7 +140,9 @@ def settings(stack: Stack) -> Iterator[Settings]:
 @pytest.fixture
 def projections(settings: Settings) -> Iterator[RedisProjectionStore]:
     """The Redis projection store under this test's prefix (cleared afterwards)."""
-    store = RedisProjectionStore.from_url(settings.redis_url, Keys(settings.redis_prefix))
+    store = RedisProjectionStore.from_url(
+        settings.redis_url, Keys(settings.redis_prefix), auth=settings.redis_auth()
+    )
     yield store
     store.clear()
     store.client.close()
@@ -113,7 +151,7 @@ def projections(settings: Settings) -> Iterator[RedisProjectionStore]:
 @pytest.fixture
 def kafka_log(settings: Settings) -> Iterator[KafkaEventLog]:
     """A producer on this test's events topic."""
-    log = KafkaEventLog(settings.kafka_bootstrap, settings.events_topic)
+    log = KafkaEventLog(settings.kafka_access(), settings.events_topic)
     yield log
     log.close()
 
@@ -121,7 +159,7 @@ def kafka_log(settings: Settings) -> Iterator[KafkaEventLog]:
 @pytest.fixture
 def raw_producer(settings: Settings) -> Iterator[KafkaProducer]:
     """A plain kafka-python producer: it writes whatever bytes it is given, where it is told."""
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap.split(","), acks="all")
+    producer = KafkaProducer(**settings.kafka_access().kafka_python(), acks="all")
     yield producer
     producer.close(timeout=10)
 

@@ -255,11 +255,11 @@ def test_pauses_by_reason_and_outcome_through_redis_the_cli_and_metrics(
 
 
 def _end_offsets(settings: Settings) -> dict[int, int]:
-    return end_offsets(settings.kafka_bootstrap, settings.events_topic)
+    return end_offsets(settings.kafka_access().kafka_python(), settings.events_topic)
 
 
 def _committed(settings: Settings) -> dict[int, int]:
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+    admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
     try:
         offsets = admin.list_group_offsets({settings.consumer_group: None})
     finally:

@@ -116,7 +116,7 @@ def test_a_rebuild_without_the_operator_key_turns_its_grants_into_rejections(
     def rebuilt(
         keys: TrustedKeys, cutover: Cutover | None = None
     ) -> tuple[tuple[str, ...], list[str]]:
-        replay(settings.kafka_bootstrap, settings.events_topic, projections, keys, cutover=cutover)
+        replay(settings.kafka_access(), settings.events_topic, projections, keys, cutover=cutover)
         s = projections.load("r1")
         assert s is not None
         return s.permissions, [r.code for r in s.rejections]
@@ -201,5 +201,5 @@ def _events(kafka_log: KafkaEventLog, settings: Settings) -> list[Event]:
     codec = EventCodec()
     return [
         codec.decode(record.value)
-        for record in read_topic(settings.kafka_bootstrap, settings.events_topic)
+        for record in read_topic(settings.kafka_access().kafka_python(), settings.events_topic)
     ]

@@ -80,6 +80,7 @@ def _seq(projections: RedisProjectionStore, sid: str) -> int:
     return -1 if session is None else session.seq
 
 
+@pytest.mark.plain_stack  # a plaintext service of its own
 def test_a_worker_started_before_the_broker_serves_once_it_is_up_and_an_outage_is_quiet(
     settings: Settings,
     projections: RedisProjectionStore,

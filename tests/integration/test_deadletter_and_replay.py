@@ -59,7 +59,7 @@ def _partitions(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
 def _consume_all(settings: Settings, topic: str, count: int, timeout: float) -> list[Any]:
     """Read `topic` from the start until `count` records arrived (or fail after `timeout`)."""
     consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap.split(","),
+        **settings.kafka_access().kafka_python(),
         group_id=None,
         enable_auto_commit=False,
     )
@@ -233,7 +233,7 @@ def _replay(settings: Settings, session_id: str | None = None) -> Any:
     store = wiring.projection_store(settings)  # the store the `replay` command uses
     try:
         return replay(
-            settings.kafka_bootstrap,
+            settings.kafka_access(),
             settings.events_topic,
             store,
             TrustedKeys.none(),

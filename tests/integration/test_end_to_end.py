@@ -140,7 +140,9 @@ def test_forged_verified_answer_is_downgraded_and_decisions_reach_a_subscriber_a
     expected = expected_projections(log.events, operator_key.trusted_keys())
     assert_projection_matches(projections, expected)
 
-    subscriber = DecisionSubscriber(settings.kafka_bootstrap, settings.decisions_topic, "it-sub")
+    subscriber = DecisionSubscriber(
+        settings.kafka_access(), settings.decisions_topic, "milpa-it-sub"
+    )
     received: list = []
     wait_for(lambda: received.extend(subscriber.poll()) or len(received) >= 3, timeout=60)
     subscriber.close()

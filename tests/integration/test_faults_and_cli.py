@@ -204,6 +204,7 @@ def _pings(client: redis.Redis) -> bool:
         return False
 
 
+@pytest.mark.plain_stack  # a plaintext service of its own
 def test_sigterm_stops_a_worker_within_the_grace_while_redis_is_down(
     settings: Settings, kafka_log: KafkaEventLog, private_redis: dict[str, Any], start_worker: Any
 ) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from deploy.harness import Stack
+from milpa_sessions.settings import Settings
 from projections.keys import Keys
 from projections.layout import stored_sizes
 from projections.redis_client import async_client
@@ -31,9 +31,11 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def projection_store(stack: Stack) -> Iterator[RedisProjectionStore]:
+def projection_store(secured: Settings) -> Iterator[RedisProjectionStore]:
     """A Redis projection store under a unique prefix, empty before and after the test."""
-    store = RedisProjectionStore.from_url(stack.redis_url, Keys(f"itc{uuid.uuid4().hex[:10]}"))
+    store = RedisProjectionStore.from_url(
+        secured.redis_url, Keys(f"itc{uuid.uuid4().hex[:10]}"), auth=secured.redis_auth()
+    )
     store.clear()
     yield store
     store.clear()
@@ -179,7 +181,7 @@ def test_a_busy_session_is_spread_over_keys_of_its_own(
 
 
 @pytest.mark.parametrize("size", [1, 2, 7, 100])
-def test_the_layout_does_not_depend_on_the_batches(stack: Stack, size: int) -> None:
+def test_the_layout_does_not_depend_on_the_batches(secured: Settings, size: int) -> None:
     """A rebuild in other batches gives byte-identical keys (the replay test compares dumps)."""
     sessions = {
         "idle": _idle("idle"),
@@ -196,7 +198,9 @@ def test_the_layout_does_not_depend_on_the_batches(stack: Stack, size: int) -> N
         ),
     }
     stores = [
-        RedisProjectionStore.from_url(stack.redis_url, Keys(f"itl{uuid.uuid4().hex[:10]}"))
+        RedisProjectionStore.from_url(
+            secured.redis_url, Keys(f"itl{uuid.uuid4().hex[:10]}"), auth=secured.redis_auth()
+        )
         for _ in range(2)
     ]
     try:
@@ -285,7 +289,7 @@ def test_a_commit_of_many_sessions_applies_each_alone_and_counts_only_those_appl
 
 
 def test_a_read_of_many_sessions_returns_each_as_read_alone(
-    projection_store: RedisProjectionStore, stack: Stack
+    projection_store: RedisProjectionStore, secured: Settings
 ) -> None:
     """Reads go 64 sessions per script call: every layout, and unknown ids, across the groups."""
     store = projection_store
@@ -311,7 +315,7 @@ def test_a_read_of_many_sessions_returns_each_as_read_alone(
         assert together[sid].state == fold(sid, [r.event for r in records])
 
     async def read_async() -> dict[str, Folded]:
-        client = async_client(stack.redis_url)
+        client = async_client(secured.redis_url, auth=secured.redis_auth())
         try:
             return await AsyncRedisProjectionStore(client, store.keys).folded(asked)
         finally:

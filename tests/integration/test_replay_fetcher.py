@@ -52,7 +52,7 @@ def test_a_missing_topic_is_a_log_error_and_is_not_created(
     missing = f"{settings.events_topic}-missing"
     for _ in range(2):  # the second time, it still does not exist
         with pytest.raises(LogError, match="does not exist"):
-            replay(settings.kafka_bootstrap, missing, projections, TrustedKeys.none())
+            replay(settings.kafka_access(), missing, projections, TrustedKeys.none())
     assert not _fetchers()
 
 
@@ -70,7 +70,7 @@ def test_a_store_failure_stops_the_fetcher(settings: Settings, kafka_log: KafkaE
         "redis://127.0.0.1:1/0", Keys(settings.redis_prefix)
     )
     with pytest.raises(ProjectionError):
-        replay(settings.kafka_bootstrap, settings.events_topic, unreachable, TrustedKeys.none())
+        replay(settings.kafka_access(), settings.events_topic, unreachable, TrustedKeys.none())
     assert not _fetchers()
 
 
@@ -83,7 +83,7 @@ def test_small_batches_report_progress_and_rebuild_every_session(
     kafka_log.flush(timeout=30)
     seen: list[tuple[int, int]] = []
     report = replay(
-        settings.kafka_bootstrap,
+        settings.kafka_access(),
         settings.events_topic,
         projections,
         TrustedKeys.none(),
@@ -112,7 +112,7 @@ def test_partitions_rebuilt_in_two_processes_give_what_one_process_gives(
     for processes in (2, 1):
         reports.append(
             replay(
-                settings.kafka_bootstrap,
+                settings.kafka_access(),
                 settings.events_topic,
                 projections,
                 TrustedKeys.none(),
@@ -143,7 +143,7 @@ def test_a_failure_in_a_rebuild_process_comes_back_as_a_backend_error(
     kafka_log.flush(timeout=30)
     with pytest.raises(BackendError, match="RuntimeError: boom"):
         replay(
-            settings.kafka_bootstrap,
+            settings.kafka_access(),
             settings.events_topic,
             projections,
             TrustedKeys.none(),

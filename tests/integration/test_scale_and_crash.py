@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from kafka.admin import KafkaAdminClient
 
 from deploy.harness import end_offsets, wait_for
@@ -32,6 +31,7 @@ from producers.memory import InMemoryEventLog
 from producers.store import SessionStore, deadline_in
 from projections.keys import Keys
 from projections.memory import InMemoryProjectionStore
+from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import EventCodec
@@ -300,7 +300,7 @@ def wait_for_all(
 
 def records_in(settings: Settings, topic: str) -> int:
     """How many records `topic` holds (sum of its partitions' end offsets)."""
-    ends = end_offsets(settings.kafka_bootstrap, topic)
+    ends = end_offsets(settings.kafka_access().kafka_python(), topic)
     assert ends, f"topic {topic} does not exist"
     return sum(ends.values())
 
@@ -310,7 +310,7 @@ def records_in(settings: Settings, topic: str) -> int:
 
 def group_assignment(settings: Settings) -> dict[str, set[int]]:
     """member id → partitions of the events topic, as the group coordinator reports them."""
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+    admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
     try:
         group = admin.describe_groups([settings.consumer_group])[settings.consumer_group]
     finally:
@@ -431,7 +431,7 @@ def stats(store: RedisProjectionStore, name: str) -> dict[str, int]:
 
 def committed_offsets(settings: Settings) -> dict[int, int]:
     """partition → the group's committed offset on the events topic (next record to read)."""
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap.split(","))
+    admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
     try:
         offsets = admin.list_group_offsets({settings.consumer_group: None})
     finally:
@@ -605,7 +605,7 @@ def _decided(expected: dict[str, Any]) -> list[tuple[str, int, str]]:
 
 
 async def _with_store(settings: Settings, body: Any) -> Any:
-    client = aioredis.Redis.from_url(settings.redis_url)
+    client = async_client(settings.redis_url, auth=settings.redis_auth())
     try:
         return await body(AsyncRedisProjectionStore(client, Keys(settings.redis_prefix)))
     finally:

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from kafka import KafkaConsumer
 
 from deploy.harness import wait_for
@@ -214,7 +213,7 @@ def test_two_schedulers_closing_the_same_question_make_one_effective_closing(
     time.sleep(0.6)
 
     async def two_replicas() -> int:
-        client = aioredis.Redis.from_url(settings.redis_url)
+        client = async_client(settings.redis_url, auth=settings.redis_auth())
         store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
         recorders = [_Recorder(kafka_log), _Recorder(kafka_log)]
 
@@ -252,7 +251,7 @@ def test_the_schedulers_read_leaves_out_the_event_ids_and_keeps_question_and_tur
     projections.commit(BatchFolder().fold({}, records))
 
     async def read(with_ids: bool) -> Folded:
-        client = async_client(settings.redis_url)
+        client = async_client(settings.redis_url, auth=settings.redis_auth())
         try:
             store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
             return (await store.folded(["light-1"], event_ids=with_ids))["light-1"]
@@ -292,7 +291,7 @@ def test_due_work_reads_all_deadlines_or_a_window_and_survives_a_script_flush(
     projections.client.script_flush()  # the store loads its scripts again when Redis lost them
 
     async def read(until_ms: int | None) -> tuple[dict, dict]:
-        client = async_client(settings.redis_url)
+        client = async_client(settings.redis_url, auth=settings.redis_auth())
         try:
             due = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
             return await due.due_work(range(settings.partitions), until_ms)
@@ -310,7 +309,7 @@ def test_the_schedulers_own_producer_puts_a_closing_in_its_sessions_partition(
     settings: Settings,
 ) -> None:
     """Closings go out on a producer of their own: keyed like every writer, by murmur2."""
-    producer = LazyProducer(settings.kafka_bootstrap)
+    producer = LazyProducer(settings.kafka_access())
     sink = ProducerSink(producer, settings.events_topic)
     sids = [f"own-producer-{i}" for i in range(24)]
 
@@ -323,7 +322,7 @@ def test_the_schedulers_own_producer_puts_a_closing_in_its_sessions_partition(
     asyncio.run(send())
     consumer = KafkaConsumer(
         settings.events_topic,
-        bootstrap_servers=settings.kafka_bootstrap,
+        **settings.kafka_access().kafka_python(),
         auto_offset_reset="earliest",
         consumer_timeout_ms=10_000,
     )

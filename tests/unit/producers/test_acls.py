@@ -34,3 +34,12 @@ def test_the_worker_reads_events_in_its_group_and_writes_its_outputs() -> None:
     }
     assert (ResourceType.TOPIC, settings.decisions_topic, ACLOperation.READ) in operator
     assert (ResourceType.TOPIC, settings.deadletter_topic, ACLOperation.WRITE) not in operator
+
+
+def test_one_user_holding_every_role_gets_all_of_them() -> None:
+    one = Principals(agent="me", worker="me", operator="me")
+    settings = StackSettings()
+    allowed = grants(settings, one)
+    assert list(allowed) == ["User:me"]
+    separate = grants(settings, Principals())
+    assert len(allowed["User:me"]) == sum(len(g) for g in separate.values())
