@@ -1,16 +1,22 @@
-"""Redis with ACL users: the worker's user and password (from a file) work; a wrong one fails in
-one clear line that never shows the password."""
+"""Redis with ACL users and TLS: the worker's user and password (from a file) work, rediss:// with
+its CA too; a wrong password fails in one clear line that never shows it."""
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from click.testing import CliRunner
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from deploy.harness import Proc, free_port, wait_for
 from milpa_sessions.cli import main
@@ -18,6 +24,7 @@ from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
+from session_model.projection import BatchFolder, Position, Record
 from tests.integration.conftest import with_keys
 from tests.unit.builders import started, turn
 
@@ -99,3 +106,80 @@ def test_a_wrong_redis_password_fails_in_one_line_without_the_password(
         assert len(lines) == 1 and lines[0].startswith("error:"), (what, result.output)
         assert "Traceback" not in result.output
         assert PASSWORD not in result.output and "not-the-password" not in result.output
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1 and its key, as PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "redis.crt", directory / "redis.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_file.chmod(0o600)
+    return cert_file, key_file
+
+
+def test_a_tls_redis_is_reached_with_rediss_and_its_ca(settings: Settings, tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    port = free_port()
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    args = [
+        binary,
+        *("--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1"),
+        *("--tls-cert-file", str(cert), "--tls-key-file", str(key)),
+        *("--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"),
+        *("--save", "", "--appendonly", "no"),
+        *("--user", "default", "off"),
+        *("--user", "worker", "on", f">{PASSWORD}", "~*", "&*", "+@all"),
+    ]
+    proc = Proc.start("redis-tls", args, tmp_path / "redis.log", cwd=tmp_path)
+    try:
+        secret = tmp_path / "pw"
+        secret.write_text(PASSWORD)
+        tls = with_keys(
+            settings,
+            redis_url=f"rediss://127.0.0.1:{port}/0",
+            redis_username="worker",
+            redis_password_file=secret,
+            redis_ca_file=cert,
+        )
+        store = RedisProjectionStore.from_url(
+            tls.redis_url, Keys(tls.redis_prefix), auth=tls.redis_auth()
+        )
+        wait_for(lambda: _pings(store.client), timeout=20)
+        store.commit(
+            BatchFolder().fold({}, [Record(started("g", session_id="tls-1"), Position(0, 0))])
+        )
+        assert store.load("tls-1") is not None
+        store.client.close()
+        listed = CliRunner().invoke(main, ["list"], env=tls.to_env())
+        assert listed.exit_code == 0 and "tls-1" in listed.output, listed.output
+        untrusted = CliRunner().invoke(
+            main, ["list"], env={**tls.to_env(), "MILPA_REDIS_CA_FILE": ""}
+        )
+        assert untrusted.exit_code == 1  # the system's CAs do not know this certificate
+        assert len(untrusted.output.strip().splitlines()) == 1, untrusted.output
+    finally:
+        proc.kill9()
