@@ -61,8 +61,8 @@ class KafkaAccess:
         """Whether connections are encrypted."""
         return self.protocol in ("SSL", "SASL_SSL")
 
-    def kafka_python(self) -> dict[str, Any]:
-        """Options for kafka-python's producer, consumer and admin clients."""
+    def _common(self) -> dict[str, Any]:
+        """What both client libraries name alike: the servers, the protocol, SASL's login."""
         options: dict[str, Any] = {
             "bootstrap_servers": self.servers,
             "security_protocol": self.protocol,
@@ -73,6 +73,11 @@ class KafkaAccess:
                 "sasl_plain_username": self.username,
                 "sasl_plain_password": self.password,
             }
+        return options
+
+    def kafka_python(self) -> dict[str, Any]:
+        """Options for kafka-python's producer, consumer and admin clients."""
+        options = self._common()
         if self.tls:
             options |= {"ssl_check_hostname": True}
             if self.ca_file is not None:
@@ -81,16 +86,7 @@ class KafkaAccess:
 
     def aiokafka(self) -> dict[str, Any]:
         """Options for aiokafka's producer and consumer (and Faust's credentials)."""
-        options: dict[str, Any] = {
-            "bootstrap_servers": self.servers,
-            "security_protocol": self.protocol,
-        }
-        if self.sasl:
-            options |= {
-                "sasl_mechanism": self.mechanism,
-                "sasl_plain_username": self.username,
-                "sasl_plain_password": self.password,
-            }
+        options = self._common()
         if self.tls:
             options["ssl_context"] = self.ssl_context()
         return options
