@@ -100,6 +100,7 @@ def run_agent(
     policy = SessionPolicy()
     mode = rng.choice(("ask", "ask", "acknowledge", "auto"))
     launcher.start(sid, GOALS[index % len(GOALS)], mode=mode)
+    launcher.load(sid)  # the agent starts working once the session it was given is visible
     store.set_plan(sid, "read, change, verify")
     for t in ("read", "change", "verify"):
         store.set_todo(sid, t, f"{t} the code")
