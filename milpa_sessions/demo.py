@@ -149,8 +149,9 @@ def _factory(
 
 
 def _collect_decisions(settings: Settings, prefix: str, ids: list[str]) -> list[PublishedDecision]:
+    # A `milpa-` group: on a secured cluster the ACLs let operators read with such groups.
     subscriber = DecisionSubscriber(
-        settings.kafka_access(), settings.decisions_topic, f"{prefix}-subscriber"
+        settings.kafka_access(), settings.decisions_topic, f"milpa-{prefix}-subscriber"
     )
     wanted = set(ids)
     found: list[PublishedDecision] = []
