@@ -19,4 +19,9 @@ def canonical_bytes(value: Any) -> bytes:
 
 def argument_digest(arguments: Any) -> str:
     """sha256 (hex) of the canonical JSON of a call's arguments."""
-    return hashlib.sha256(canonical_bytes(arguments)).hexdigest()
+    return text_digest(canonical_json(arguments))
+
+
+def text_digest(text: str) -> str:
+    """sha256 (hex) of a text's UTF-8 bytes (of canonical JSON: the digest of its value)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

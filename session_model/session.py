@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -10,6 +9,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from schemas.frozen import fast_init
+from session_model.canonical import text_digest
 from session_model.deadlines import parse_deadline
 from session_model.modes import Mode
 from session_model.principal import Principal
@@ -102,8 +102,7 @@ class Question:
         `why` is the canonical JSON of the call's arguments (`signature_question`), so its
         sha256 is their digest.
         """
-        digest = hashlib.sha256((self.why or "").encode("utf-8")).hexdigest()
-        return self.id.removeprefix("sign:"), digest
+        return self.id.removeprefix("sign:"), text_digest(self.why or "")
 
 
 @fast_init

@@ -7,7 +7,7 @@ replay; removing a compromised key and rebuilding re-reads its signatures as unv
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,18 +252,18 @@ def verify_answer_claim(
     event_id: str,
 ) -> bool:
     """True only if `signature` is a trusted key's signature of exactly this answer."""
-    key_id, raw = _signed_by(signature)
-    if key_id is None or raw is None:
-        return False
-    message = answer_signing_bytes(
-        key_id=key_id,
-        session_id=session_id,
-        question_id=question_id,
-        answer=answer,
-        principal_id=principal_id,
-        event_id=event_id,
+    return _verify_record(
+        keys,
+        signature,
+        lambda key_id: answer_signing_bytes(
+            key_id=key_id,
+            session_id=session_id,
+            question_id=question_id,
+            answer=answer,
+            principal_id=principal_id,
+            event_id=event_id,
+        ),
     )
-    return keys.verify(key_id, raw, message)
 
 
 def verify_authority(
@@ -276,28 +276,31 @@ def verify_authority(
     fields: Mapping[str, object],
 ) -> bool:
     """True only if `signature` is a trusted key's signature of exactly this authority event."""
-    key_id, raw = _signed_by(signature)
-    if key_id is None or raw is None:
-        return False
-    message = authority_signing_bytes(
-        key_id=key_id,
-        session_id=session_id,
-        event_id=event_id,
-        event_type=event_type,
-        fields=fields,
+    return _verify_record(
+        keys,
+        signature,
+        lambda key_id: authority_signing_bytes(
+            key_id=key_id,
+            session_id=session_id,
+            event_id=event_id,
+            event_type=event_type,
+            fields=fields,
+        ),
     )
-    return keys.verify(key_id, raw, message)
 
 
-def _signed_by(signature: object) -> tuple[str | None, bytes | None]:
-    """The key id and raw signature of a `{key_id, signature}` record, or Nones."""
+def _verify_record(
+    keys: TrustedKeys, signature: object, message_for: Callable[[str], bytes]
+) -> bool:
+    """Whether `signature`, a `{key_id, signature}` record, is its trusted key's signature of
+    `message_for(key_id)` (the key id is part of what is signed)."""
     if not isinstance(signature, Mapping):
-        return None, None
+        return False
     key_id = signature.get("key_id")
     raw = signature.get("signature")
     if not isinstance(key_id, str) or not isinstance(raw, bytes | bytearray):
-        return None, None
-    return key_id, bytes(raw)
+        return False
+    return keys.verify(key_id, bytes(raw), message_for(key_id))
 
 
 def verify_call(
