@@ -18,6 +18,7 @@ from producers.memory import in_memory_backend
 from schemas import events as ev
 from schemas.errors import (
     InvalidCall,
+    LateAnswerError,
     NoOpenQuestionError,
     QuestionOpenError,
     SessionAlreadyStartedError,
@@ -354,7 +355,7 @@ class SessionStore:
             self.event(session_id, ev.QUESTION_ANSWERED, payload, event_id=event_id)
         )
         if self.checks and session.ended:
-            raise SessionEndedError(
+            raise LateAnswerError(
                 f"the window to answer {question_id!r} had closed; the late answer is on record"
             )
         return position

@@ -179,6 +179,7 @@ def _decision(d: Decision) -> list[Any]:
             _ms(d.decided_at),
             _ms(d.expired_at),
             _ms(d.asked_at),
+            d.asked_seq,
         ]
     )
 
@@ -198,7 +199,8 @@ def _decision_from(v: list[Any]) -> Decision:
         decided_at,
         expired_at,
         asked_at,
-    ) = _pad(v, 13)
+        asked_seq,
+    ) = _pad(v, 14)
     return Decision(
         question_id=question_id,
         question=question,
@@ -213,6 +215,7 @@ def _decision_from(v: list[Any]) -> Decision:
         decided_at=_dt(decided_at),
         expired_at=_dt(expired_at),
         asked_at=_dt(asked_at),
+        asked_seq=asked_seq or 0,
     )
 
 

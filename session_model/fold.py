@@ -462,6 +462,7 @@ def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple
         or (bool(question.options) and answer == question.options[0]),
         decided_at=e.occurred_at,
         asked_at=question.asked_at,
+        asked_seq=question.seq,
     )
     turn = Turn("user", answer, seq)
     changes: Changes = {
@@ -530,6 +531,7 @@ def _window_closed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Cha
         event_id=e.event_id,
         expired_at=at if isinstance(at, datetime) else None,
         asked_at=question.asked_at,
+        asked_seq=question.seq,
     )
     because = f"the window to answer «{question.question}» closed at {at_text} and nobody answered"
     changes = {

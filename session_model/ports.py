@@ -1,4 +1,4 @@
-"""The two ports `SessionStore` is written against: an event log and a projection store."""
+"""The ports the core is written against: an event log, a projection store, the waiting index."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Protocol
 
 from schemas.events import Event
 from session_model.projection import Folded, Position, SessionUpdate
+from session_model.questions import Cursor, WaitingPage
 from session_model.session import Session, Turn
 from session_model.timeline import TimelineEntry
 
@@ -63,4 +64,22 @@ class ProjectionStore(Protocol):
 
     def clear(self) -> None:
         """Drop every projection (before a rebuild)."""
+        ...
+
+
+class WaitingIndex(Protocol):
+    """What the fleet waits for, kept by the projection store's commit (never a scan of states)."""
+
+    def waiting(
+        self, reason: str | None = None, after: Cursor | None = None, limit: int = 50
+    ) -> WaitingPage:
+        """Waiting questions, soonest deadline first (those without one last), from `after` on."""
+        ...
+
+    def waiting_by_reason(self) -> dict[str, int]:
+        """How many questions wait, per reason code (reasons with none are left out)."""
+        ...
+
+    def fleet(self) -> dict[tuple[str, str], int]:
+        """Sessions per (status, mode): `SessionStatus` and `Mode` values."""
         ...

@@ -123,6 +123,7 @@ class Decision:
     decided_at: datetime | None = None
     expired_at: datetime | None = None
     asked_at: datetime | None = None
+    asked_seq: int = 0  # the seq of the question's asking (0 in states folded before it was kept)
 
 
 @fast_init

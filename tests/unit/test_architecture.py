@@ -11,7 +11,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Each package may import those before it (and itself), never one after it.
-LAYERS = ("schemas", "session_model", "projections", "producers", "processors", "milpa_sessions")
+LAYERS = (
+    "schemas",
+    "session_model",
+    "projections",
+    "producers",
+    "processors",
+    "console",
+    "milpa_sessions",
+)
 # Tools beside the product: the bench may use any product package; deploy uses none.
 TOOLS = {"bench": set(LAYERS) | {"bench", "deploy"}, "deploy": {"deploy"}}
 PACKAGES = (*LAYERS, *TOOLS)

@@ -1027,6 +1027,7 @@ def test_decision_is_the_value_produced_for_an_answer():
         affirmative=True,
         decided_at=a.occurred_at,
         asked_at=q.occurred_at,
+        asked_seq=2,
     )
 
 

@@ -282,7 +282,7 @@ def _strip_seq(s: Session) -> Session:
         turns=tuple(replace(t, seq=0) for t in s.turns),
         question=replace(s.question, seq=0) if s.question else None,
         closed_question=replace(s.closed_question, seq=0) if s.closed_question else None,
-        decisions=tuple(replace(d, seq=0) for d in s.decisions),
+        decisions=tuple(replace(d, seq=0, asked_seq=0) for d in s.decisions),
         rejections=tuple(replace(r, seq=0) for r in s.rejections),
         calls=tuple(replace(c, seq=0) for c in s.calls),
         executions=tuple(replace(x, seq=0) for x in s.executions),
@@ -348,6 +348,7 @@ def test_inserting_unknown_types_anywhere_changes_nothing_but_seq_numbering(even
     assert [t.seq for t in result.turns] == [g(t.seq) for t in original.turns]
     assert [r.seq for r in result.rejections] == [g(r.seq) for r in original.rejections]
     assert [d.seq for d in result.decisions] == [g(d.seq) for d in original.decisions]
+    assert [d.asked_seq for d in result.decisions] == [g(d.asked_seq) for d in original.decisions]
     assert result.compacted_through == g(original.compacted_through)
     if original.question is not None:
         assert result.question is not None
