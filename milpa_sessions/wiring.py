@@ -46,6 +46,7 @@ def projection_store(settings: StackSettings) -> RedisProjectionStore:
         settings.compactor_max_turns,
         timeout=settings.redis_timeout,
         auth=settings.redis_auth(),
+        partitions=settings.partitions,
     )
 
 

@@ -1,8 +1,9 @@
 """Every Redis key name the project uses, in one place.
 
-A session's keys share the hash tag `{s:<id>}`. The commit script still writes the per-partition
-indexes and the counters and takes up to 64 sessions per call, so the store needs one Redis (or a
-primary with replicas), not a Cluster; splitting it per slot would start from these tags.
+A session's keys share the hash tag `{s:<id>}`; the waiting-questions index and the fleet counts
+of a partition share `{w:<partition>}`. The commit script still writes the per-partition indexes
+and the counters and takes up to 64 sessions per call, so the store needs one Redis (or a primary
+with replicas), not a Cluster; splitting it per slot would start from these tags.
 """
 
 from __future__ import annotations
@@ -59,6 +60,33 @@ class Keys:
     def compaction_due(self, partition: int) -> str:
         """Set per partition of session ids whose unsummarised turns exceed the threshold."""
         return f"{self.prefix}:compaction-due:{partition}"
+
+    def waiting(self, partition: int) -> str:
+        """Sorted set per partition: waiting session ids by deadline (`questions.NO_DEADLINE`)."""
+        return f"{self.prefix}:{{w:{partition}}}:waiting"
+
+    def waiting_reason_prefix(self, partition: int) -> str:
+        """The prefix of a partition's per-reason sorted sets (the commit script adds the reason).
+
+        Built inside the script from the old and the new reason, under the partition's hash tag.
+        """
+        return f"{self.prefix}:{{w:{partition}}}:waiting:r:"
+
+    def waiting_reason(self, partition: int, reason: str) -> str:
+        """Sorted set per partition and reason: waiting session ids by deadline."""
+        return self.waiting_reason_prefix(partition) + reason
+
+    def waiting_cards(self, partition: int) -> str:
+        """Hash per partition: waiting session id -> its question's card (JSON)."""
+        return f"{self.prefix}:{{w:{partition}}}:cards"
+
+    def waiting_counts(self, partition: int) -> str:
+        """Hash per partition: reason -> questions waiting for it."""
+        return f"{self.prefix}:{{w:{partition}}}:waiting:counts"
+
+    def fleet_counts(self, partition: int) -> str:
+        """Hash per partition: `status|mode` -> sessions (each session's entry: state field f)."""
+        return f"{self.prefix}:{{w:{partition}}}:fleet:counts"
 
     def stat(self, name: str) -> str:
         """A counter hash for analytics (`stat("pauses")` → field per reason code)."""

@@ -5,9 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from projections.indexes import ceil_ms
 from schemas.errors import NotYetVisibleError
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
+from session_model.questions import (
+    Cursor,
+    WaitingPage,
+    WaitingQuestion,
+    score_of,
+    session_status,
+    waiting_question,
+)
 from session_model.session import Session, Turn
 from session_model.timeline import TimelineEntry
 
@@ -19,6 +28,7 @@ class InMemoryProjectionStore:
     _states: dict[str, Folded] = field(default_factory=dict)
     _history: dict[str, list[Turn]] = field(default_factory=dict)
     _timeline: dict[str, list[TimelineEntry]] = field(default_factory=dict)
+    _waiting: dict[str, WaitingQuestion] = field(default_factory=dict)
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """Stored state and mark for the known ids."""
@@ -36,8 +46,49 @@ class InMemoryProjectionStore:
             self._states[u.session_id] = Folded(u.state, u.mark)
             self._history.setdefault(u.session_id, []).extend(u.turns)
             self._timeline.setdefault(u.session_id, []).extend(u.timeline)
+            self._index(u)
             applied.append(u.session_id)
         return CommitResult(tuple(applied), tuple(conflicts))
+
+    def _index(self, u: SessionUpdate) -> None:
+        q = u.state.question
+        deadline = q.deadline() if q is not None else None
+        item = waiting_question(u.state, None if deadline is None else ceil_ms(deadline))
+        if item is None:
+            self._waiting.pop(u.session_id, None)
+        else:
+            self._waiting[u.session_id] = item
+
+    def waiting(
+        self, reason: str | None = None, after: Cursor | None = None, limit: int = 50
+    ) -> WaitingPage:
+        """Waiting questions, soonest deadline first, from `after` on."""
+        matching = sorted(
+            (Cursor(score_of(w), w.session_id), w)
+            for w in self._waiting.values()
+            if reason is None or w.reason == reason
+        )
+        rest = [(c, w) for c, w in matching if after is None or c > after]
+        limit = max(1, min(limit, 500))
+        more = len(rest) > limit
+        return WaitingPage(
+            tuple(w for _, w in rest[:limit]), len(matching), rest[limit - 1][0] if more else None
+        )
+
+    def waiting_by_reason(self) -> dict[str, int]:
+        """Waiting questions per reason."""
+        counts: dict[str, int] = {}
+        for w in self._waiting.values():
+            counts[w.reason] = counts.get(w.reason, 0) + 1
+        return counts
+
+    def fleet(self) -> dict[tuple[str, str], int]:
+        """Sessions per (status, mode)."""
+        counts: dict[tuple[str, str], int] = {}
+        for f in self._states.values():
+            key = (session_status(f.state).value, f.state.mode.value)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def load(
         self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
@@ -67,3 +118,4 @@ class InMemoryProjectionStore:
         self._states.clear()
         self._history.clear()
         self._timeline.clear()
+        self._waiting.clear()

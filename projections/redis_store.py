@@ -17,6 +17,7 @@ import redis
 import redis.asyncio as aioredis
 
 from projections import requests
+from projections import waiting as index
 from projections.codec import turn_from_json
 from projections.keys import Keys
 from projections.redis_client import NO_AUTH, RedisAuth, sync_client
@@ -31,6 +32,7 @@ from projections.requests import (
 from schemas.errors import NotYetVisibleError, ProjectionError
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
+from session_model.questions import Cursor, WaitingPage
 from session_model.session import Session, Turn
 from session_model.timeline import TimelineEntry
 
@@ -51,6 +53,7 @@ class RedisProjectionStore:
     poll_interval: float = 0.005
     compact_after: int | None = None
     count_stats: bool = True
+    partitions: int = 6  # the events topic's: the waiting index is kept per partition
 
     @classmethod
     def from_url(
@@ -60,10 +63,27 @@ class RedisProjectionStore:
         compact_after: int | None = None,
         timeout: float | None = None,
         auth: RedisAuth = NO_AUTH,
+        *,
+        partitions: int = 6,
     ) -> RedisProjectionStore:
         """A store on `url` (`timeout`: seconds a connect or a reply may take; one retry)."""
         client = sync_client(url, timeout, auth)
-        return cls(client, keys or Keys(), compact_after=compact_after)
+        return cls(client, keys or Keys(), compact_after=compact_after, partitions=partitions)
+
+    def waiting(
+        self, reason: str | None = None, after: Cursor | None = None, limit: int = 50
+    ) -> WaitingPage:
+        """Waiting questions, soonest deadline first, from `after` on (one round trip)."""
+        request = index.page(self.keys, range(self.partitions), reason, after, limit)
+        return execute(self.client, request)
+
+    def waiting_by_reason(self) -> dict[str, int]:
+        """Waiting questions per reason."""
+        return execute(self.client, index.by_reason(self.keys, range(self.partitions)))
+
+    def fleet(self) -> dict[tuple[str, str], int]:
+        """Sessions per (status, mode)."""
+        return execute(self.client, index.fleet(self.keys, range(self.partitions)))
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip."""

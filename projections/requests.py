@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from projections import scripts
+from projections.cards import index_entry
 from projections.codec import (
     check_version,
     entry_from_json,
@@ -147,6 +148,8 @@ def read(
 
 # -- committing updates ------------------------------------------------------------------------
 
+_FIXED_KEYS = 10  # a session's keys before its counter hashes (see lua/commit.lua)
+
 
 def commit_call(
     keys: Keys, update: SessionUpdate, compact_after: int | None, count: bool = True
@@ -162,12 +165,21 @@ def commit_call(
     )
     changes = index_changes(update, keys, compact_after)
     counters = changes.counters if count else ()
-    script_keys = [*k.all(), keys.deadlines(partition), keys.compaction_due(partition)]
+    entry = index_entry(update, changes.deadline_ms)
+    script_keys = [
+        *k.all(),
+        keys.deadlines(partition),
+        keys.compaction_due(partition),
+        keys.waiting(partition),
+        keys.waiting_cards(partition),
+        keys.waiting_counts(partition),
+        keys.fleet_counts(partition),
+    ]
     counter_args: list[str | int | bytes] = []
     for key, field_, increment in counters:
-        if key not in script_keys[6:]:
+        if key not in script_keys[_FIXED_KEYS:]:
             script_keys.append(key)
-        counter_args.extend((script_keys.index(key, 6) + 1, field_, increment))
+        counter_args.extend((script_keys.index(key, _FIXED_KEYS) + 1, field_, increment))
     args: list[str | int | bytes] = [
         "" if update.base is None else str(update.base),
         str(update.mark),
@@ -183,6 +195,10 @@ def commit_call(
         *timeline,
         len(counters),
         *counter_args,
+        entry.fleet,
+        entry.card,
+        entry.score,
+        keys.waiting_reason_prefix(partition),
     ]
     return script_keys, args
 

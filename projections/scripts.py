@@ -60,4 +60,5 @@ def load(name: str, *, header: bool = False) -> Script:
 COMMIT = load("commit", header=True)
 READ = load("read", header=True)
 DUE = load("due")
-ALL = (COMMIT, READ, DUE)
+WAITING = load("waiting")
+ALL = (COMMIT, READ, DUE, WAITING)

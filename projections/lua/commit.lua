@@ -1,10 +1,13 @@
 -- The commit of a group of sessions (header.lua is prepended).
 -- KEYS: per session, in order: state hash, turns list, timeline list, event-id string, deadlines
---       zset, compaction-due set, then one key per counter hash of that session.
+--       zset, compaction-due set, then its partition's waiting zset, waiting cards hash, waiting
+--       counts hash and fleet counts hash, then one key per counter hash.
 -- ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
 --       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
 --       compaction due ("1"/"0"), new event ids (packed), n_turns, turns..., n_tl, entries...,
---       n_counters, (key index among the session's KEYS, field, increment)...
+--       n_counters, (key index among the session's KEYS, field, increment)..., then the fleet
+--       entry (`status|mode|reason`), the waiting card ("" = not waiting), its score and the
+--       prefix of the partition's per-reason zsets (same hash tag as the waiting zset).
 -- Returns one 1 (applied) or 0 (conflict: nothing written) per session, in order. The counters of
 -- the sessions applied are summed and written once per (key, field) at the end.
 local acc = {}  -- counter key -> field -> increment, over the sessions applied
@@ -22,6 +25,35 @@ local function push_entries(key, text)  -- entries, each ended by a newline
   push(key, all, 1, #all)
 end
 
+-- The fleet entry and the waiting index of one session, changed only where they differ from what
+-- its state hash recorded (`was`: field f), so a rebuild counts nothing twice. Returns the entry
+-- to record, or nil when it is unchanged.
+local function waiting(ko, sid, at, was)
+  local entry, card, score, rprefix = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+  local counts = KEYS[ko + 9]
+  local old = was and string.match(was, '^waiting|[^|]*|(.*)$')
+  if card ~= '' then
+    local reason = string.match(entry, '^[^|]*|[^|]*|(.*)$')
+    if old and old ~= reason then
+      if redis.call('ZREM', rprefix .. old, sid) == 1 then redis.call('HINCRBY', counts, old, -1) end
+    end
+    redis.call('HSET', KEYS[ko + 8], sid, card)
+    redis.call('ZADD', KEYS[ko + 7], score, sid)
+    if redis.call('ZADD', rprefix .. reason, score, sid) == 1 then
+      redis.call('HINCRBY', counts, reason, 1)
+    end
+  elseif old then
+    redis.call('HDEL', KEYS[ko + 8], sid)
+    redis.call('ZREM', KEYS[ko + 7], sid)
+    if redis.call('ZREM', rprefix .. old, sid) == 1 then redis.call('HINCRBY', counts, old, -1) end
+  end
+  if was == entry then return nil end
+  local fleet = KEYS[ko + 10]
+  if was then redis.call('HINCRBY', fleet, string.match(was, '^([^|]*|[^|]*)'), -1) end
+  redis.call('HINCRBY', fleet, string.match(entry, '^([^|]*|[^|]*)'), 1)
+  return entry
+end
+
 -- One session: its KEYS start after `ko`, its arguments after `ao`.
 local function commit(ko, ao)
   H = KEYS[ko + 1]
@@ -33,7 +65,7 @@ local function commit(ko, ao)
   local counters_at = tl_at + n_tl
   if window == '0' then window = '' end
 
-  local got = redis.call('HMGET', H, 'mark', 'n')
+  local got = redis.call('HMGET', H, 'mark', 'n', 'f')
   if (got[1] or '') ~= ARGV[ao + 1] then return 0 end
   local sc, ic, tc = header(got[2])
   local set, del = {'mark', ARGV[ao + 2]}, {}
@@ -128,10 +160,16 @@ local function commit(ko, ao)
   end
   set[#set + 1] = 'n'
   set[#set + 1] = count(sc) .. count(ic) .. count(tc) .. window
+  local sid = ARGV[ao + 5]
+  local n_counters = tonumber(ARGV[counters_at])
+  local entry = waiting(ko, sid, counters_at + 1 + n_counters * 3, got[3])
+  if entry then
+    set[#set + 1] = 'f'
+    set[#set + 1] = entry
+  end
   if #del > 0 then redis.call('HDEL', H, unpack(del)) end
   redis.call('HSET', H, unpack(set))
   if n_turns > 0 then push(KEYS[ko + 2], ARGV, turns_at, n_turns) end
-  local sid = ARGV[ao + 5]
   if ARGV[ao + 6] == '' then
     redis.call('ZREM', KEYS[ko + 5], sid)
   else
@@ -142,7 +180,7 @@ local function commit(ko, ao)
   else
     redis.call('SREM', KEYS[ko + 6], sid)
   end
-  for c = 1, tonumber(ARGV[counters_at]) do
+  for c = 1, n_counters do
     local base = counters_at + (c - 1) * 3
     local key, f = KEYS[ko + tonumber(ARGV[base + 1])], ARGV[base + 2]
     local fields = acc[key]

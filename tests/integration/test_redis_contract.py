@@ -25,6 +25,7 @@ from schemas.events import Event
 from session_model.fold import fold
 from session_model.projection import BatchFolder, Folded, Position, Record
 from tests.contract_projection import ProjectionStoreContract
+from tests.contract_waiting import WaitingIndexContract
 
 pytestmark = pytest.mark.integration
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -44,6 +45,10 @@ def projection_store(secured: Settings) -> Iterator[RedisProjectionStore]:
 
 class TestRedisProjectionStoreContract(ProjectionStoreContract):
     """Every contract test against `RedisProjectionStore`."""
+
+
+class TestRedisWaitingIndexContract(WaitingIndexContract):
+    """The waiting index's contract against `RedisProjectionStore` (kept by the commit script)."""
 
 
 def test_the_contract_prefix_is_isolated(projection_store: RedisProjectionStore) -> None:
@@ -145,18 +150,20 @@ def test_an_idle_session_is_one_small_listpack_hash(
     assert list(raw) == ["state"]
     _, encoding, fields = raw["state"]
     assert encoding == b"listpack"
-    assert sorted(fields) == [b"i1", b"mark", b"n", b"s1", b"s2", b"t1", b"t2"]
-    # 2 chunks of state, 1 of event ids (3 UUIDs: 48 bytes), 2 of timeline entries
+    assert sorted(fields) == [b"f", b"i1", b"mark", b"n", b"s1", b"s2", b"t1", b"t2"]
+    # 2 chunks of state, 1 of event ids (3 UUIDs: 48 bytes), 2 of timeline entries, and the
+    # session's entry in its partition's fleet counts
     assert fields[b"n"] == b"212" and len(fields[b"i1"]) == 48
+    assert fields[b"f"] == b"running|ask|"
     held = stored_sizes(fields)
-    assert held["fields"] == 7 and held["event_ids"] == 48 and held["timeline_entries"] == 2
+    assert held["fields"] == 8 and held["event_ids"] == 48 and held["timeline_entries"] == 2
     assert 63 < held["state"] <= 126 and 63 < held["timeline"] <= 126
     used = projection_store.client.memory_usage(projection_store.keys.session(sid).state, samples=0)
     assert used is not None and used <= 440
     keys = sorted(projection_store.client.scan_iter(match=projection_store.keys.pattern()))
-    assert keys == sorted(  # the session's one key, and the events counter shared by all
-        k.encode()
-        for k in (projection_store.keys.session(sid).state, projection_store.keys.stat("events"))
+    shared = (projection_store.keys.stat("events"), projection_store.keys.fleet_counts(0))
+    assert keys == sorted(  # the session's one key, and the counters shared by all
+        k.encode() for k in (projection_store.keys.session(sid).state, *shared)
     )
 
 
@@ -174,7 +181,7 @@ def test_a_busy_session_is_spread_over_keys_of_its_own(
         ("ids", "string"),
     ]
     fields = raw["state"][2]
-    assert sorted(fields) == [b"mark", b"n", b"s"]
+    assert sorted(fields) == [b"f", b"mark", b"n", b"s"]
     assert fields[b"n"] == b"wxx15"  # whole state, ids and timeline apart, 15 unsummarised turns
     assert len(raw["ids"][1]) == 16 * len(records)
     assert projection_store.load(sid) == fold(sid, [r.event for r in records])

@@ -21,6 +21,7 @@ from schemas.events import Event
 from session_model.ports import ProjectionStore
 from session_model.projection import Position
 from tests.contract_projection import ProjectionStoreContract
+from tests.contract_waiting import WaitingIndexContract
 
 STORES: dict[str, Callable[[], ProjectionStore]] = {
     "memory": InMemoryProjectionStore,
@@ -38,6 +39,10 @@ def projection_store(request: pytest.FixtureRequest) -> Iterator[ProjectionStore
 
 class TestProjectionStoreContract(ProjectionStoreContract):
     """Every contract test, once per entry of STORES."""
+
+
+class TestWaitingIndexContract(WaitingIndexContract):
+    """The waiting index's contract, once per entry of STORES."""
 
 
 # -- what only the in-memory adapter promises ------------------------------------------------------
