@@ -40,6 +40,7 @@ def figure_settings(stack: Stack, tag: str, name: str, **changes: Any) -> Settin
         redis_prefix=f"bench{tag}{name}",
         events_topic=f"{base}-events",
         decisions_topic=f"{base}-decisions",
+        questions_topic=f"{base}-questions",
         deadletter_topic=f"{base}-deadletter",
         consumer_group=f"{base}-group",
     )

@@ -54,6 +54,7 @@ PROTECTED = {
     "redis_prefix",
     "events_topic",
     "decisions_topic",
+    "questions_topic",
     "deadletter_topic",
     "consumer_group",
     "metrics_port",

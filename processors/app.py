@@ -105,6 +105,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     output = LazyProducer(settings.kafka_access())
     deadletter = ProducerSink(output, settings.deadletter_topic)
     decisions = ProducerSink(output, settings.decisions_topic)
+    questions = ProducerSink(output, settings.questions_topic)
     scheduling = LazyProducer(settings.kafka_access())
     closings = ProducerSink(scheduling, settings.events_topic)
     holder: dict[str, Any] = {}
@@ -117,7 +118,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                 client, Keys(settings.redis_prefix), settings.compactor_max_turns
             )
             folder = BatchFolder(keys, settings.start_mode(), settings.cutover())
-            w = ProjectionWorker(store, folder, deadletter, decisions)
+            w = ProjectionWorker(store, folder, deadletter, decisions, questions=questions)
             compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
             s = Scheduler(w.states, store.due_work, closings, compactor)
             w.listeners.append(s.observe)

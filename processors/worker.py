@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
 from processors.ports import Consumed, OutRecord, Sink
 from producers.decisions import decision_record
+from producers.questions import change_record
 from projections.redis_store import AsyncRedisProjectionStore
 from schemas.codec import EventCodec
 from schemas.errors import ProjectionError
@@ -27,6 +28,7 @@ from session_model.fold import Kind
 from session_model.intake import WRONG_PARTITION, Intake, Refusal
 from session_model.ports import CommitResult
 from session_model.projection import BatchFolder, Folded, Record, SessionUpdate
+from session_model.questions import QuestionChange, update_changes
 from session_model.session import Decision
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class WorkerStats:
     refused: Counter[str] = field(default_factory=Counter)  # dead-lettered, by refusal code
     decisions: int = 0
     decisions_republished: int = 0  # of redelivered records (see redelivered_decisions)
+    question_changes: int = 0
+    question_changes_republished: int = 0  # of redelivered records (see redelivered_changes)
     conflicts: int = 0
     redis_round_trips: int = 0
     redis_retries: int = 0
@@ -83,6 +87,7 @@ class ProjectionWorker:
         deadletter: Sink,
         decisions: Sink,
         *,
+        questions: Sink | None = None,
         codec: EventCodec | None = None,
         partitions: int | None = None,
         cache_limit: int = 100_000,
@@ -93,6 +98,7 @@ class ProjectionWorker:
         self.folder = folder
         self.deadletter = deadletter
         self.decisions = decisions
+        self.questions = questions
         self.codec = codec or EventCodec()
         self.intake = Intake(self.codec, partitions)
         self.retry_initial = retry_initial
@@ -138,6 +144,7 @@ class ProjectionWorker:
         for listener in self.listeners:
             listener(updates)
         await self._publish_decisions(updates, (*prepared.folding.again, *committed.again))
+        await self._publish_questions(updates, (*prepared.folding.reasked, *committed.reasked))
         self.stats.last_offsets.update(prepared.ends)
         return updates
 
@@ -252,6 +259,24 @@ class ProjectionWorker:
             await self.decisions.publish_many(records)
             self.stats.decisions += len(made)
             self.stats.decisions_republished += len(again)
+
+    async def _publish_questions(
+        self, updates: Sequence[SessionUpdate], again: Sequence[QuestionChange] = ()
+    ) -> None:
+        """The questions feed: republished changes first (older), then this batch's, one wait."""
+        if self.questions is None:
+            return
+        made = [c for u in updates for c in update_changes(u)]
+        if again:  # each once
+            again = list({(c.session_id, c.order()): c for c in again}.values())
+        encode = self.codec.encode_question_change
+        records: list[OutRecord] = [
+            (c.session_id.encode(), encode(change_record(c)), ()) for c in (*again, *made)
+        ]
+        if records:
+            await self.questions.publish_many(records)
+            self.stats.question_changes += len(made)
+            self.stats.question_changes_republished += len(again)
 
 
 async def drive(

@@ -49,9 +49,10 @@ class Principals:
 
 def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
     """Per principal (`User:<name>`), what it is allowed."""
-    events, decisions, dead = (
+    events, decisions, questions, dead = (
         settings.events_topic,
         settings.decisions_topic,
+        settings.questions_topic,
         settings.deadletter_topic,
     )
     group = settings.consumer_group
@@ -62,6 +63,7 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
             [
                 (_TOPIC, events, _LITERAL, (_READ, _WRITE, _DESCRIBE)),
                 (_TOPIC, decisions, _LITERAL, (_WRITE, _DESCRIBE)),
+                (_TOPIC, questions, _LITERAL, (_WRITE, _DESCRIBE)),
                 (_TOPIC, dead, _LITERAL, (_WRITE, _DESCRIBE)),
                 (_TOPIC, f"{group}-", _PREFIXED, (_CREATE, _READ, _WRITE, _DESCRIBE)),
                 (_GROUP, group, _PREFIXED, (_READ, _DESCRIBE)),
@@ -72,6 +74,7 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
             [
                 (_TOPIC, events, _LITERAL, (_READ, _WRITE, _DESCRIBE)),
                 (_TOPIC, decisions, _LITERAL, (_READ, _DESCRIBE)),
+                (_TOPIC, questions, _LITERAL, (_READ, _DESCRIBE)),  # the console's live feed
                 (_TOPIC, dead, _LITERAL, (_READ, _DESCRIBE)),  # to inspect what was refused
                 (_GROUP, group, _LITERAL, (_DESCRIBE,)),
                 (_GROUP, "milpa-", _PREFIXED, (_READ, _DESCRIBE)),

@@ -10,17 +10,13 @@ for that session.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kafka import KafkaConsumer
-from kafka.errors import KafkaError
-
 from producers.kafka_access import KafkaAccess
+from producers.subscription import Subscription
 from schemas.codec import EventCodec
-from schemas.errors import CodecError, LogError
 from session_model.principal import Principal
 from session_model.session import Decision
 
@@ -84,7 +80,7 @@ class PublishedDecision:
         )
 
 
-class DecisionSubscriber:
+class DecisionSubscriber(Subscription[PublishedDecision]):
     """Iterate decisions with your own consumer group; duplicates are dropped for you."""
 
     def __init__(
@@ -98,53 +94,13 @@ class DecisionSubscriber:
         poll_timeout_ms: int = 500,
     ) -> None:
         self.codec = codec or EventCodec()
-        self.poll_timeout_ms = poll_timeout_ms
-        self._last_seq: dict[str, int] = {}
-        self.undecodable = 0
-        try:
-            self._consumer = KafkaConsumer(
-                topic,
-                **KafkaAccess.of(bootstrap).kafka_python(),
-                group_id=group_id,
-                auto_offset_reset="earliest" if from_beginning else "latest",
-                enable_auto_commit=False,
-            )
-        except KafkaError as e:
-            raise LogError(f"cannot subscribe to {topic}: {e}") from e
-
-    def poll(self) -> list[PublishedDecision]:
-        """One poll: new decisions in log order (possibly none)."""
-        try:
-            batches = self._consumer.poll(timeout_ms=self.poll_timeout_ms)
-        except KafkaError as e:
-            raise LogError(f"polling decisions failed: {e}") from e
-        out: list[PublishedDecision] = []
-        for records in batches.values():
-            for record in records:
-                try:
-                    decision = PublishedDecision.from_record(
-                        self.codec.decode_decision(record.value)
-                    )
-                except CodecError:
-                    self.undecodable += 1
-                    continue
-                if decision.seq <= self._last_seq.get(decision.session_id, 0):
-                    continue
-                self._last_seq[decision.session_id] = decision.seq
-                out.append(decision)
-        return out
-
-    def commit(self) -> None:
-        """Commit what has been polled (call after handling it)."""
-        try:
-            self._consumer.commit()
-        except KafkaError as e:
-            raise LogError(f"committing decision offsets failed: {e}") from e
-
-    def __iter__(self) -> Iterator[PublishedDecision]:
-        while True:
-            yield from self.poll()
-
-    def close(self) -> None:
-        """Leave the group."""
-        self._consumer.close()
+        decode = self.codec.decode_decision
+        super().__init__(
+            bootstrap,
+            topic,
+            group_id,
+            lambda raw: PublishedDecision.from_record(decode(raw)),
+            lambda d: (d.session_id, (d.seq,)),
+            from_beginning=from_beginning,
+            poll_timeout_ms=poll_timeout_ms,
+        )

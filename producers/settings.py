@@ -30,6 +30,7 @@ class StackSettings:
     redis_prefix: str = "ms"
     events_topic: str = "sessions.events"
     decisions_topic: str = "sessions.decisions"
+    questions_topic: str = "sessions.questions"
     deadletter_topic: str = "sessions.deadletter"
     partitions: int = 6
     replication_factor: int = 1

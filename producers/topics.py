@@ -30,12 +30,13 @@ class TopicSpec:
 
 
 def topic_specs(settings: StackSettings) -> list[TopicSpec]:
-    """The events topic (the record: unlimited retention), decisions, and the dead letters."""
+    """The events topic (the record: unlimited retention), decisions, questions, dead letters."""
     keep_forever = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
     rf = settings.replication_factor
     return [
         TopicSpec(settings.events_topic, settings.partitions, rf, keep_forever),
         TopicSpec(settings.decisions_topic, settings.partitions, rf, keep_forever),
+        TopicSpec(settings.questions_topic, settings.partitions, rf, keep_forever),
         TopicSpec(settings.deadletter_topic, 1, rf, keep_forever),
     ]
 

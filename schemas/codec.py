@@ -56,6 +56,7 @@ __all__ = [
     "HEADER_SIZE",
     "MARKER",
     "PAYLOAD_SCHEMAS",
+    "QUESTION_CHANGE_SCHEMA",
     "Directory",
     "EventCodec",
     "RegisteredSchema",
@@ -76,6 +77,9 @@ ENVELOPE_SCHEMA: Final = "milpa.sessions.Envelope"
 
 DECISION_SCHEMA: Final = "milpa.sessions.Decision"
 """Full name of the record published to `sessions.decisions`."""
+
+QUESTION_CHANGE_SCHEMA: Final = "milpa.sessions.QuestionChange"
+"""Full name of the record published to `sessions.questions`."""
 
 _ENVELOPE_FIELDS: Final = (
     "event_id",
@@ -612,6 +616,7 @@ class EventCodec:
         self._registry = registry if registry is not None else SchemaRegistry.default()
         self._envelope = self._registry._write_plan(ENVELOPE_SCHEMA)
         self._decision = self._registry._write_plan(DECISION_SCHEMA)
+        self._question_change = self._registry._write_plan(QUESTION_CHANGE_SCHEMA)
         self._payloads = {t: self._registry._write_plan(n) for t, n in PAYLOAD_SCHEMAS.items()}
         self._plans = self._registry._read_plans  # fingerprint -> plan: one lookup per record
         # The current envelope, read straight into the Event's fields.
@@ -716,6 +721,14 @@ class EventCodec:
     def decode_decision(self, data: bytes) -> dict[str, Any]:
         """Decode a Decision record."""
         return self._read(data, DECISION_SCHEMA, "decision")[1]
+
+    def encode_question_change(self, change: Mapping[str, Any]) -> bytes:
+        """Encode a QuestionChange record (EncodeError if it does not fit its schema)."""
+        return self._write(self._question_change, change, "question change")
+
+    def decode_question_change(self, data: bytes) -> dict[str, Any]:
+        """Decode a QuestionChange record."""
+        return self._read(data, QUESTION_CHANGE_SCHEMA, "question change")[1]
 
     def _write(self, plan: _WritePlan, value: Any, what: str) -> bytes:
         try:

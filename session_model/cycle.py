@@ -25,6 +25,7 @@ from session_model.projection import (
     joined,
     redelivered_decisions,
 )
+from session_model.questions import QuestionChange, redelivered_changes
 from session_model.session import Decision
 
 T = TypeVar("T")
@@ -65,6 +66,7 @@ class Folding:
     again: Redecided = ()  # decisions of records already applied (published again)
     foreign: tuple[Record, ...] = ()  # records of sessions projected from another partition
     redelivered: int = 0  # records at or below their session's mark
+    reasked: tuple[QuestionChange, ...] = ()  # question changes of records already applied
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class Committed:
     foreign: tuple[Record, ...] = ()  # found by a re-fold
     conflicts: int = 0
     redelivered: int = 0  # the re-folds' count, less what the conflicted folds had counted
+    reasked: tuple[QuestionChange, ...] = ()  # question changes a re-fold found already applied
 
 
 @dataclass
@@ -125,6 +128,7 @@ class ProjectionCycle:
         yield from self._read_missing(ids, new)
         merged: dict[str, SessionUpdate] = {}
         again: list[tuple[str, Decision]] = []
+        reasked: list[QuestionChange] = []
         foreign: list[Record] = []
         redelivered = 0
         fold, cache, size = self.folder.fold, self.cache, self.slice_size
@@ -141,6 +145,7 @@ class ProjectionCycle:
                 foreign.extend(strays)
                 redelivered += skipped - len(strays)
                 again.extend(redelivered_decisions(cache, chunk))
+                reasked.extend(redelivered_changes(cache, chunk))
             for u in updates:
                 sid = u.session_id
                 cache[sid] = Folded(u.state, u.mark)
@@ -150,7 +155,9 @@ class ProjectionCycle:
         if foreign:
             gone = {id(r) for r in foreign}
             kept = tuple(r for r in records if id(r) not in gone)
-        return Folding(kept, tuple(merged.values()), tuple(again), tuple(foreign), redelivered)
+        return Folding(
+            kept, tuple(merged.values()), tuple(again), tuple(foreign), redelivered, tuple(reasked)
+        )
 
     def commit(self, folding: Folding) -> Steps[Committed]:
         """Commit a folded batch, re-folding conflicted sessions from the store until none is.
@@ -162,6 +169,7 @@ class ProjectionCycle:
         records, updates = folding.records, folding.updates
         done: list[SessionUpdate] = []
         again: list[tuple[str, Decision]] = []
+        reasked: list[QuestionChange] = []
         foreign: list[Record] = []
         conflicts = redelivered = rounds = 0
         while updates:
@@ -183,10 +191,13 @@ class ProjectionCycle:
             refolded = yield from self.fold(records)
             records, updates = refolded.records, refolded.updates
             again.extend(refolded.again)
+            reasked.extend(refolded.reasked)
             foreign.extend(refolded.foreign)
             redelivered += refolded.redelivered
         self._trim()
-        return Committed(tuple(done), tuple(again), tuple(foreign), conflicts, redelivered)
+        return Committed(
+            tuple(done), tuple(again), tuple(foreign), conflicts, redelivered, tuple(reasked)
+        )
 
     def _read_missing(self, session_ids: Sequence[str], new: set[str]) -> Steps[None]:
         """Read the sessions neither known nor known to be new (one read, if any).

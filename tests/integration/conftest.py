@@ -120,6 +120,7 @@ def settings(secured: Settings) -> Iterator[Settings]:
         redis_prefix=f"it{tag}",
         events_topic=f"it-{tag}-events",
         decisions_topic=f"it-{tag}-decisions",
+        questions_topic=f"it-{tag}-questions",
         deadletter_topic=f"it-{tag}-deadletter",
         consumer_group=f"it-{tag}-projector",
         partitions=6,
