@@ -15,6 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from schemas import events as ev
+from schemas.events import Event
 from schemas.frozen import fast_init
 from session_model.fold import Kind, Step
 from session_model.principal import Principal
@@ -246,11 +247,15 @@ def redelivered_changes(
 
     An asking is found as the open question or among the decisions (same id, asked at the
     event's time); an answer or a closing by its decision's event id; an end as a moot open
-    question. Nothing is published for a record the state holds no trace of (a rejected one).
+    question. Nothing is published for a record the state holds no trace of (a rejected one). A
+    resolution carries its question's options and deadline when the asking is redelivered too.
     """
     out: list[QuestionChange] = []
+    asked: dict[tuple[str, object], Mapping[str, object]] = {}  # (session, question id) -> payload
     for record in records:
         e = record.event
+        if e.type == ev.QUESTION_ASKED:
+            asked[(e.session_id, e.payload.get("question_id"))] = e.payload
         folded = known.get(e.session_id)
         mark = None if folded is None else folded.mark
         if (
@@ -260,13 +265,14 @@ def redelivered_changes(
         ):
             continue
         state = folded.state  # type: ignore[union-attr] # a mark implies a state
-        out.extend(_recorded(state, e.type, e.event_id, e.occurred_at, e.payload))
+        out.extend(_recorded(state, e, asked))
     return tuple(out)
 
 
 def _recorded(
-    state: Session, kind: str, event_id: str, at: datetime, payload: Mapping[str, object]
+    state: Session, e: Event, asked: Mapping[tuple[str, object], Mapping[str, object]]
 ) -> tuple[QuestionChange, ...]:
+    kind, event_id, at, payload = e.type, e.event_id, e.occurred_at, e.payload
     q = state.question
     if kind == ev.QUESTION_ASKED:
         qid = payload.get("question_id")
@@ -279,8 +285,9 @@ def _recorded(
     if kind in (ev.QUESTION_ANSWERED, ev.ANSWER_WINDOW_CLOSED):
         for d in state.decisions:
             if d.event_id == event_id and d.asked_seq:
-                asked = _asked(d, {})
-                return (_resolved(state, asked, d, event_id, d.decided_at or d.expired_at or at),)
+                # Options and deadline only when the asking is among the records redelivered.
+                q = _asked(d, asked.get((state.id, d.question_id), {}))
+                return (_resolved(state, q, d, event_id, d.decided_at or d.expired_at or at),)
         return ()
     if kind == ev.ENDED and q is not None and state.ended_because is not None:
         return (_change(state, q, QuestionStatus.MOOT, event_id, at),)

@@ -11,6 +11,7 @@ from projections.redis_store import RedisProjectionStore
 from schemas.events import Event
 from session_model.fold import step
 from session_model.projection import Position
+from session_model.questions import QuestionChange, step_changes
 from session_model.session import Session, Turn
 from session_model.signing import TrustedKeys
 from session_model.timeline import translate
@@ -23,6 +24,7 @@ class Expected:
     state: Session
     history: list[Turn] = field(default_factory=list)
     timeline: list[dict[str, object]] = field(default_factory=list)
+    changes: list[QuestionChange] = field(default_factory=list)  # the questions feed's records
 
 
 def expected_projections(events: Iterable[Event], keys: TrustedKeys) -> dict[str, Expected]:
@@ -31,12 +33,19 @@ def expected_projections(events: Iterable[Event], keys: TrustedKeys) -> dict[str
     for event in events:
         sid = event.session_id
         current = out.setdefault(sid, Expected(Session(sid)))
+        before = current.state.question
         result = step(current.state, event, keys)
         current.state = result.state
+        current.changes.extend(step_changes(result, before))
         if result.outcome.turn is not None:
             current.history.append(result.outcome.turn)
         current.timeline.extend(translate(result))
     return out
+
+
+def expected_feed(expected: dict[str, Expected]) -> set[tuple[str, int, str]]:
+    """(session, question seq, status) of every questions-feed record the fold implies."""
+    return {(c.session_id, c.seq, c.status.value) for e in expected.values() for c in e.changes}
 
 
 def _normalised(entries: Sequence[dict[str, object]]) -> list[object]:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from deploy.harness import end_offsets, wait_for
+from deploy.harness import end_offsets, read_topic, wait_for
 from milpa_sessions.settings import Settings
 from processors import worker as worker_module
 from processors.ports import RawRecord
@@ -43,7 +43,11 @@ from session_model.projection import BatchFolder, Position
 from session_model.session import Question
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import with_keys
-from tests.integration.expected import assert_projection_matches, expected_projections
+from tests.integration.expected import (
+    assert_projection_matches,
+    expected_feed,
+    expected_projections,
+)
 from tests.unit.builders import OPERATOR
 
 pytestmark = pytest.mark.integration
@@ -305,6 +309,17 @@ def records_in(settings: Settings, topic: str) -> int:
     return sum(ends.values())
 
 
+def feed_in(settings: Settings) -> list[tuple[str, int, str]]:
+    """(session, question seq, status) of every record of the questions topic, repeats kept."""
+    codec = EventCodec()
+    out = []
+    for record in read_topic(settings.kafka_access().kafka_python(), settings.questions_topic):
+        c = codec.decode_question_change(record.value)
+        assert record.key == c["session_id"].encode()
+        out.append((c["session_id"], c["seq"], c["status"]))
+    return out
+
+
 # -- the consumer group --------------------------------------------------------------------------
 
 
@@ -515,6 +530,25 @@ def test_kill_minus_nine_mid_stream_and_restart_still_equals_the_fold_and_counts
             rejections[code] = rejections.get(code, 0) + n
     assert stats(projections, "pauses") == pauses
     assert stats(projections, "rejections") == rejections
+    # The questions feed: every question opened (and every way one stopped being open) at least
+    # once, none invented; the waiting index holds exactly the questions still open.
+    feed = feed_in(settings)
+    truth = expected_feed(expected)
+    assert any(status == "open" for _, _, status in truth)
+    assert set(feed) == truth, (sorted(truth - set(feed))[:5], sorted(set(feed) - truth)[:5])
+    waiting = {
+        sid for sid, e in expected.items() if e.state.question is not None and not e.state.ended
+    }
+    page = projections.waiting(limit=500)
+    assert page.total == len(waiting)
+    seen = [w.session_id for w in page.items]
+    while page.next is not None:
+        page = projections.waiting(after=page.next, limit=500)
+        seen += [w.session_id for w in page.items]
+    assert sorted(seen) == sorted(waiting)
+    fleet = projections.fleet()
+    assert sum(fleet.values()) == len(sids)
+    assert sum(n for (status, _), n in fleet.items() if status == "waiting") == len(waiting)
 
 
 # -- the batch step in-process: redelivery, restart, a stale owner -------------------------------
@@ -612,8 +646,13 @@ async def _with_store(settings: Settings, body: Any) -> Any:
         await client.aclose()
 
 
-def _worker(store: Any, decisions: RecordingSink, deadletter: RecordingSink) -> ProjectionWorker:
-    return ProjectionWorker(store, BatchFolder(), deadletter, decisions)
+def _worker(
+    store: Any,
+    decisions: RecordingSink,
+    deadletter: RecordingSink,
+    questions: RecordingSink | None = None,
+) -> ProjectionWorker:
+    return ProjectionWorker(store, BatchFolder(), deadletter, decisions, questions=questions)
 
 
 def test_a_redelivered_batch_changes_nothing_and_publishes_its_decisions_again(
@@ -681,6 +720,49 @@ def test_decisions_lost_between_the_commit_and_the_publish_are_published_after_a
     asyncio.run(_with_store(settings, run))
     assert sorted(restarted.decisions()) == _decided(expected)
     assert _decided(expected), "the workload answers or closes questions"
+
+
+def test_question_changes_lost_before_the_publish_are_published_after_a_restart(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    """The feed is at least once: a redelivered batch publishes what its records did, exactly."""
+    _, events = generate(40)
+    raws = raw_records(events)
+    expected = expected_projections(events, TrustedKeys.none())
+    codec = EventCodec()
+    first, again, dead, decisions = (
+        RecordingSink(),
+        RecordingSink(),
+        RecordingSink(),
+        RecordingSink(),
+    )
+
+    def feed(sink: RecordingSink) -> list[dict[str, Any]]:
+        return [codec.decode_question_change(value) for _, value, _ in sink.published]
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        worker = _worker(store, decisions, dead, first)
+        await worker.process(raws)
+        assert worker.stats.question_changes == len(first.published)
+        # Kafka redelivers the batch (never acknowledged) to a restarted worker: its changes were
+        # committed in Redis, and are published again from what the states recorded.
+        restarted = _worker(store, RecordingSink(), dead, again)
+        assert await restarted.process(raws) == ()
+        assert restarted.stats.question_changes == 0
+        assert restarted.stats.question_changes_republished == len(again.published)
+
+    asyncio.run(_with_store(settings, run))
+    truth = expected_feed(expected)
+    assert {s for _, _, s in truth} >= {"open", "answered"}, "the workload opens and answers"
+    for sink in (first, again):
+        assert {(c["session_id"], c["seq"], c["status"]) for c in feed(sink)} == truth
+    # Republished opens carry the question as it was asked.
+    asked = {(c["session_id"], c["seq"]): c for c in feed(first) if c["status"] == "open"}
+    for c in feed(again):
+        if c["status"] == "open":
+            was = asked[(c["session_id"], c["seq"])]
+            for name in ("question_id", "question", "options", "reason", "why", "asked_at"):
+                assert c[name] == was[name], (name, c, was)
 
 
 def test_a_batch_folded_in_many_slices_equals_the_fold(
