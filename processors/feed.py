@@ -1,0 +1,69 @@
+"""Following the questions feed live (the console's Server-Sent Events read it).
+
+A plain consumer without a group: it assigns itself every partition of the topic and starts at
+their ends, so each console process sees every change from when it started, and nothing is
+committed. Repeats (the feed is at least once) are dropped by `QuestionChange.order`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from producers.kafka_access import KafkaAccess
+from producers.questions import change_from_record
+from schemas.codec import EventCodec
+from schemas.errors import CodecError, LogError
+from session_model.questions import QuestionChange
+
+log = logging.getLogger(__name__)
+
+
+async def follow_questions(
+    bootstrap: str | KafkaAccess, topic: str, *, codec: EventCodec | None = None
+) -> AsyncIterator[QuestionChange]:
+    """Every question change published from now on, in log order per session, repeats dropped."""
+    access = KafkaAccess.of(bootstrap)
+    codec = codec or EventCodec()
+    consumer = AIOKafkaConsumer(
+        **access.aiokafka(),
+        group_id=None,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=10,  # a change reaches a browser in milliseconds, not half a second
+    )
+    try:
+        try:
+            await consumer.start()
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                await consumer.force_metadata_update()
+                partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                raise LogError(f"the questions topic {topic!r} does not exist")
+            consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
+            await consumer.seek_to_end()
+        except KafkaError as e:
+            raise LogError(f"cannot follow {topic} at {access.bootstrap}: {e}") from e
+        last: dict[str, tuple[int, int]] = {}
+        while True:
+            try:
+                batches = await consumer.getmany(timeout_ms=1000)
+            except KafkaError as e:
+                raise LogError(f"following {topic} failed: {e}") from e
+            for records in batches.values():
+                for record in records:
+                    try:
+                        change = change_from_record(codec.decode_question_change(record.value))
+                    except (CodecError, KeyError, TypeError, ValueError) as e:
+                        log.warning("skipping an unreadable question change: %s", e)
+                        continue
+                    seen = last.get(change.session_id)
+                    if seen is not None and change.order() <= seen:
+                        continue
+                    last[change.session_id] = change.order()
+                    yield change
+    finally:
+        await consumer.stop()
