@@ -12,6 +12,7 @@ from collections.abc import Callable
 from bench.figures.common import Run, Sizes
 from bench.figures.e2e import e2e
 from bench.figures.expiry import expiry
+from bench.figures.inbox import inbox
 from bench.figures.memory import memory
 from bench.figures.producer import producer
 from bench.figures.projector import projector
@@ -24,6 +25,7 @@ FIGURES: dict[str, Callable[[Run], None]] = {
     "e2e": e2e,
     "expiry": expiry,
     "memory": memory,
+    "inbox": inbox,
 }
 
 __all__ = ["FIGURES", "Run", "Sizes"]

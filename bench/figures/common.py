@@ -34,6 +34,7 @@ TARGETS = {
     "replay": Target(">=", 25_000),
     "expiry_p99": Target("<=", 10),
     "memory": Target("<=", 0.5),
+    "inbox_p99": Target("<=", 20),
 }
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
 
@@ -58,6 +59,8 @@ class Sizes:
     # The same again while other sessions' events arrive at this rate (0: not measured).
     expiry_load_per_s: int = 12_000
     memory_sessions: int = 100_000
+    inbox_waiting: int = 100_000
+    inbox_samples: int = 1_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -73,6 +76,8 @@ class Sizes:
             ceiling_events=20_000,
             e2e_seconds=5.0,
             memory_sessions=25_000,
+            inbox_waiting=20_000,
+            inbox_samples=300,
         )
 
 
