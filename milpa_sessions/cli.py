@@ -18,9 +18,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from milpa_sessions import wiring
+from milpa_sessions.console_cli import console
 from milpa_sessions.demo import run_demo
 from milpa_sessions.failures import CleanGroup
 from milpa_sessions.fleet import FleetConfig
+from milpa_sessions.keyfiles import write_key_pair
 from milpa_sessions.render import out, render_session, render_timeline, session_summary
 from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
@@ -361,25 +363,8 @@ def keys() -> None:
 @click.option("--dir", "directory", type=click.Path(path_type=Path), default=Path("."))
 def keys_generate(key_id: str, directory: Path) -> None:
     """Write <dir>/<key_id>.key (private) and <dir>/trusted/<key_id>.pem (public)."""
-    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
-
-    signer = Signer.generate(key_id)
-    (directory / "trusted").mkdir(parents=True, exist_ok=True)
-    private = directory / f"{key_id}.key"
-    private.write_bytes(
-        signer.private_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    private.chmod(0o600)
-    (directory / "trusted" / f"{key_id}.pem").write_bytes(
-        signer.private_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    out.print(f"wrote {private} and {directory / 'trusted' / (key_id + '.pem')}")
+    private, trusted = write_key_pair(Signer.generate(key_id), directory)
+    out.print(f"wrote {private} and {trusted / (key_id + '.pem')}")
 
 
 # -- the demo ------------------------------------------------------------------------------------
@@ -389,13 +374,23 @@ def keys_generate(key_id: str, directory: Path) -> None:
 @click.option("--in-memory", is_flag=True, help="Use the in-memory backend (no Kafka, no Redis).")
 @click.option("--agents", default=8, show_default=True, help="How many simulated agents.")
 @click.option("--seed", default=7, show_default=True, help="Seed of the simulated fleet.")
+@click.option(
+    "--console",
+    "keep_console",
+    is_flag=True,
+    help="Keep the fleet working, unanswered, so you can answer from the console (Ctrl-C stops).",
+)
 @pass_ctx
-def demo(ctx: Ctx, in_memory: bool, agents: int, seed: int) -> None:
+def demo(ctx: Ctx, in_memory: bool, agents: int, seed: int, keep_console: bool) -> None:
     """Run a simulated fleet through the real pipeline and show what an operator sees."""
-    run_demo(ctx.settings, in_memory=in_memory, config=FleetConfig(agents=agents, seed=seed))
+    if in_memory and keep_console:
+        raise click.UsageError("--console needs the real stack (the console reads Redis)")
+    config = FleetConfig(agents=agents, seed=seed)
+    run_demo(ctx.settings, in_memory=in_memory, config=config, console=keep_console)
 
 
 main.add_command(stats)
+main.add_command(console)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
 """The demo an operator runs first: a simulated fleet through the real pipeline, then the facts.
 
-Against the local stack it starts a worker process (projector + scheduler), drives the fleet
-through Kafka, follows it live, and ends with what Redis and a downstream subscriber hold: every
-session, pauses by reason with their outcomes, decisions, expiries, and one session in full.
+Against the local stack it starts a worker process (projector + scheduler) and the operator
+console, drives the fleet through Kafka, follows it live, and ends with what Redis and a
+downstream subscriber hold: every session, pauses by reason with their outcomes, decisions,
+expiries, and one session in full. With `console=True` the fleet keeps working and nobody
+simulated answers: a person signs in to the console and answers from the browser.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,12 +26,15 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
+import httpx
 from rich.live import Live
 from rich.table import Table
 
+from console.auth import hash_password
 from milpa_sessions import wiring
+from milpa_sessions.console_cli import write_user
 from milpa_sessions.fleet import OPERATOR, FleetConfig, FleetProgress, run_fleet
+from milpa_sessions.keyfiles import write_key_pair
 from milpa_sessions.render import out, render_session, render_timeline
 from milpa_sessions.settings import Settings
 from producers.decisions import DecisionSubscriber, PublishedDecision
@@ -60,6 +67,58 @@ def worker_process(settings: Settings, logfile: Path) -> Iterator[subprocess.Pop
             proc.kill()
 
 
+DEMO_OPERATOR = "demo"
+
+
+@contextmanager
+def console_process(settings: Settings, logfile: Path) -> Iterator[str]:
+    """A `milpa-sessions console` child process on a free port; yields its URL once it answers."""
+    wanted = settings.console_port
+    port = wanted if wanted and _port_free(wanted) else _free_port()
+    env = {**os.environ, **replace(settings, console_port=port).to_env()}
+    with logfile.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "milpa_sessions.cli", "console", "--loglevel", "warning"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://{settings.console_host}:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/login", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the console did not start: see {logfile}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _progress_table(progress: FleetProgress, agents: int, started_at: float) -> Table:
     table = Table(title=f"fleet of {agents} agents — {time.monotonic() - started_at:4.1f}s")
     columns = ("started", "finished", "expired", "questions", "answers", "signed", "events")
@@ -90,8 +149,13 @@ def _drive(
     return result
 
 
-def run_demo(settings: Settings, *, in_memory: bool, config: FleetConfig) -> None:
-    """Run the fleet on the in-memory backend or through Kafka, Faust and Redis."""
+def run_demo(
+    settings: Settings, *, in_memory: bool, config: FleetConfig, console: bool = False
+) -> None:
+    """Run the fleet on the in-memory backend or through Kafka, Faust and Redis (and the console).
+
+    `console`: keep the fleet working, with nobody simulated answering, until interrupted.
+    """
     prefix = f"demo-{uuid.uuid4().hex[:6]}"
     signer = Signer.generate(OPERATOR)
     if in_memory:
@@ -110,29 +174,61 @@ def run_demo(settings: Settings, *, in_memory: bool, config: FleetConfig) -> Non
         _report(make("reader"), ids, decisions=None)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        trusted = Path(tmp) / "trusted"
-        trusted.mkdir()
-        (trusted / f"{signer.key_id}.pem").write_bytes(
-            signer.private_key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
+        private, trusted = write_key_pair(signer, Path(tmp))
         worker_settings = replace(settings, trusted_keys_dir=trusted)
         ensure_topics(settings)
-        logfile = Path(tmp) / "worker.log"
-        with worker_process(worker_settings, logfile):
+        password = secrets.token_urlsafe(9)
+        users, secret = Path(tmp) / "users", Path(tmp) / "cookie-secret"
+        write_user(users, DEMO_OPERATOR, hash_password(password))
+        secret.write_text(secrets.token_urlsafe(32))
+        console_settings = replace(
+            worker_settings,
+            signing_key=private,
+            console_users_file=users,
+            console_secret_file=secret,
+        )
+        with (
+            worker_process(worker_settings, Path(tmp) / "worker.log"),
+            console_process(console_settings, Path(tmp) / "console.log") as url,
+        ):
             out.print(
                 f"[bold]worker started[/bold] (projector + scheduler); agents write to "
                 f"{settings.events_topic} at {settings.kafka_bootstrap}, projections in Redis"
             )
+            out.print(f"[bold]operator console[/bold]: {url}", highlight=False)
+            out.print(f"  sign in as {DEMO_OPERATOR}, password {password}", highlight=False)
             shared = wiring.session_store(settings, producer="demo")
             make = _factory(shared.log, shared.projections, signer, settings.read_timeout)
+            if console:
+                _keep_running(make, prefix, config, url)
+                return
             ids = _drive(make, prefix, config)
             reader = make("reader")
             for sid in ids:  # read-your-writes: every agent's last event is projected
                 reader.load(sid)
             decisions = _collect_decisions(settings, prefix, ids)
             _report(reader, ids, decisions)
+
+
+def _keep_running(
+    make: Callable[[str], SessionStore], prefix: str, config: FleetConfig, url: str
+) -> None:
+    """The fleet works on, session after session; a person answers in the console."""
+    patient = replace(config, operator=False, continuous=True, deadline_seconds=300.0)
+    out.print(
+        f"the fleet keeps working and waits for you: answer its questions at {url}/inbox "
+        "(each waits 5 minutes); Ctrl-C stops the demo",
+        highlight=False,
+    )
+    runner = threading.Thread(
+        target=run_fleet, args=(make, prefix, patient, FleetProgress()), daemon=True
+    )
+    runner.start()
+    try:
+        while runner.is_alive():
+            runner.join(1.0)
+    except KeyboardInterrupt:
+        out.print("stopped")
 
 
 def _factory(

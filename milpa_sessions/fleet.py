@@ -8,6 +8,7 @@ scheduler, which closes their answer windows and so ends those sessions.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -50,6 +51,8 @@ class FleetConfig:
     deadline_seconds: float = 4.0
     operator_delay: float = 0.6
     step_pause: float = 0.05
+    operator: bool = True  # False: nobody simulated answers (a person does, in the console)
+    continuous: bool = False  # True: each agent starts a new session when one ends, until stopped
 
 
 @dataclass
@@ -198,6 +201,21 @@ def run_operator(
         stop.wait(0.15)
 
 
+def _agent_shifts(
+    store: SessionStore,
+    sid: str,
+    index: int,
+    config: FleetConfig,
+    progress: FleetProgress,
+    *,
+    launcher: SessionStore,
+) -> None:
+    """Session after session (`sid`, `sid-2`, ...) for as long as the process runs."""
+    for shift in itertools.count(1):
+        name = sid if shift == 1 else f"{sid}-{shift}"
+        run_agent(store, name, index + shift * 1000, config, progress, launcher=launcher)
+
+
 def run_fleet(
     make_store: Callable[[str], SessionStore],
     prefix: str,
@@ -208,18 +226,20 @@ def run_fleet(
     """Run every agent and the operator to completion; returns the session ids."""
     ids = [f"{prefix}-agent-{i:02d}" for i in range(config.agents)]
     stop = threading.Event()
-    helpers = [
-        threading.Thread(
-            target=run_operator,
-            args=(make_store(OPERATOR), ids, config, progress, stop),
-            daemon=True,
+    helpers = []
+    if config.operator:
+        helpers.append(
+            threading.Thread(
+                target=run_operator,
+                args=(make_store(OPERATOR), ids, config, progress, stop),
+                daemon=True,
+            )
         )
-    ]
     if extra is not None:
         helpers.append(threading.Thread(target=extra, args=(ids, stop), daemon=True))
     agents = [
         threading.Thread(
-            target=run_agent,
+            target=_agent_shifts if config.continuous else run_agent,
             args=(make_store(f"agent-{i}"), sid, i, config, progress),
             kwargs={"launcher": make_store(OPERATOR)},
             daemon=True,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from session_model.narration import sentence
 from session_model.session import Session
 
 out = Console()
@@ -66,9 +67,12 @@ def render_session(s: Session) -> None:
 
 
 def render_timeline(entries: list[dict[str, Any]]) -> None:
-    """Print timeline entries as a table."""
-    table = Table("seq", "kind", "what")
+    """Print timeline entries as readable sentences (`--json` prints them as recorded)."""
+    table = Table("seq", "what happened")
+    questions: dict[str, str] = {}
     for e in entries:
-        details = {k: v for k, v in e.items() if k not in ("session", "kind", "seq")}
-        table.add_row(str(e["seq"]), e["kind"], json.dumps(details, ensure_ascii=False)[:160])
+        q = e.get("question")
+        if isinstance(q, dict) and isinstance(q.get("id"), str):
+            questions[q["id"]] = str(q.get("question", ""))
+        table.add_row(str(e["seq"]), Text(sentence(e, questions)))  # Text: no markup in it
     out.print(table)

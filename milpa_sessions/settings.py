@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from console.settings import WebConsoleSettings
 from processors.settings import WorkerSettings
 from producers.settings import StackSettings, WriterSettings
 
@@ -14,5 +15,5 @@ class ConsoleSettings(StackSettings):
 
 
 @dataclass(frozen=True)
-class Settings(WriterSettings, WorkerSettings, ConsoleSettings):
+class Settings(WebConsoleSettings, WriterSettings, WorkerSettings, ConsoleSettings):
     """All settings: the CLI reads them once and hands each part the section it reads."""

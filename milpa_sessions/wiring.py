@@ -9,12 +9,15 @@ from pathlib import Path
 
 import redis
 
+from console.app import ConsoleDeps
+from processors.feed import follow_questions
 from processors.running import wait_for
 from processors.settings import WorkerSettings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import StackSettings, WriterSettings
 from producers.store import SessionStore
 from producers.topics import ensure_topics
+from projections.analytics import Analytics
 from projections.keys import Keys
 from projections.redis_client import redacted, sync_client
 from projections.redis_store import RedisProjectionStore
@@ -65,6 +68,23 @@ def session_store(settings: WriterSettings, *, producer: str | None = None) -> S
         signer=signer(settings),
         start_mode=settings.start_mode(),
         read_timeout=settings.read_timeout,
+    )
+
+
+CONSOLE_PRODUCER = "operator-console"
+
+
+def console_deps(settings: WriterSettings) -> ConsoleDeps:
+    """The web console's adapters: it writes as an operator, reads the waiting index and the
+    analytics, and relays the questions feed live."""
+    store = session_store(settings, producer=CONSOLE_PRODUCER)
+    client = sync_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
+    access, topic = settings.kafka_access(), settings.questions_topic
+    return ConsoleDeps(
+        store=store,
+        index=projection_store(settings),
+        analytics=Analytics(client, Keys(settings.redis_prefix)),
+        source=lambda: follow_questions(access, topic),
     )
 
 

@@ -1,8 +1,8 @@
 """Following the questions feed live (the console's Server-Sent Events read it).
 
-A plain consumer without a group: it assigns itself every partition of the topic and starts at
-their ends, so each console process sees every change from when it started, and nothing is
-committed. Repeats (the feed is at least once) are dropped by `QuestionChange.order`.
+A plain consumer without a group: it reads every partition of the topic from its end, so each
+console process sees every change from when it started, and nothing is committed. Repeats (the
+feed is at least once) are dropped by `QuestionChange.order`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
 from producers.kafka_access import KafkaAccess
@@ -30,21 +30,17 @@ async def follow_questions(
     codec = codec or EventCodec()
     consumer = AIOKafkaConsumer(
         **access.aiokafka(),
-        group_id=None,
+        group_id=None,  # without a group a subscription is every partition, from its end
         enable_auto_commit=False,
+        auto_offset_reset="latest",
         fetch_max_wait_ms=10,  # a change reaches a browser in milliseconds, not half a second
     )
     try:
         try:
             await consumer.start()
-            partitions = consumer.partitions_for_topic(topic)
-            if not partitions:
-                await consumer.force_metadata_update()
-                partitions = consumer.partitions_for_topic(topic)
-            if not partitions:
+            if topic not in await consumer.topics():  # before subscribing: never create it
                 raise LogError(f"the questions topic {topic!r} does not exist")
-            consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
-            await consumer.seek_to_end()
+            consumer.subscribe([topic])
         except KafkaError as e:
             raise LogError(f"cannot follow {topic} at {access.bootstrap}: {e}") from e
         last: dict[str, tuple[int, int]] = {}

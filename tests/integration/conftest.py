@@ -36,6 +36,9 @@ from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas.errors import LogError
 
+# Fixtures of their own modules, offered to every test here.
+from tests.integration.console_support import console_stack  # noqa: F401
+
 
 def _docker_answers() -> bool:
     try:

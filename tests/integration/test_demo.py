@@ -38,3 +38,5 @@ def test_the_demo_runs_a_fleet_whose_authority_is_all_signed(
     assert "call approvals" in out
     if backend == "kafka-and-redis":
         assert "decisions received" in out
+        assert "operator console: http://127.0.0.1:" in out
+        assert "sign in as demo, password " in out

@@ -1,0 +1,165 @@
+"""The JSON API under `/api/v1`: the waiting questions, the fleet, sessions, the operator's acts.
+
+Read and write handlers are plain functions (FastAPI runs them in its thread pool: the store's
+calls block on Kafka and Redis); the live stream is the one coroutine. Errors are problem details
+(`console.problems`). A write answers 202 with the log position of what it appended.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from console import service
+from console.guards import ApiCaller
+from console.live import event_stream
+from console.problems import Problem
+from console.runtime import runtime
+from session_model.modes import Mode
+
+router = APIRouter(prefix="/api/v1", tags=["operator API"])
+
+
+class AnswerRequest(BaseModel):
+    """An answer to a session's open question."""
+
+    question_id: str = Field(min_length=1)
+    answer: str
+    # For a signature question: the operation's name, typed back as deliberate confirmation.
+    confirm: str | None = None
+
+
+class OperationRequest(BaseModel):
+    """An operation to grant or revoke."""
+
+    operation: str = Field(min_length=1)
+
+
+class ModeRequest(BaseModel):
+    """The autonomy mode to change to."""
+
+    mode: Mode
+
+
+class EndRequest(BaseModel):
+    """Why the session ends."""
+
+    because: str = Field(min_length=1)
+
+
+class Accepted(BaseModel):
+    """Where the write was appended (`partition:offset`)."""
+
+    position: str
+
+
+@router.get("/questions")
+def questions(
+    caller: ApiCaller,
+    request: Request,
+    reason: str | None = None,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict[str, Any]:
+    """Waiting questions across the fleet, soonest deadline first (`after`: a page's `next`)."""
+    try:
+        cursor = service.parse_cursor(after)
+    except ValueError as e:
+        raise Problem(422, "invalid_request", f"after: not a cursor ({e})") from e
+    return service.waiting_page_record(service.waiting(runtime(request), reason, cursor, limit))
+
+
+@router.get("/questions/reasons")
+def question_reasons(caller: ApiCaller, request: Request) -> dict[str, int]:
+    """How many questions wait, per reason code."""
+    return dict(sorted(runtime(request).deps.index.waiting_by_reason().items()))
+
+
+@router.get("/fleet")
+def fleet(caller: ApiCaller, request: Request) -> dict[str, Any]:
+    """Sessions by status and mode, waiting by reason, pauses per hour (24 h), time to answer."""
+    return service.fleet(runtime(request))
+
+
+@router.get("/sessions/{session_id}")
+def session(caller: ApiCaller, request: Request, session_id: str) -> dict[str, Any]:
+    """A session: goal, mode, status, plan, todos, permissions, open question, decisions."""
+    return service.session(runtime(request), session_id)
+
+
+@router.get("/sessions/{session_id}/window")
+def window(caller: ApiCaller, request: Request, session_id: str) -> list[dict[str, str]]:
+    """The messages the model is sent: summary, briefing, unsummarised turns."""
+    return service.window(runtime(request), session_id)
+
+
+@router.get("/sessions/{session_id}/timeline")
+def timeline(
+    caller: ApiCaller,
+    request: Request,
+    session_id: str,
+    since: Annotated[int, Query(ge=0)] = 0,
+) -> list[dict[str, Any]]:
+    """Timeline entries with `seq > since`, each with a readable `sentence`."""
+    return service.timeline(runtime(request), session_id, since)
+
+
+@router.post("/sessions/{session_id}/answer", status_code=202)
+def answer(caller: ApiCaller, request: Request, session_id: str, body: AnswerRequest) -> Accepted:
+    """Answer the open question as the caller (verified, signed with the console's key)."""
+    position = service.answer(
+        runtime(request),
+        caller,
+        session_id,
+        question_id=body.question_id,
+        answer=body.answer,
+        confirm=body.confirm,
+    )
+    return Accepted(position=str(position))
+
+
+@router.post("/sessions/{session_id}/grant", status_code=202)
+def grant(caller: ApiCaller, request: Request, session_id: str, body: OperationRequest) -> Accepted:
+    """Grant an operation in the session (an operator's signed act)."""
+    position = service.grant(runtime(request), caller, session_id, body.operation)
+    return Accepted(position=str(position))
+
+
+@router.post("/sessions/{session_id}/revoke", status_code=202)
+def revoke(
+    caller: ApiCaller, request: Request, session_id: str, body: OperationRequest
+) -> Accepted:
+    """Revoke a granted operation."""
+    position = service.revoke(runtime(request), caller, session_id, body.operation)
+    return Accepted(position=str(position))
+
+
+@router.post("/sessions/{session_id}/mode", status_code=202)
+def mode(caller: ApiCaller, request: Request, session_id: str, body: ModeRequest) -> Accepted:
+    """Change the autonomy mode (a less strict one is signed)."""
+    position = service.set_mode(runtime(request), caller, session_id, body.mode.value)
+    return Accepted(position=str(position))
+
+
+@router.post("/sessions/{session_id}/end", status_code=202)
+def end(caller: ApiCaller, request: Request, session_id: str, body: EndRequest) -> Accepted:
+    """End the session."""
+    position = service.end(runtime(request), caller, session_id, body.because)
+    return Accepted(position=str(position))
+
+
+@router.get(
+    "/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def events(caller: ApiCaller, request: Request) -> StreamingResponse:
+    """Server-Sent Events: `question` (a question change), `resync` (reload), keepalives."""
+    return StreamingResponse(
+        event_stream(runtime(request).hub, request.is_disconnected),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )

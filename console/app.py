@@ -1,0 +1,158 @@
+"""The app factory: `create_app(deps, settings)` wires the API, pages, auth and the live feed."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.responses import HTMLResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from console import api, pages
+from console.auth import CookieSigner, Passwords, Tokens, load_tokens, load_users
+from console.guards import CsrfRefused, LoginRequired, login_redirect
+from console.live import Hub, feeding
+from console.problems import install as install_problems
+from console.runtime import HERE, ConsoleDeps, Runtime
+from console.settings import WebConsoleSettings
+from schemas.errors import ConfigurationError
+from session_model.narration import short_instant
+
+__all__ = ["ConsoleDeps", "create_app"]
+
+log = logging.getLogger(__name__)
+
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "object-src 'none'"
+)
+_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", _CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+)
+
+
+class SecurityHeaders:
+    """Adds a strict CSP and friends to every response; no caching except for static files."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on, adding headers to the response's start."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        static = str(scope.get("path", "")).startswith("/static/")
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {name.lower() for name, _ in headers}
+                headers.extend(h for h in _HEADERS if h[0] not in names)
+                if not static and b"cache-control" not in names:
+                    headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _secret(settings: WebConsoleSettings) -> str:
+    path = settings.console_secret_file
+    if path is None:
+        log.warning(
+            "MILPA_CONSOLE_SECRET_FILE is not set: signing cookies with a random secret made "
+            "now; sign-ins do not survive a restart and replicas do not share them"
+        )
+        return secrets.token_urlsafe(32)
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ConfigurationError(
+            f"MILPA_CONSOLE_SECRET_FILE: cannot read {path}: {e.strerror}"
+        ) from e
+    if len(secret) < 32:
+        raise ConfigurationError(
+            f"MILPA_CONSOLE_SECRET_FILE: the secret in {path} is shorter than 32 characters"
+        )
+    return secret
+
+
+def _templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=HERE / "templates")
+    templates.env.filters["instant"] = short_instant
+    return templates
+
+
+def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
+    """The console's ASGI app over `deps`; reads the users, tokens and secret files now."""
+    passwords = Passwords(load_users(settings.console_users_file))
+    tokens = Tokens(load_tokens(settings.console_tokens_file))
+    if not passwords and not tokens:
+        log.warning("no operators (MILPA_CONSOLE_USERS_FILE) and no tokens: nobody can sign in")
+    if deps.store.signer is None:
+        log.warning(
+            "the console has no operator key (MILPA_SIGNING_KEY): answers are not signed "
+            "(the fold stores them unverified), and grants, relaxed modes and signature "
+            "questions are refused"
+        )
+    hours = settings.console_session_hours
+    if hours <= 0:
+        raise ConfigurationError(f"MILPA_CONSOLE_SESSION_HOURS={hours}: must be positive")
+    hub = Hub()
+    rt = Runtime(
+        deps=deps,
+        settings=settings,
+        passwords=passwords,
+        tokens=tokens,
+        cookies=CookieSigner(_secret(settings), hours * 3600),
+        hub=hub,
+        templates=_templates(),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with feeding(deps.source, hub):
+            yield
+
+    app = FastAPI(
+        title="milpa-sessions operator console",
+        summary="Waiting questions, the fleet, sessions, and the operator's acts.",
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.console = rt
+    install_problems(app)
+    app.add_exception_handler(LoginRequired, _on_login_required)
+    app.add_exception_handler(CsrfRefused, _on_csrf_refused)
+    app.include_router(api.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=Path(HERE / "static")), name="static")
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+async def _on_login_required(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, LoginRequired)
+    return login_redirect(exc.next_path)
+
+
+async def _on_csrf_refused(request: Request, exc: Exception) -> Response:
+    return HTMLResponse(
+        "<!doctype html><title>Refused</title><h1>Refused</h1><p>This form was not sent by "
+        "this console (its CSRF token is missing or stale). Reload the page and try again.</p>"
+        '<p><a href="/">Back to the console</a></p>',
+        status_code=403,
+    )

@@ -1,0 +1,230 @@
+"""Who is calling: operators' argon2id passwords, services' bearer tokens, signed cookie sessions.
+
+An operator signs in with a password checked against an argon2id hash and gets a signed,
+time-limited cookie naming them and carrying a CSRF token made at sign-in; a service sends
+`Authorization: Bearer <token>`, matched by its sha256. Nothing here logs a secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+
+from schemas.errors import ConfigurationError
+from session_model.principal import Principal
+
+SESSION_COOKIE = "milpa_console"
+LOGIN_COOKIE = "milpa_console_login"
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An authenticated caller: the principal it acts as, and how it proved who it is."""
+
+    principal: Principal
+    via: Literal["cookie", "bearer"]
+    csrf: str | None = None  # the cookie session's CSRF token (None for a bearer token)
+    session_id: str | None = None  # the cookie session's id (what signing out revokes)
+
+    @property
+    def name(self) -> str:
+        """The principal id without its channel prefix (`alice` for `operator:alice`)."""
+        return self.principal.id.partition(":")[2] or self.principal.id
+
+
+@dataclass(frozen=True, slots=True)
+class CookieSession:
+    """What a session cookie holds once its signature and age were checked."""
+
+    username: str
+    session_id: str
+    csrf: str
+
+
+def hash_password(password: str) -> str:
+    """An argon2id hash of `password` for the users file (`username:<hash>`)."""
+    if not password:
+        raise ValueError("an empty password cannot be hashed for sign-in")
+    return PasswordHasher().hash(password)
+
+
+def token_digest(token: str) -> str:
+    """The sha256 hex digest of a bearer token, as the tokens file stores it."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def operator_principal(username: str) -> Principal:
+    """The verified principal of a signed-in operator."""
+    return Principal(f"operator:{username}", verified=True)
+
+
+def service_principal(name: str) -> Principal:
+    """The verified principal of a service holding a bearer token."""
+    return Principal(f"service:{name}", verified=True)
+
+
+def _entries(path: Path, what: str) -> list[tuple[int, str, str]]:
+    """`name:value` lines of a credentials file (blank lines and `#` comments skipped)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigurationError(f"cannot read the {what} file {path}: {e.strerror}") from e
+    found: list[tuple[int, str, str]] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value or any(c.isspace() for c in name):
+            # The line is not echoed: it may hold a secret.
+            raise ConfigurationError(f"{path}:{number}: expected `name:value` in the {what} file")
+        found.append((number, name, value))
+    return found
+
+
+def load_users(path: Path | None) -> dict[str, str]:
+    """Operators' argon2 hashes by username (none without a file)."""
+    if path is None:
+        return {}
+    users: dict[str, str] = {}
+    for number, name, value in _entries(path, "users"):
+        if not value.startswith("$argon2"):
+            raise ConfigurationError(f"{path}:{number}: {name}'s password is not an argon2 hash")
+        users[name] = value
+    return users
+
+
+def load_tokens(path: Path | None) -> dict[str, str]:
+    """Services' token digests (sha256 hex) by principal name (none without a file)."""
+    if path is None:
+        return {}
+    tokens: dict[str, str] = {}
+    for number, name, value in _entries(path, "tokens"):
+        digest = value.lower()
+        if len(digest) != 64 or not set(digest) <= _HEX:
+            raise ConfigurationError(f"{path}:{number}: {name}'s token is not a sha256 hex digest")
+        tokens[name] = digest
+    return tokens
+
+
+class Passwords:
+    """Checks operators' passwords against their argon2 hashes."""
+
+    def __init__(self, users: Mapping[str, str], hasher: PasswordHasher | None = None) -> None:
+        self._users = dict(users)
+        self._hasher = hasher or PasswordHasher()
+        # An unknown user is checked against this, so the answer takes as long as for a known one.
+        self._dummy = self._hasher.hash(secrets.token_urlsafe(16))
+
+    def __len__(self) -> int:
+        return len(self._users)
+
+    def knows(self, username: str) -> bool:
+        """Whether `username` is an operator."""
+        return username in self._users
+
+    def verify(self, username: str, password: str) -> bool:
+        """Whether `password` is `username`'s (slow on purpose: argon2id)."""
+        stored = self._users.get(username)
+        try:
+            ok = self._hasher.verify(stored or self._dummy, password)
+        except (VerifyMismatchError, VerificationError, InvalidHashError):
+            return False
+        return ok and stored is not None
+
+
+class Tokens:
+    """Matches bearer tokens by their sha256 digest."""
+
+    def __init__(self, digests: Mapping[str, str]) -> None:
+        self._digests = tuple((name, d.encode("ascii")) for name, d in digests.items())
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def principal(self, token: str) -> Principal | None:
+        """The service a token belongs to, if any (every digest compared in constant time)."""
+        presented = token_digest(token).encode("ascii")
+        found: str | None = None
+        for name, digest in self._digests:
+            if hmac.compare_digest(presented, digest):
+                found = name
+        return service_principal(found) if found is not None else None
+
+
+class CookieSigner:
+    """Signed, time-limited cookie values: sessions, the sign-in form's token, flash messages."""
+
+    def __init__(self, secret: str | bytes, session_seconds: float) -> None:
+        self._serializer = URLSafeTimedSerializer(secret)
+        self.session_seconds = session_seconds
+        self._revoked: dict[str, float] = {}  # session id -> when its cookie would expire anyway
+        self._lock = threading.Lock()
+
+    def dumps(self, value: Any, purpose: str) -> str:
+        """Sign a JSON-able value for one purpose (a cookie of another purpose never reads it)."""
+        return self._serializer.dumps(value, salt=purpose)
+
+    def loads(self, text: str | None, purpose: str, max_age: float) -> Any:
+        """The value signed for `purpose` at most `max_age` seconds ago, else None."""
+        if not text:
+            return None
+        try:
+            return self._serializer.loads(text, salt=purpose, max_age=int(max_age))
+        except BadSignature:  # also SignatureExpired
+            return None
+
+    def issue(self, username: str) -> tuple[str, CookieSession]:
+        """A new session for `username`: the cookie value and what it holds."""
+        session = CookieSession(username, secrets.token_urlsafe(16), secrets.token_urlsafe(32))
+        value = {"u": session.username, "sid": session.session_id, "csrf": session.csrf}
+        return self.dumps(value, "session"), session
+
+    def read(self, text: str | None) -> CookieSession | None:
+        """The session a cookie holds, if it is genuine, young enough and not signed out."""
+        value = self.loads(text, "session", self.session_seconds)
+        if not isinstance(value, dict):
+            return None
+        username, sid, csrf = value.get("u"), value.get("sid"), value.get("csrf")
+        if not (isinstance(username, str) and isinstance(sid, str) and isinstance(csrf, str)):
+            return None
+        with self._lock:
+            if sid in self._revoked:
+                return None
+        return CookieSession(username, sid, csrf)
+
+    def revoke(self, session_id: str) -> None:
+        """Sign a session out: its cookie is refused by this process from now on."""
+        now = time.monotonic()
+        with self._lock:
+            self._revoked = {s: t for s, t in self._revoked.items() if t > now}
+            self._revoked[session_id] = now + self.session_seconds
+
+
+def csrf_matches(expected: str | None, presented: str | None) -> bool:
+    """Whether a presented CSRF token is the session's (constant-time comparison)."""
+    if not expected or not presented:
+        return False
+    return hmac.compare_digest(expected.encode("utf-8"), presented.encode("utf-8"))
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None

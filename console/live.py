@@ -1,0 +1,188 @@
+"""The live feed: question changes fanned out to browsers as Server-Sent Events.
+
+A lifespan task drains the questions feed (`QuestionSource`, e.g. a Kafka consumer of the questions
+topic) into a `Hub`, which drops what a subscriber already saw (the feed is at least once: per
+session it keeps the last `QuestionChange.order()`) and hands each change to every subscriber's
+bounded queue. A subscriber too slow to keep up loses what was queued and is told to `resync`
+(reload what it shows) instead of blocking the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+from console.views import change_record
+from session_model.questions import QuestionChange
+
+log = logging.getLogger(__name__)
+
+QuestionSource = Callable[[], AsyncIterator[QuestionChange]]
+KEEPALIVE_SECONDS: Final = 15.0
+QUEUE_SIZE: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Signal:
+    name: str
+
+
+RESYNC: Final = _Signal("resync")  # what was queued was dropped: reload
+CLOSED: Final = _Signal("closed")  # the hub is shutting down: end the stream
+
+Item = QuestionChange | _Signal
+
+
+class Subscription:
+    """One subscriber's bounded queue of changes and signals."""
+
+    def __init__(self, size: int) -> None:
+        self.queue: asyncio.Queue[Item] = asyncio.Queue(maxsize=max(size, 2))
+        self.dropped = 0  # changes lost because this subscriber fell behind
+
+    def offer(self, item: Item) -> None:
+        """Queue an item; when full, drop everything queued and queue a resync instead."""
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+                self.dropped += 1
+            self.queue.put_nowait(RESYNC)
+            if item is CLOSED:
+                self.queue.put_nowait(CLOSED)
+            elif not isinstance(item, _Signal):
+                self.dropped += 1
+
+    async def get(self) -> Item:
+        """The next item (waits)."""
+        return await self.queue.get()
+
+
+class Hub:
+    """Fans question changes out to subscribers (used from the event loop only)."""
+
+    def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
+        self.queue_size = queue_size
+        self._subscribers: set[Subscription] = set()
+        self._seen: dict[str, tuple[int, int]] = {}
+        self.closed = False
+
+    @property
+    def subscribers(self) -> int:
+        """How many subscribers are attached."""
+        return len(self._subscribers)
+
+    def subscribe(self) -> Subscription:
+        """Attach a new subscriber (a closed hub hands out one that ends at once)."""
+        sub = Subscription(self.queue_size)
+        if self.closed:
+            sub.offer(CLOSED)
+        else:
+            self._subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """Detach a subscriber."""
+        self._subscribers.discard(sub)
+
+    def publish(self, change: QuestionChange) -> bool:
+        """Hand a change to every subscriber; False when it was seen already (a redelivery)."""
+        order = change.order()
+        last = self._seen.get(change.session_id)
+        if last is not None and order <= last:
+            return False
+        self._seen[change.session_id] = order
+        for sub in tuple(self._subscribers):
+            sub.offer(change)
+        return True
+
+    def resync(self) -> None:
+        """Tell every subscriber to reload (changes may have been missed)."""
+        for sub in tuple(self._subscribers):
+            sub.offer(RESYNC)
+
+    def close(self) -> None:
+        """End every subscriber's stream."""
+        self.closed = True
+        for sub in tuple(self._subscribers):
+            sub.offer(CLOSED)
+        self._subscribers.clear()
+
+
+def sse(event: str, data: str) -> str:
+    """One Server-Sent Event (`data` must be one line: JSON is)."""
+    return f"event: {event}\ndata: {data}\n\n"
+
+
+async def event_stream(
+    hub: Hub,
+    is_disconnected: Callable[[], Awaitable[bool]],
+    keepalive: float = KEEPALIVE_SECONDS,
+) -> AsyncIterator[str]:
+    """The SSE text of one subscriber: `ready`, then `question` and `resync` events, keepalives."""
+    sub = hub.subscribe()
+    try:
+        yield "retry: 3000\n" + sse("ready", "{}")
+        while True:
+            try:
+                item = await asyncio.wait_for(sub.get(), timeout=keepalive)
+            except TimeoutError:
+                if await is_disconnected():
+                    return
+                yield ": keepalive\n\n"
+                continue
+            if item is CLOSED:
+                return
+            if isinstance(item, _Signal):
+                yield sse(item.name, "{}")
+            else:
+                yield sse("question", json.dumps(change_record(item), separators=(",", ":")))
+    finally:
+        hub.unsubscribe(sub)
+
+
+async def drain(
+    source: QuestionSource,
+    hub: Hub,
+    *,
+    first_backoff: float = 1.0,
+    max_backoff: float = 30.0,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Publish every change of the source; on an error log it, back off, resync and restart."""
+    backoff = first_backoff
+    while True:
+        try:
+            async for change in source():
+                hub.publish(change)
+                backoff = first_backoff
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the questions feed failed; restarting it in %.1f s", backoff)
+            await sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)
+            hub.resync()  # changes may have been missed while the feed was down
+            continue
+        log.info("the questions feed ended")
+        return
+
+
+@contextlib.asynccontextmanager
+async def feeding(source: QuestionSource | None, hub: Hub) -> AsyncIterator[None]:
+    """Drain `source` into `hub` while the app runs; close the hub's streams on the way out."""
+    task = asyncio.create_task(drain(source, hub), name="questions-feed") if source else None
+    try:
+        yield
+    finally:
+        hub.close()
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,308 @@
+"""The server-rendered pages: sign-in, the fleet overview, the inbox and a session.
+
+Forms post to the page routes with the session's CSRF token in a hidden `csrf` field; each act
+redirects back (303) with a flash message saying what happened or what went wrong. The store's
+blocking calls run in the thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.responses import RedirectResponse, Response
+
+from console import service
+from console.auth import LOGIN_COOKIE, SESSION_COOKIE, Identity
+from console.charts import pauses_chart, reason_classes, tta_chart
+from console.guards import PageCaller, identify, safe_next
+from console.problems import detail_of
+from console.runtime import Runtime, runtime
+from schemas.errors import MilpaError, UnknownSessionError
+from session_model.modes import Mode
+from session_model.projection import Position
+
+router = APIRouter(include_in_schema=False)
+
+FLASH_COOKIE = "milpa_console_flash"
+_FLASH_SECONDS = 120
+_LOGIN_FORM_SECONDS = 3600
+
+
+# -- rendering -------------------------------------------------------------------------------------
+
+
+def render(
+    request: Request,
+    template: str,
+    caller: Identity | None,
+    context: Mapping[str, Any],
+    status: int = 200,
+) -> Response:
+    """A page, with the flash message (read once) and what every page shows."""
+    rt = runtime(request)
+    flash = rt.cookies.loads(request.cookies.get(FLASH_COOKIE), "flash", _FLASH_SECONDS)
+    now = rt.deps.now()
+    response = rt.templates.TemplateResponse(
+        request,
+        template,
+        {
+            "caller": caller,
+            "csrf": caller.csrf if caller is not None else None,
+            "flash": flash if isinstance(flash, dict) else None,
+            "now_ms": int(now.timestamp() * 1000),
+            "now": now,
+            "signing": rt.deps.store.signer is not None,
+            **context,
+        },
+        status_code=status,
+    )
+    if FLASH_COOKIE in request.cookies:
+        response.delete_cookie(FLASH_COOKIE, path="/")
+    return response
+
+
+def back(request: Request, to: str, kind: str, text: str) -> Response:
+    """A 303 to `to` that shows `text` there once."""
+    response = RedirectResponse(to, status_code=303)
+    flash = runtime(request).cookies.dumps({"kind": kind, "text": text}, "flash")
+    _set_cookie(request, response, FLASH_COOKIE, flash, _FLASH_SECONDS)
+    return response
+
+
+def _set_cookie(request: Request, response: Response, name: str, value: str, age: float) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=int(age),
+        path="/",
+        httponly=True,
+        samesite="lax",
+        secure=runtime(request).settings.console_cookie_secure,
+    )
+
+
+def _field(form: FormData, name: str) -> str:
+    value = form.get(name)
+    return value if isinstance(value, str) else ""
+
+
+# -- signing in and out ----------------------------------------------------------------------------
+
+
+def _login_page(request: Request, next_path: str, error: str | None, status: int) -> Response:
+    rt = runtime(request)
+    token = secrets.token_urlsafe(24)
+    response = render(
+        request,
+        "login.html",
+        None,
+        {"login_csrf": token, "next": next_path, "error": error},
+        status,
+    )
+    _set_cookie(
+        request, response, LOGIN_COOKIE, rt.cookies.dumps(token, "login"), _LOGIN_FORM_SECONDS
+    )
+    return response
+
+
+@router.get("/login")
+async def login_form(request: Request, next: str | None = None) -> Response:
+    """The sign-in form."""
+    if identify(request) is not None:
+        return RedirectResponse(safe_next(next), status_code=303)
+    return _login_page(request, safe_next(next), None, 200)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """Check the password; on success a signed session cookie and a 303 to where they were going."""
+    rt = runtime(request)
+    form = await request.form()
+    username, password = _field(form, "username").strip(), _field(form, "password")
+    next_path = safe_next(_field(form, "next"))
+    expected = rt.cookies.loads(request.cookies.get(LOGIN_COOKIE), "login", _LOGIN_FORM_SECONDS)
+    if not isinstance(expected, str) or not secrets.compare_digest(expected, _field(form, "csrf")):
+        return _login_page(request, next_path, "The sign-in form expired: please try again.", 400)
+    ok = bool(username and password) and await run_in_threadpool(
+        rt.passwords.verify, username, password
+    )
+    if not ok:
+        await asyncio.sleep(rt.settings.console_login_delay)  # slows down guessing
+        return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
+    value, _ = rt.cookies.issue(username)
+    response = RedirectResponse(next_path, status_code=303)
+    _set_cookie(request, response, SESSION_COOKIE, value, rt.cookies.session_seconds)
+    response.delete_cookie(LOGIN_COOKIE, path="/")
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, caller: PageCaller) -> Response:
+    """Sign out: the session's cookie is dropped and refused from now on."""
+    if caller.session_id is not None:
+        runtime(request).cookies.revoke(caller.session_id)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+@router.get("/")
+async def overview(request: Request, caller: PageCaller) -> Response:
+    """The fleet overview: counts, pauses by reason per hour, time to answer, waiting by reason."""
+    rt = runtime(request)
+    fleet = await run_in_threadpool(service.fleet, rt)
+    statuses = sorted(fleet["by_status"])
+    counts = {(row["status"], row["mode"]): row["count"] for row in fleet["sessions"]}
+    rows = [*fleet["pauses_by_hour"], *fleet["time_to_answer"]]
+    palette = reason_classes([row["reason"] for row in rows if row["count"]])
+    context = {
+        "fleet": fleet,
+        "modes": [m.value for m in Mode],
+        "statuses": statuses,
+        "counts": counts,
+        "pauses": pauses_chart(fleet["pauses_by_hour"], rt.deps.now(), palette=palette),
+        "tta": tta_chart(fleet["time_to_answer"], palette=palette),
+    }
+    return render(request, "overview.html", caller, context)
+
+
+@router.get("/inbox")
+async def inbox(
+    request: Request,
+    caller: PageCaller,
+    reason: str | None = None,
+    after: str | None = None,
+) -> Response:
+    """Waiting questions across the fleet, soonest deadline first, updated live."""
+    rt = runtime(request)
+    try:
+        cursor = service.parse_cursor(after)
+    except ValueError:
+        return back(request, "/inbox", "error", "That page link is not valid any more.")
+
+    def read() -> tuple[dict[str, Any], dict[str, int]]:
+        page = service.waiting(rt, reason, cursor, 50)
+        return service.waiting_page_record(page), rt.deps.index.waiting_by_reason()
+
+    page, reasons = await run_in_threadpool(read)
+    context = {"page": page, "reasons": dict(sorted(reasons.items())), "reason": reason or ""}
+    return render(request, "inbox.html", caller, context)
+
+
+@router.get("/sessions")
+async def find_session(request: Request, caller: PageCaller, id: str = "") -> Response:
+    """Go to the session named in the header's search box."""
+    session_id = id.strip()
+    if not session_id:
+        return RedirectResponse("/", status_code=303)
+    return RedirectResponse(str(request.url_for("session_page", session_id=session_id)), 303)
+
+
+@router.get("/sessions/{session_id}", name="session_page")
+async def session_page(request: Request, caller: PageCaller, session_id: str) -> Response:
+    """A session: state, the window, the timeline as sentences, decisions, and the forms to act."""
+    rt = runtime(request)
+    try:
+        view = await run_in_threadpool(service.session_view, rt, session_id, service.PAGE_TIMELINE)
+    except UnknownSessionError:
+        missing = {"title": "No such session", "message": f"There is no session «{session_id}»."}
+        return render(request, "error.html", caller, missing, 404)
+    except MilpaError as e:
+        failed = {"title": "The session cannot be read", "message": detail_of(e)}
+        return render(request, "error.html", caller, failed, 503)
+    question = view["question"]
+    grantable = ""
+    if question is not None and question["reason"] == "permission":
+        grantable = question["id"].removeprefix("perm:")
+    context = {"s": view, "modes": [m.value for m in Mode], "grantable": grantable}
+    return render(request, "session.html", caller, context)
+
+
+# -- acting ----------------------------------------------------------------------------------------
+
+
+async def _act(
+    request: Request,
+    session_id: str,
+    act: Callable[[Runtime, FormData], Position],
+    done: Callable[[FormData], str],
+) -> Response:
+    rt = runtime(request)
+    form = await request.form()
+    to = str(request.url_for("session_page", session_id=session_id))
+    try:
+        position = await run_in_threadpool(act, rt, form)
+    except MilpaError as e:
+        return back(request, to, "error", f"Not done ({e.code}): {detail_of(e)}")
+    return back(request, to, "ok", f"{done(form)} (appended at {position}).")
+
+
+@router.post("/sessions/{session_id}/answer")
+async def answer(request: Request, caller: PageCaller, session_id: str) -> Response:
+    """Answer the open question (a signature question only with the operation typed back)."""
+    return await _act(
+        request,
+        session_id,
+        lambda rt, f: service.answer(
+            rt,
+            caller,
+            session_id,
+            question_id=_field(f, "question_id"),
+            answer=_field(f, "answer"),
+            confirm=_field(f, "confirm") or None,
+        ),
+        lambda f: f"Answered «{_field(f, 'answer')}» as {caller.principal.id}",
+    )
+
+
+@router.post("/sessions/{session_id}/grant")
+async def grant(request: Request, caller: PageCaller, session_id: str) -> Response:
+    """Grant an operation (signed with the console's operator key)."""
+    return await _act(
+        request,
+        session_id,
+        lambda rt, f: service.grant(rt, caller, session_id, _field(f, "operation")),
+        lambda f: f"Granted «{_field(f, 'operation').strip()}»",
+    )
+
+
+@router.post("/sessions/{session_id}/revoke")
+async def revoke(request: Request, caller: PageCaller, session_id: str) -> Response:
+    """Revoke a granted operation."""
+    return await _act(
+        request,
+        session_id,
+        lambda rt, f: service.revoke(rt, caller, session_id, _field(f, "operation")),
+        lambda f: f"Revoked «{_field(f, 'operation').strip()}»",
+    )
+
+
+@router.post("/sessions/{session_id}/mode")
+async def mode(request: Request, caller: PageCaller, session_id: str) -> Response:
+    """Change the autonomy mode."""
+    return await _act(
+        request,
+        session_id,
+        lambda rt, f: service.set_mode(rt, caller, session_id, _field(f, "mode")),
+        lambda f: f"Mode set to {_field(f, 'mode').strip()}",
+    )
+
+
+@router.post("/sessions/{session_id}/end")
+async def end(request: Request, caller: PageCaller, session_id: str) -> Response:
+    """End the session."""
+    return await _act(
+        request,
+        session_id,
+        lambda rt, f: service.end(rt, caller, session_id, _field(f, "because")),
+        lambda f: "Session ended",
+    )

@@ -1,0 +1,142 @@
+"""RFC 9457 problem details: every API error as `application/problem+json`, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from schemas.errors import (
+    BackendError,
+    InvalidCall,
+    MilpaError,
+    NoOpenQuestionError,
+    QuestionOpenError,
+    SessionEndedError,
+    UnauthorizedError,
+    UnknownSessionError,
+)
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+# Checked in order: the first class an error is an instance of gives its status.
+_STATUS: tuple[tuple[type[MilpaError], int], ...] = (
+    (SessionEndedError, 409),  # late_answer (a subclass) too
+    (NoOpenQuestionError, 409),
+    (QuestionOpenError, 409),
+    (UnknownSessionError, 404),
+    (UnauthorizedError, 403),
+    (InvalidCall, 422),
+    (BackendError, 503),
+)
+_GENERIC_CODES = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "not_allowed"}
+
+
+class Problem(Exception):  # noqa: N818 - it is a problem, raised
+    """An API error with its status, a stable code and a human-readable detail."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        extra: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.extra = dict(extra or {})
+        self.headers = dict(headers or {})
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str,
+    extra: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """A problem-details response `{type, title, status, detail, code}` (plus extensions)."""
+    body: dict[str, Any] = {
+        "type": f"urn:milpa-sessions:problem:{code}",
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        "code": code,
+        **(extra or {}),
+    }
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def status_of(error: MilpaError) -> int:
+    """The HTTP status an error of the project's hierarchy is answered with."""
+    for kind, status in _STATUS:
+        if isinstance(error, kind):
+            return status
+    return 500
+
+
+def detail_of(error: MilpaError) -> str:
+    """What the caller is told about an error (a backend failure stays vague: it names hosts)."""
+    if isinstance(error, BackendError):
+        return "the event log or the projection store is unavailable; try again shortly"
+    return str(error) or error.code
+
+
+def from_error(error: MilpaError) -> JSONResponse:
+    """The problem response for an error of the project's hierarchy."""
+    status = status_of(error)
+    if status >= 500:
+        log.warning("answered %s (%s): %s", status, error.code, error)
+    return problem_response(status, error.code, detail_of(error))
+
+
+async def _on_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Problem)
+    return problem_response(exc.status, exc.code, exc.detail, exc.extra, exc.headers)
+
+
+async def _on_milpa(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, MilpaError)
+    return from_error(exc)
+
+
+async def _on_validation(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")}
+        for e in exc.errors()
+    ]
+    detail = "; ".join(f"{e['where']}: {e['problem']}" for e in errors) or "invalid request"
+    return problem_response(422, "invalid_request", detail, {"errors": errors})
+
+
+async def _on_http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _GENERIC_CODES.get(exc.status_code, "http_error")
+    detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+    return problem_response(exc.status_code, code, detail, headers=exc.headers)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=exc)
+    return problem_response(500, "internal_error", "the console failed; the error is logged")
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error the app raises with a problem response."""
+    app.add_exception_handler(Problem, _on_problem)
+    app.add_exception_handler(MilpaError, _on_milpa)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,70 @@
+"""What a running console holds: its dependencies, credentials, live hub and templates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Literal, Protocol
+
+from fastapi import Request
+from fastapi.templating import Jinja2Templates
+
+from console.auth import CookieSigner, Passwords, Tokens
+from console.live import Hub, QuestionSource
+from console.settings import WebConsoleSettings
+from producers.store import SessionStore
+from projections.analytics import PausesByHour, TimeToAnswer
+from session_model.ports import WaitingIndex
+
+HERE = Path(__file__).resolve().parent
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class AnalyticsReader(Protocol):
+    """What the overview reads from the analytics counters (`projections.analytics.Analytics`)."""
+
+    def pauses(
+        self, since: timedelta | None, now: datetime, by: Literal["hour"]
+    ) -> tuple[PausesByHour, ...]:
+        """Pauses per UTC hour and reason in the window."""
+        ...
+
+    def time_to_answer(self) -> tuple[TimeToAnswer, ...]:
+        """The time-to-answer histogram per reason."""
+        ...
+
+
+@dataclass(frozen=True)
+class ConsoleDeps:
+    """The adapters the console runs over (the CLI builds them from settings)."""
+
+    store: SessionStore  # its signer is the console's operator key
+    index: WaitingIndex
+    analytics: AnalyticsReader | None = None
+    source: QuestionSource | None = None  # the questions feed the live stream relays
+    now: Callable[[], datetime] = field(default=_utc_now)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Everything a request handler needs, kept on `app.state.console`."""
+
+    deps: ConsoleDeps
+    settings: WebConsoleSettings
+    passwords: Passwords
+    tokens: Tokens
+    cookies: CookieSigner
+    hub: Hub
+    templates: Jinja2Templates
+
+
+def runtime(request: Request) -> Runtime:
+    """The console's runtime, from the app serving `request`."""
+    found = request.app.state.console
+    assert isinstance(found, Runtime)
+    return found

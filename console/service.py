@@ -1,0 +1,182 @@
+"""What the API and the pages both do: the reads they show and the operator's acts (blocking).
+
+Every function here calls the store or the index synchronously (Kafka, Redis): handlers run them
+in the thread pool. Acts are logged with the principal who did them, never with a secret.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+from console.auth import Identity
+from console.runtime import Runtime
+from console.views import (
+    SIGNATURE,
+    question_texts,
+    session_record,
+    timeline_records,
+    waiting_record,
+    window_records,
+)
+from schemas.errors import InvalidCall
+from session_model.projection import Position
+from session_model.questions import Cursor, WaitingPage
+
+log = logging.getLogger(__name__)
+
+EXECUTOR = "console"  # the `executor` of answers given here
+PAUSE_WINDOW = timedelta(hours=24)
+PAGE_TIMELINE = 300  # the session page shows the timeline of its last this many events
+
+
+class ConfirmationRequiredError(InvalidCall):
+    """A signature question is answered only with the operation typed back as confirmation."""
+
+    code = "confirmation_required"
+
+
+class InvalidAnswerError(InvalidCall):
+    """The answer is not one of the question's options."""
+
+    code = "invalid_answer"
+
+
+def parse_cursor(text: str | None) -> Cursor | None:
+    """A page cursor (`score:session_id`), or None; ValueError if it is not one."""
+    return Cursor.parse(text) if text else None
+
+
+def waiting(rt: Runtime, reason: str | None, after: Cursor | None, limit: int) -> WaitingPage:
+    """A page of waiting questions, soonest deadline first."""
+    return rt.deps.index.waiting(reason=reason or None, after=after, limit=limit)
+
+
+def waiting_page_record(page: WaitingPage) -> dict[str, Any]:
+    """`{items, total, next}`."""
+    return {
+        "items": [waiting_record(i) for i in page.items],
+        "total": page.total,
+        "next": str(page.next) if page.next is not None else None,
+    }
+
+
+def fleet(rt: Runtime) -> dict[str, Any]:
+    """Sessions by status and mode, waiting by reason, pauses per hour, time to answer."""
+    now = rt.deps.now()
+    counts = rt.deps.index.fleet()
+    by_status: Counter[str] = Counter()
+    by_mode: Counter[str] = Counter()
+    for (status, mode), n in counts.items():
+        by_status[status] += n
+        by_mode[mode] += n
+    analytics = rt.deps.analytics
+    hours = analytics.pauses(PAUSE_WINDOW, now, by="hour") if analytics else ()
+    tta = analytics.time_to_answer() if analytics else ()
+    return {
+        "at": now.isoformat(),
+        "sessions": [
+            {"status": s, "mode": m, "count": n} for (s, m), n in sorted(counts.items()) if n
+        ],
+        "by_status": dict(sorted(by_status.items())),
+        "by_mode": dict(sorted(by_mode.items())),
+        "waiting_by_reason": dict(sorted(rt.deps.index.waiting_by_reason().items())),
+        "analytics": analytics is not None,
+        "pauses_by_hour": [
+            {"hour": h.hour.isoformat(), "reason": h.reason, "count": h.count} for h in hours
+        ],
+        "time_to_answer": [
+            {"reason": t.reason, "bucket": t.bucket, "le_seconds": t.le_seconds, "count": t.count}
+            for t in tta
+        ],
+    }
+
+
+def session(rt: Runtime, session_id: str) -> dict[str, Any]:
+    """The session as an operator reads it (its open question, decisions, ...)."""
+    return session_record(rt.deps.store.load(session_id))
+
+
+def window(rt: Runtime, session_id: str) -> list[dict[str, str]]:
+    """What the model of the session is sent."""
+    return window_records(rt.deps.store.load(session_id))
+
+
+def session_view(rt: Runtime, session_id: str, recent: int | None = None) -> dict[str, Any]:
+    """The session, the window the model sees and the timeline as sentences."""
+    session = rt.deps.store.load(session_id)
+    since = max(session.seq - recent, 0) if recent is not None else 0
+    entries = rt.deps.store.timeline(session_id, since)
+    record = session_record(session)
+    record["window"] = window_records(session)
+    record["timeline"] = timeline_records(entries, question_texts(session, entries))
+    record["timeline_since"] = since
+    return record
+
+
+def timeline(rt: Runtime, session_id: str, since: int) -> list[dict[str, Any]]:
+    """Timeline entries after `since`, each with its sentence."""
+    session = rt.deps.store.load(session_id)
+    entries = rt.deps.store.timeline(session_id, since)
+    return timeline_records(entries, question_texts(session, entries))
+
+
+def answer(
+    rt: Runtime,
+    caller: Identity,
+    session_id: str,
+    *,
+    question_id: str,
+    answer: str,
+    confirm: str | None,
+) -> Position:
+    """Answer the open question as the caller (a signature question: only with confirmation)."""
+    store = rt.deps.store
+    question = store.load(session_id).question
+    if question is not None and question.id == question_id:
+        if question.reason == SIGNATURE:
+            operation, _ = question.signed_call()
+            if (confirm or "").strip() != operation:
+                raise ConfirmationRequiredError(
+                    f"signing this call allows {operation!r} with exactly these arguments once: "
+                    f"confirm by sending the operation name {operation!r} as `confirm`"
+                )
+        elif question.options and answer not in question.options:
+            options = ", ".join(map(repr, question.options))
+            raise InvalidAnswerError(f"{answer!r} is not an option of {question_id!r}: {options}")
+    position = store.answer(session_id, question_id, answer, caller.principal, EXECUTOR)
+    log.info("%s answered %s in %s at %s", caller.principal.id, question_id, session_id, position)
+    return position
+
+
+def grant(rt: Runtime, caller: Identity, session_id: str, operation: str) -> Position:
+    """Grant an operation (signed with the console's operator key)."""
+    position = rt.deps.store.grant(session_id, operation.strip())
+    log.info("%s granted %r in %s at %s", caller.principal.id, operation, session_id, position)
+    return position
+
+
+def revoke(rt: Runtime, caller: Identity, session_id: str, operation: str) -> Position:
+    """Revoke a granted operation."""
+    position = rt.deps.store.revoke(session_id, operation.strip())
+    log.info("%s revoked %r in %s at %s", caller.principal.id, operation, session_id, position)
+    return position
+
+
+def set_mode(rt: Runtime, caller: Identity, session_id: str, mode: str) -> Position:
+    """Change the autonomy mode (a less strict one is signed with the console's key)."""
+    position = rt.deps.store.set_mode(session_id, mode.strip())
+    log.info("%s set mode %r in %s at %s", caller.principal.id, mode, session_id, position)
+    return position
+
+
+def end(rt: Runtime, caller: Identity, session_id: str, because: str) -> Position:
+    """End the session; the reason names who ended it."""
+    reason = because.strip()
+    if not reason:
+        raise InvalidCall("say why the session ends")
+    position = rt.deps.store.end(session_id, f"{reason} (ended by {caller.principal.id})")
+    log.info("%s ended %s at %s", caller.principal.id, session_id, position)
+    return position

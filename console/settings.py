@@ -1,0 +1,31 @@
+"""The web console's settings: the writer's, plus where it listens and who may sign in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from producers.settings import WriterSettings
+
+
+@dataclass(frozen=True)
+class WebConsoleSettings(WriterSettings):
+    """What the web console reads; every field `x` is read from `MILPA_X` (`from_env`).
+
+    The console writes as an operator (`signing_key` is its operator key: it signs verified
+    answers, grants and relaxed modes), so it extends the writer's settings.
+    """
+
+    console_host: str = "127.0.0.1"
+    console_port: int = 8780
+    # Operators, one per line `username:<argon2id hash>` (`console.auth.hash_password`); `#`
+    # starts a comment.
+    console_users_file: Path | None = None
+    # Services' bearer tokens, one per line `<principal-name>:<sha256 hex of the token>`.
+    console_tokens_file: Path | None = None
+    # The secret signing session cookies; without one a random secret per process (sessions do
+    # not survive a restart, and two replicas do not accept each other's cookies).
+    console_secret_file: Path | None = None
+    console_cookie_secure: bool = False  # set behind TLS: the cookie is then sent over HTTPS only
+    console_session_hours: float = 12.0  # a sign-in lasts this long
+    console_login_delay: float = 0.5  # seconds a failed sign-in waits before it is answered

@@ -1,0 +1,87 @@
+"""`milpa-sessions console`: serve the operator console; manage its operators."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import click
+
+from console.auth import hash_password
+from milpa_sessions import wiring
+from milpa_sessions.settings import Settings
+from schemas.errors import ConfigurationError
+
+
+@click.group(invoke_without_command=True)
+@click.option("--host", help="Listen address (MILPA_CONSOLE_HOST).")
+@click.option("--port", type=int, help="Listen port (MILPA_CONSOLE_PORT).")
+@click.option("--loglevel", default="info", show_default=True)
+@click.pass_context
+def console(ctx: click.Context, host: str | None, port: int | None, loglevel: str) -> None:
+    """Serve the operator console (HTTP API, web pages, live updates) until interrupted."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import uvicorn  # noqa: PLC0415 - only the server needs it
+
+    from console.app import create_app  # noqa: PLC0415
+
+    settings = _settings(ctx)
+    logging.basicConfig(level=loglevel.upper(), format="%(levelname)s %(name)s: %(message)s")
+    wiring.wait_for_stack(settings)
+    app = create_app(wiring.console_deps(settings), settings)
+    uvicorn.run(
+        app,
+        host=host or settings.console_host,
+        port=port or settings.console_port,
+        log_level=loglevel,
+        proxy_headers=False,
+    )
+
+
+@console.command("passwd")
+@click.argument("username")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The users file (default: MILPA_CONSOLE_USERS_FILE).",
+)
+@click.password_option(help="The new password (asked for when not given).")
+@click.pass_context
+def passwd(ctx: click.Context, username: str, path: Path | None, password: str) -> None:
+    """Add an operator to the users file, or change its password (stored as an argon2id hash)."""
+    path = path or _settings(ctx).console_users_file
+    if path is None:
+        raise ConfigurationError("no users file: pass --file or set MILPA_CONSOLE_USERS_FILE")
+    if not username or ":" in username or any(c.isspace() for c in username):
+        raise click.BadParameter("a username has no colon and no spaces", param_hint="USERNAME")
+    write_user(path, username, hash_password(password))
+    click.echo(f"{username} can sign in ({path})")
+
+
+def _settings(ctx: click.Context) -> Settings:
+    """The settings the CLI's root command read (`milpa_sessions.cli.Ctx`)."""
+    settings = getattr(ctx.find_root().obj, "settings", None)
+    if not isinstance(settings, Settings):
+        raise ConfigurationError("the console commands run under `milpa-sessions`")
+    return settings
+
+
+def write_user(path: Path, username: str, hashed: str) -> None:
+    """Set `username`'s hash in the users file, atomically, readable by its owner only."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    kept = [line for line in lines if line.split(":", 1)[0].strip() != username]
+    kept.append(f"{username}:{hashed}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(kept) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,227 @@
+"""The operator console's HTTP API on the real stack: answers become verified decisions on
+`sessions.decisions`, nothing changes without an authenticated principal, and the live feed."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from deploy.harness import end_offsets, wait_for
+from producers.decisions import DecisionSubscriber
+from producers.questions import QuestionSubscriber
+from producers.store import deadline_in
+from session_model.session import Question
+from tests.integration.console_support import ConsoleStack
+
+pytestmark = pytest.mark.integration
+
+
+def _waiting(stack: ConsoleStack, *, seconds: float = 600, reason: str = "permission") -> str:
+    """A session whose agent asks a question; returns its id once the question waits."""
+    sid = f"c-{uuid.uuid4().hex[:8]}"
+    stack.agent.start(sid, "tidy the repo")
+    deadline = deadline_in(datetime.now(UTC), seconds)
+    stack.agent.ask(
+        sid, Question("q1", "May I delete build/?", ("yes", "no"), "disk", deadline, reason)
+    )
+    wait_for(lambda: (s := stack.agent.find(sid)) is not None and s.question is not None, 60)
+    return sid
+
+
+def _events(stack: ConsoleStack) -> int:
+    ends = end_offsets(stack.settings.kafka_access().kafka_python(), stack.settings.events_topic)
+    return sum(ends.values())
+
+
+def test_the_inbox_lists_what_waits_by_deadline_for_a_bearer_token(
+    console_stack: ConsoleStack,
+) -> None:
+    later = _waiting(console_stack, seconds=900)
+    sooner = _waiting(console_stack, seconds=300, reason="signature_free")
+    headers = {"Authorization": f"Bearer {console_stack.token}"}
+    with console_stack.client() as client:
+        page = client.get("/api/v1/questions", headers=headers).json()
+        ids = [q["session_id"] for q in page["items"]]
+        assert ids.index(sooner) < ids.index(later) and page["total"] >= 2
+        only = client.get("/api/v1/questions?reason=signature_free", headers=headers).json()
+        assert [q["session_id"] for q in only["items"]] == [sooner]
+        assert client.get("/api/v1/questions/reasons", headers=headers).json()["permission"] >= 1
+        one = client.get(f"/api/v1/sessions/{later}", headers=headers).json()
+        assert one["question"]["id"] == "q1" and one["status"] == "waiting"
+        assert client.get("/api/v1/questions?after=garbage", headers=headers).status_code == 422
+        assert client.get("/openapi.json").json()["paths"]["/api/v1/questions"]
+
+
+def test_unauthenticated_and_csrf_less_writes_are_refused_and_append_nothing(
+    console_stack: ConsoleStack,
+) -> None:
+    sid = _waiting(console_stack)
+    before = _events(console_stack)
+    body = {"question_id": "q1", "answer": "yes"}
+    with console_stack.client() as client:
+        refused = client.post(f"/api/v1/sessions/{sid}/answer", json=body)
+        assert refused.status_code == 401
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        assert refused.json()["code"] == "unauthenticated"
+        assert (
+            client.post(f"/api/v1/sessions/{sid}/grant", json={"operation": "rm"}).status_code
+            == 401
+        )
+        assert client.get("/api/v1/questions").status_code == 401
+        page = client.post(f"/sessions/{sid}/answer", data={"question_id": "q1", "answer": "yes"})
+        assert page.status_code in (303, 401) and "/sessions/" not in page.headers.get(
+            "location", ""
+        )
+        console_stack.login(client)  # signed in, but the writes below carry no CSRF token
+        csrf_less = client.post(f"/api/v1/sessions/{sid}/answer", json=body)
+        assert csrf_less.status_code == 403 and csrf_less.json()["code"] == "csrf_failed"
+        form = client.post(f"/sessions/{sid}/answer", data={"question_id": "q1", "answer": "yes"})
+        assert form.status_code == 403
+        wrong = client.post(
+            f"/api/v1/sessions/{sid}/answer", json=body, headers={"X-CSRF-Token": "forged"}
+        )
+        assert wrong.status_code == 403
+    time.sleep(1.0)  # anything appended would be in the log by now
+    assert _events(console_stack) == before
+    session = console_stack.agent.load(sid)
+    assert session.question is not None and not session.decisions
+
+
+def test_an_answer_over_http_is_a_verified_decision_of_the_operator(
+    console_stack: ConsoleStack,
+) -> None:
+    sid = _waiting(console_stack)
+    settings = console_stack.settings
+    decisions = DecisionSubscriber(
+        settings.kafka_access(), settings.decisions_topic, f"milpa-it-{uuid.uuid4().hex[:6]}"
+    )
+    questions = QuestionSubscriber(
+        settings.kafka_access(), settings.questions_topic, f"milpa-it-{uuid.uuid4().hex[:6]}"
+    )
+    try:
+        with console_stack.client() as client:
+            csrf = console_stack.login(client)
+            done = client.post(
+                f"/api/v1/sessions/{sid}/answer",
+                json={"question_id": "q1", "answer": "yes"},
+                headers={"X-CSRF-Token": csrf},
+            )
+            assert done.status_code == 202, done.text
+        found: list[Any] = []
+        wait_for(
+            lambda: bool(found.extend(d for d in decisions.poll() if d.session_id == sid) or found),
+            60,
+        )
+        (decision,) = found
+        assert decision.answer == "yes" and decision.question_id == "q1"
+        assert decision.by is not None
+        assert (decision.by.id, decision.by.verified) == ("operator:alice", True)
+        feed: list[Any] = []
+        wait_for(
+            lambda: (
+                bool(feed.extend(c for c in questions.poll() if c.session_id == sid))
+                or any(c.status.value == "answered" for c in feed)
+            ),
+            60,
+        )
+        assert [c.status.value for c in feed] == ["open", "answered"]
+        assert feed[1].by is not None and feed[1].by.verified
+    finally:
+        decisions.close()
+        questions.close()
+    session = console_stack.agent.load(sid)
+    assert session.is_runnable()
+    with console_stack.client() as client:
+        page = client.get(
+            "/api/v1/questions", headers={"Authorization": f"Bearer {console_stack.token}"}
+        )
+        assert sid not in [q["session_id"] for q in page.json()["items"]]
+
+
+def test_a_late_answer_is_409_late_answer(console_stack: ConsoleStack) -> None:
+    sid = _waiting(console_stack, seconds=1.0)
+    wait_for(lambda: (s := console_stack.agent.find(sid)) is not None and s.ended, 60)
+    with console_stack.client() as client:
+        csrf = console_stack.login(client)
+        late = client.post(
+            f"/api/v1/sessions/{sid}/answer",
+            json={"question_id": "q1", "answer": "yes"},
+            headers={"X-CSRF-Token": csrf},
+        )
+    assert late.status_code == 409, late.text
+    problem = late.json()
+    assert problem["code"] == "late_answer" and problem["status"] == 409
+    # The attempt is on record as the fold's rejection, and decides nothing.
+    wait_for(
+        lambda: (
+            (s := console_stack.agent.find(sid)) is not None
+            and s.rejection_counts().get("late_answer", 0) == 1
+        ),
+        60,
+    )
+
+
+def test_server_sent_events_carry_a_new_question_and_its_answer(
+    console_stack: ConsoleStack,
+) -> None:
+    headers = {"Authorization": f"Bearer {console_stack.token}", "Accept": "text/event-stream"}
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    sid = ""
+    with (
+        httpx.Client(base_url=console_stack.url, timeout=httpx.Timeout(30, read=5)) as client,
+        client.stream("GET", "/api/v1/events", headers=headers) as stream,
+    ):
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        lines = stream.iter_lines()
+        time.sleep(0.5)  # the console follows the topic from its end: let it get there
+        sid = _waiting(console_stack)
+        event = ""
+        for line in lines:
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event == "question":
+                data = json.loads(line.split(":", 1)[1])
+                if data.get("session_id") == sid:
+                    seen.append(data)
+                    break
+            if time.monotonic() > deadline:
+                break
+    assert seen and seen[0]["status"] == "open" and seen[0]["question_id"] == "q1"
+
+
+def test_grant_and_mode_are_signed_by_the_console(console_stack: ConsoleStack) -> None:
+    sid = f"c-{uuid.uuid4().hex[:8]}"
+    console_stack.agent.start(sid, "ship")
+    wait_for(lambda: console_stack.agent.find(sid) is not None, 60)
+    with console_stack.client() as client:
+        csrf = console_stack.login(client)
+        h = {"X-CSRF-Token": csrf}
+        assert (
+            client.post(
+                f"/api/v1/sessions/{sid}/grant", json={"operation": "deploy"}, headers=h
+            ).status_code
+            == 202
+        )
+        assert (
+            client.post(
+                f"/api/v1/sessions/{sid}/mode", json={"mode": "auto"}, headers=h
+            ).status_code
+            == 202
+        )
+    wait_for(
+        lambda: (
+            (s := console_stack.agent.find(sid)) is not None
+            and s.allows("deploy")
+            and s.mode.value == "auto"
+        ),
+        60,
+    )
+    assert console_stack.agent.load(sid).rejection_counts() == {}

@@ -1,0 +1,265 @@
+"""The JSON API over the in-memory store: reads, the operator's acts, and their problem details."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from producers.store import SessionStore
+from schemas.errors import ProjectionError
+from session_model.canonical import text_digest
+from session_model.modes import Mode
+from session_model.principal import Principal
+from session_model.session import Question
+from tests.unit.console.conftest import (
+    BEARER,
+    NOW,
+    FakeAnalytics,
+    at,
+    make_app,
+    page_csrf,
+    seed,
+)
+
+
+@pytest.fixture
+def api(client: TestClient, store: SessionStore) -> TestClient:
+    """A service client (bearer token) over the seeded fleet."""
+    seed(store)
+    client.headers.update(BEARER)
+    return client
+
+
+def _records(store: SessionStore) -> int:
+    return len(store.log.records)  # type: ignore[attr-defined]
+
+
+# -- reads -----------------------------------------------------------------------------------------
+
+
+def test_waiting_questions_come_soonest_deadline_first_with_total_and_cursor(
+    api: TestClient,
+) -> None:
+    page = api.get("/api/v1/questions").json()
+    assert [q["session_id"] for q in page["items"]] == ["s-b", "s-a", "s-c"]
+    assert page["total"] == 3 and page["next"] is None
+    first = page["items"][0]
+    assert first["question_id"] == "sign:deploy"
+    assert first["reason"] == "signature"
+    assert first["call"] == {
+        "operation": "deploy",
+        "arguments": '{"env":"prod","tag":"v2"}',
+        "digest": text_digest('{"env":"prod","tag":"v2"}'),
+    }
+    assert first["deadline_ms"] == int((NOW + timedelta(seconds=60)).timestamp() * 1000)
+    assert page["items"][2]["deadline_ms"] is None
+
+    one = api.get("/api/v1/questions", params={"limit": 1}).json()
+    assert [q["session_id"] for q in one["items"]] == ["s-b"]
+    assert one["total"] == 3 and one["next"]
+    rest = api.get("/api/v1/questions", params={"after": one["next"]}).json()
+    assert [q["session_id"] for q in rest["items"]] == ["s-a", "s-c"]
+
+    only = api.get("/api/v1/questions", params={"reason": "permission"}).json()
+    assert [q["session_id"] for q in only["items"]] == ["s-a"] and only["total"] == 1
+
+
+@pytest.mark.parametrize("params", [{"after": "not-a-cursor"}, {"limit": 0}, {"limit": "x"}])
+def test_an_invalid_page_request_is_422_invalid_request(
+    api: TestClient, params: dict[str, object]
+) -> None:
+    response = api.get("/api/v1/questions", params=params)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["code"] == "invalid_request" and body["status"] == 422
+    assert set(body) >= {"type", "title", "status", "detail", "code"}
+
+
+def test_reasons_and_the_fleet(api: TestClient, analytics: FakeAnalytics) -> None:
+    assert api.get("/api/v1/questions/reasons").json() == {
+        "permission": 1,
+        "signature": 1,
+        "style": 1,
+    }
+    fleet = api.get("/api/v1/fleet").json()
+    assert fleet["by_status"] == {"running": 1, "waiting": 3}
+    assert fleet["by_mode"] == {"ask": 4}
+    assert {"status": "waiting", "mode": "ask", "count": 3} in fleet["sessions"]
+    assert fleet["waiting_by_reason"] == {"permission": 1, "signature": 1, "style": 1}
+    assert fleet["analytics"] is True
+    assert {"hour": "2026-03-01T10:00:00+00:00", "reason": "signature", "count": 2} in fleet[
+        "pauses_by_hour"
+    ]
+    assert fleet["time_to_answer"][0] == {
+        "reason": "permission",
+        "bucket": "le_5s",
+        "le_seconds": 5,
+        "count": 4,
+    }
+    assert analytics.calls == [(timedelta(hours=24), NOW, "hour")]
+
+
+def test_a_session_with_its_plan_todos_and_signature_question(api: TestClient) -> None:
+    s = api.get("/api/v1/sessions/s-b").json()
+    assert s["goal"] == "ship the release"
+    assert (s["mode"], s["status"], s["runnable"]) == ("ask", "waiting", False)
+    assert s["plan"] == "build then deploy"
+    assert s["todos"] == [{"id": "t1", "text": "build", "status": "done", "version": 1}]
+    assert s["question"]["id"] == "sign:deploy"
+    assert s["question"]["call"]["operation"] == "deploy"
+    assert s["question"]["call"]["arguments"] == '{"env":"prod","tag":"v2"}'
+    assert s["decisions"] == [] and s["ended_because"] is None
+
+
+def test_the_window_and_the_timeline_as_sentences(api: TestClient) -> None:
+    window = api.get("/api/v1/sessions/s-b/window").json()
+    assert window[0]["role"] == "system" and "Plan of this session" in window[0]["content"]
+    assert window[-1] == {"role": "user", "content": "please ship"}
+    timeline = api.get("/api/v1/sessions/s-b/timeline").json()
+    sentences = [e["sentence"] for e in timeline]
+    assert "The plan was set (version 1): «build then deploy»" in sentences
+    assert "The user said «please ship»" in sentences
+    assert all(e["seq"] > 3 for e in api.get("/api/v1/sessions/s-b/timeline?since=3").json())
+
+
+def test_an_unknown_session_is_404(api: TestClient) -> None:
+    response = api.get("/api/v1/sessions/nope")
+    assert response.status_code == 404
+    assert response.json()["code"] == "unknown_session"
+
+
+def test_a_backend_failure_is_503_without_details(
+    api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ProjectionError("redis://10.0.0.7:6379 refused the connection")
+
+    monkeypatch.setattr(store.projections, "load", broken)
+    response = api.get("/api/v1/sessions/s-a")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["code"] == "projection_unavailable"
+    assert "10.0.0.7" not in response.text and "Traceback" not in response.text
+
+
+# -- answers ---------------------------------------------------------------------------------------
+
+
+def test_an_operators_answer_is_a_verified_decision_as_operator_name(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    response = operator.post(
+        "/api/v1/sessions/s-a/answer",
+        json={"question_id": "perm:rm", "answer": "yes"},
+        headers={"X-CSRF-Token": page_csrf(operator)},
+    )
+    assert response.status_code == 202
+    assert response.json()["position"] == f"0:{_records(store) - 1}"
+    session = store.load("s-a")
+    assert session.question is None
+    decision = session.decisions[-1]
+    # Verified survives the fold: the console's key signed it and the fold trusts that key.
+    assert decision.by == Principal("operator:alice", verified=True)
+    assert (decision.answer, decision.executor) == ("yes", "console")
+    assert session.downgrades == 0
+    detail = operator.get("/api/v1/sessions/s-a").json()
+    assert detail["decisions"][0]["by"] == "operator:alice"
+    assert detail["decisions"][0]["verified"] is True
+
+
+def test_an_answer_that_is_not_an_option_is_422(api: TestClient, store: SessionStore) -> None:
+    before = _records(store)
+    response = api.post(
+        "/api/v1/sessions/s-a/answer", json={"question_id": "perm:rm", "answer": "maybe"}
+    )
+    assert response.status_code == 422
+    assert response.json()["code"] == "invalid_answer"
+    assert _records(store) == before
+
+
+def test_answering_a_question_that_is_not_open_is_409(api: TestClient) -> None:
+    response = api.post(
+        "/api/v1/sessions/s-a/answer", json={"question_id": "other", "answer": "yes"}
+    )
+    assert response.status_code == 409
+    assert response.json()["code"] == "no_open_question"
+
+
+def test_a_late_answer_is_409_late_answer(api: TestClient, store: SessionStore) -> None:
+    store.start("s-late", "g")
+    store.ask("s-late", Question("q", "Now?", ("yes", "no"), expires_at=at(1)))
+    assert store.expire_if_due("s-late", NOW + timedelta(seconds=5))
+    response = api.post(
+        "/api/v1/sessions/s-late/answer", json={"question_id": "q", "answer": "yes"}
+    )
+    assert response.status_code == 409
+    assert response.json()["code"] == "late_answer"
+    # The attempt is on record, and decided nothing.
+    assert [d.answer for d in store.load("s-late").decisions] == [""]
+
+
+def test_a_signature_question_needs_the_operation_typed_back(
+    api: TestClient, store: SessionStore
+) -> None:
+    before = _records(store)
+    body = {"question_id": "sign:deploy", "answer": "approved"}
+    for confirm in (None, "yes", "Deploy"):
+        response = api.post("/api/v1/sessions/s-b/answer", json={**body, "confirm": confirm})
+        assert response.status_code == 422
+        assert response.json()["code"] == "confirmation_required"
+    assert _records(store) == before
+    response = api.post("/api/v1/sessions/s-b/answer", json={**body, "confirm": "deploy"})
+    assert response.status_code == 202
+    session = store.load("s-b")
+    assert session.decisions[-1].affirmative  # the approval was accepted by the fold
+    assert [(a.operation, a.consumed_at) for a in session.approvals] == [("deploy", None)]
+
+
+def test_a_body_missing_fields_is_422_invalid_request(api: TestClient) -> None:
+    response = api.post("/api/v1/sessions/s-a/answer", json={"answer": "yes"})
+    assert response.status_code == 422
+    body = response.json()
+    assert body["code"] == "invalid_request"
+    assert body["errors"][0]["where"] == "body.question_id"
+
+
+# -- the other acts --------------------------------------------------------------------------------
+
+
+def test_grant_revoke_mode_and_end(api: TestClient, store: SessionStore) -> None:
+    assert api.post("/api/v1/sessions/s-d/grant", json={"operation": "deploy"}).status_code == 202
+    assert store.load("s-d").permissions == ("deploy",)
+    assert api.post("/api/v1/sessions/s-d/revoke", json={"operation": "deploy"}).status_code == 202
+    assert store.load("s-d").permissions == ()
+    assert api.post("/api/v1/sessions/s-d/mode", json={"mode": "auto"}).status_code == 202
+    assert store.load("s-d").mode is Mode.AUTO  # signed: the fold believed it
+    bad = api.post("/api/v1/sessions/s-d/mode", json={"mode": "yolo"})
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid_request"
+    assert api.post("/api/v1/sessions/s-d/end", json={"because": "done"}).status_code == 202
+    assert store.load("s-d").ended_because == "done (ended by service:deployer)"
+    again = api.post("/api/v1/sessions/s-d/end", json={"because": "again"})
+    assert again.status_code == 409 and again.json()["code"] == "session_ended"
+
+
+def test_without_an_operator_key_authority_is_refused_403(settings: object) -> None:
+    store = SessionStore.in_memory()
+    store.start("s1", "g")
+    app = make_app(store, settings)  # type: ignore[arg-type]
+    with TestClient(app, headers=BEARER) as client:
+        response = client.post("/api/v1/sessions/s1/grant", json={"operation": "deploy"})
+    assert response.status_code == 403
+    assert response.json()["code"] == "unauthorized"
+    assert store.load("s1").permissions == ()
+
+
+def test_the_openapi_document_is_served_but_no_cdn_backed_ui(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    assert "/api/v1/questions" in doc["paths"]
+    assert "post" in doc["paths"]["/api/v1/sessions/{session_id}/answer"]
+    assert "/login" not in doc["paths"]  # the pages are not part of the API
+    assert client.get("/docs").status_code == 404
+    assert client.get("/redoc").status_code == 404

@@ -1,0 +1,282 @@
+"""Signing in, cookies, bearer tokens and CSRF: refused calls append nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from console.auth import (
+    SESSION_COOKIE,
+    CookieSigner,
+    Passwords,
+    Tokens,
+    bearer_token,
+    hash_password,
+    load_tokens,
+    load_users,
+    token_digest,
+)
+from console.settings import WebConsoleSettings
+from producers.store import SessionStore
+from schemas.errors import ConfigurationError
+from session_model.principal import Principal
+from tests.unit.console.conftest import (
+    BEARER,
+    PASSWORD,
+    login_csrf,
+    make_app,
+    page_csrf,
+    seed,
+    sign_in,
+)
+
+
+def _records(store: SessionStore) -> int:
+    return len(store.log.records)  # type: ignore[attr-defined]
+
+
+# -- signing in ------------------------------------------------------------------------------------
+
+
+def test_sign_in_sets_a_session_cookie_and_redirects_to_where_the_operator_was_going(
+    client: TestClient,
+) -> None:
+    assert client.get("/inbox", follow_redirects=False).headers["location"] == (
+        "/login?next=%2Finbox"
+    )
+    form = client.get("/login?next=/inbox")
+    assert 'name="next" value="/inbox"' in form.text
+    response = client.post(
+        "/login",
+        data={
+            "username": "alice",
+            "password": PASSWORD,
+            "csrf": login_csrf(form.text),
+            "next": "/inbox",
+        },
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    assert response.headers["location"] == "/inbox"
+    cookie = response.headers["set-cookie"]
+    assert SESSION_COOKIE in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
+    page = client.get("/inbox")
+    assert page.status_code == 200
+    assert '<span id="principal"' in page.text and "operator:alice" in page.text
+
+
+@pytest.mark.parametrize(
+    ("username", "password"), [("alice", "wrong"), ("mallory", PASSWORD), ("alice", "")]
+)
+def test_a_wrong_password_or_unknown_operator_is_refused_alike(
+    client: TestClient, username: str, password: str
+) -> None:
+    response = sign_in(client, username, password)
+    assert response.status_code == 401
+    assert "Unknown operator or wrong password." in response.text
+    assert SESSION_COOKIE not in client.cookies
+    assert client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_a_sign_in_without_the_forms_token_is_refused(client: TestClient) -> None:
+    response = client.post(
+        "/login", data={"username": "alice", "password": PASSWORD}, follow_redirects=False
+    )
+    assert response.status_code == 400
+    assert SESSION_COOKIE not in client.cookies
+
+
+def test_sign_in_never_redirects_off_site(client: TestClient) -> None:
+    form = client.get("/login")
+    response = client.post(
+        "/login",
+        data={
+            "username": "alice",
+            "password": PASSWORD,
+            "csrf": login_csrf(form.text),
+            "next": "//evil.example/x",
+        },
+        follow_redirects=False,
+    )
+    assert response.headers["location"] == "/"
+
+
+def test_signing_out_revokes_the_cookie_even_if_it_is_sent_again(operator: TestClient) -> None:
+    cookie = operator.cookies[SESSION_COOKIE]
+    csrf = page_csrf(operator)
+    response = operator.post("/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert response.status_code == 303
+    operator.cookies.set(SESSION_COOKIE, cookie)
+    assert operator.get("/api/v1/questions").status_code == 401
+
+
+def test_signing_out_needs_the_csrf_token(operator: TestClient) -> None:
+    assert operator.post("/logout", follow_redirects=False).status_code == 403
+    assert operator.get("/api/v1/questions").status_code == 200
+
+
+# -- unauthenticated calls -------------------------------------------------------------------------
+
+
+def test_the_api_answers_401_problem_json_and_appends_nothing(
+    client: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    before = _records(store)
+    response = client.post(
+        "/api/v1/sessions/s-a/answer", json={"question_id": "perm:rm", "answer": "yes"}
+    )
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == "unauthenticated"
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    assert _records(store) == before
+    for path in ("/api/v1/questions", "/api/v1/fleet", "/api/v1/sessions/s-a", "/api/v1/events"):
+        assert client.get(path).status_code == 401, path
+
+
+def test_an_unauthenticated_form_post_redirects_and_appends_nothing(
+    client: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    before = _records(store)
+    response = client.post(
+        "/sessions/s-a/end", data={"because": "x", "csrf": "x"}, follow_redirects=False
+    )
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/login")
+    assert _records(store) == before
+
+
+def test_a_forged_or_expired_cookie_is_not_a_session(client: TestClient) -> None:
+    client.cookies.set(SESSION_COOKIE, "eyJ1IjoiYWxpY2UifQ.forged.sig")
+    assert client.get("/api/v1/questions").status_code == 401
+    expired = CookieSigner("s" * 32, session_seconds=-1)
+    value, _ = expired.issue("alice")
+    assert expired.read(value) is None
+
+
+# -- CSRF ------------------------------------------------------------------------------------------
+
+
+def test_a_cookie_write_without_the_csrf_token_is_refused_403_and_appends_nothing(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    before = _records(store)
+    body = {"question_id": "perm:rm", "answer": "yes"}
+    response = operator.post("/api/v1/sessions/s-a/answer", json=body)
+    assert response.status_code == 403
+    assert response.json()["code"] == "csrf_failed"
+    wrong = operator.post(
+        "/api/v1/sessions/s-a/answer", json=body, headers={"X-CSRF-Token": "guess"}
+    )
+    assert wrong.status_code == 403
+    form = operator.post("/sessions/s-a/answer", data=body, follow_redirects=False)
+    assert form.status_code == 403
+    assert _records(store) == before
+    ok = operator.post(
+        "/api/v1/sessions/s-a/answer", json=body, headers={"X-CSRF-Token": page_csrf(operator)}
+    )
+    assert ok.status_code == 202
+    assert _records(store) == before + 1
+
+
+def test_each_sign_in_has_its_own_csrf_token(client: TestClient) -> None:
+    sign_in(client)
+    first = page_csrf(client)
+    client.cookies.clear()
+    sign_in(client)
+    assert page_csrf(client) != first
+
+
+# -- bearer tokens ---------------------------------------------------------------------------------
+
+
+def test_a_bearer_token_needs_no_csrf_and_answers_as_its_service(
+    client: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    response = client.post(
+        "/api/v1/sessions/s-a/answer",
+        json={"question_id": "perm:rm", "answer": "no"},
+        headers=BEARER,
+    )
+    assert response.status_code == 202, response.text
+    decision = store.load("s-a").decisions[-1]
+    assert decision.by == Principal("service:deployer", verified=True)
+
+
+def test_a_wrong_bearer_token_is_401_even_with_a_valid_cookie(operator: TestClient) -> None:
+    response = operator.get("/api/v1/questions", headers={"Authorization": "Bearer nope"})
+    assert response.status_code == 401
+
+
+# -- credentials files and helpers -----------------------------------------------------------------
+
+
+def test_passwords_verify_argon2id_hashes(alice_hash: str) -> None:
+    assert alice_hash.startswith("$argon2id$")
+    passwords = Passwords({"alice": alice_hash})
+    assert passwords.verify("alice", PASSWORD)
+    assert not passwords.verify("alice", PASSWORD + "!")
+    assert not passwords.verify("bob", PASSWORD)
+    assert not Passwords({"eve": "$argon2id$garbage"}).verify("eve", "x")
+    with pytest.raises(ValueError, match="empty"):
+        hash_password("")
+
+
+def test_tokens_match_by_sha256() -> None:
+    tokens = Tokens({"ci": token_digest("abc")})
+    assert tokens.principal("abc") == Principal("service:ci", verified=True)
+    assert tokens.principal("abd") is None
+    assert bearer_token("Bearer abc") == "abc"
+    assert bearer_token("bearer  abc ") == "abc"
+    assert bearer_token("Basic abc") is None
+    assert bearer_token("Bearer ") is None
+
+
+def test_credentials_files_are_read_strictly_without_echoing_secrets(
+    tmp_path: Path, alice_hash: str
+) -> None:
+    users = tmp_path / "users"
+    users.write_text(f"alice:{alice_hash}\n# a comment\n\n")
+    assert load_users(users) == {"alice": alice_hash}
+    users.write_text("bob:plaintext-password\n")
+    with pytest.raises(ConfigurationError, match="not an argon2 hash") as raised:
+        load_users(users)
+    assert "plaintext-password" not in str(raised.value)
+    users.write_text("just-a-secret-line\n")
+    with pytest.raises(ConfigurationError, match=r"users:1: expected") as raised:
+        load_users(users)
+    assert "just-a-secret-line" not in str(raised.value)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"ci:{token_digest('t').upper()}\n")
+    assert load_tokens(tokens) == {"ci": token_digest("t")}
+    tokens.write_text("ci:raw-token\n")
+    with pytest.raises(ConfigurationError, match="sha256"):
+        load_tokens(tokens)
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        load_users(tmp_path / "missing")
+    assert load_users(None) == {} and load_tokens(None) == {}
+
+
+def test_a_secret_file_keeps_cookies_valid_across_apps(
+    tmp_path: Path, store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("k" * 40)
+    with_secret = replace(settings, console_secret_file=secret)
+    with TestClient(make_app(store, with_secret)) as first:
+        sign_in(first)
+        cookie = first.cookies[SESSION_COOKIE]
+    with TestClient(make_app(store, with_secret)) as second:
+        second.cookies.set(SESSION_COOKIE, cookie)
+        assert second.get("/api/v1/questions").status_code == 200
+    short = tmp_path / "short"
+    short.write_text("tooshort")
+    with pytest.raises(ConfigurationError, match="shorter than 32"):
+        make_app(store, replace(settings, console_secret_file=short))

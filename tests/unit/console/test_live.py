@@ -1,0 +1,260 @@
+"""The live feed: the hub's fan-out, the SSE text, the feed's restarts, and the endpoint itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from console.live import CLOSED, RESYNC, Hub, drain, event_stream, feeding
+from console.settings import WebConsoleSettings
+from producers.store import SessionStore
+from session_model.principal import Principal
+from session_model.questions import QuestionChange, QuestionStatus
+from tests.unit.console.conftest import NOW, TOKEN, at, make_app
+
+
+def change(
+    session_id: str = "s1", status: QuestionStatus = QuestionStatus.OPEN, seq: int = 3, **kw: Any
+) -> QuestionChange:
+    fields: dict[str, Any] = {
+        "session_id": session_id,
+        "status": status,
+        "question_id": "perm:deploy",
+        "question": "Allow «deploy»?",
+        "options": ("yes", "no"),
+        "reason": "permission",
+        "why": "{}",
+        "expires_at": at(60),
+        "asked_at": NOW,
+        "seq": seq,
+        "mode": "ask",
+        "goal": "ship",
+        "event_id": f"ev-{session_id}-{seq}-{status}",
+        "at": NOW,
+    }
+    fields.update(kw)
+    return QuestionChange(**fields)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout=10))
+
+
+# -- the hub ---------------------------------------------------------------------------------------
+
+
+def test_the_hub_hands_each_change_to_every_subscriber_once() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        a, b = hub.subscribe(), hub.subscribe()
+        opened = change()
+        assert hub.publish(opened)
+        assert not hub.publish(opened)  # a redelivery
+        answered = change(status=QuestionStatus.ANSWERED, answer="yes")
+        assert hub.publish(answered)
+        assert not hub.publish(change())  # older than what was seen for s1
+        for sub in (a, b):
+            assert await sub.get() == opened
+            assert await sub.get() == answered
+            assert sub.queue.empty()
+        hub.unsubscribe(a)
+        assert hub.subscribers == 1
+
+    run(scenario())
+
+
+def test_a_slow_subscriber_loses_its_backlog_and_is_told_to_resync() -> None:
+    async def scenario() -> None:
+        hub = Hub(queue_size=3)
+        slow = hub.subscribe()
+        for n in range(5):
+            hub.publish(change(f"s{n}"))
+        items = [slow.queue.get_nowait() for _ in range(slow.queue.qsize())]
+        assert RESYNC in items
+        assert slow.dropped >= 3
+        assert items[-1] == change("s4")  # it goes on receiving after the resync
+
+    run(scenario())
+
+
+def test_closing_the_hub_ends_every_stream() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        sub = hub.subscribe()
+        hub.close()
+        assert await sub.get() is CLOSED
+        assert hub.subscribers == 0
+        assert await hub.subscribe().get() is CLOSED
+
+    run(scenario())
+
+
+# -- the SSE text ----------------------------------------------------------------------------------
+
+
+def test_the_stream_sends_ready_then_question_events_and_keepalives() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        disconnected = False
+
+        async def is_disconnected() -> bool:
+            return disconnected
+
+        stream = event_stream(hub, is_disconnected, keepalive=0.01)
+        first = await anext(stream)
+        assert first.startswith("retry: 3000\n") and "event: ready\n" in first
+        assert await anext(stream) == ": keepalive\n\n"
+        hub.publish(change(by=None))
+        text = await anext(stream)
+        assert text.startswith("event: question\ndata: ") and text.endswith("\n\n")
+        data = json.loads(text.split("data: ", 1)[1])
+        assert data["session_id"] == "s1" and data["status"] == "open"
+        assert data["deadline_ms"] == int((NOW + timedelta(seconds=60)).timestamp() * 1000)
+        hub.publish(change(status=QuestionStatus.ANSWERED, answer="yes", by=Principal("a", True)))
+        answered = json.loads((await anext(stream)).split("data: ", 1)[1])
+        assert answered["by"] == {"id": "a", "verified": True}
+        hub.resync()
+        assert await anext(stream) == "event: resync\ndata: {}\n\n"
+        disconnected = True
+        assert [s async for s in stream] == []  # the next idle check sees the client gone
+        assert hub.subscribers == 0
+
+    run(scenario())
+
+
+# -- draining the feed -----------------------------------------------------------------------------
+
+
+def test_a_failing_feed_is_restarted_with_backoff_and_subscribers_resync() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        sub = hub.subscribe()
+        attempts = 0
+        sleeps: list[float] = []
+
+        async def source() -> AsyncIterator[QuestionChange]:
+            nonlocal attempts
+            attempts += 1
+            if attempts <= 2:
+                raise ConnectionError("broker gone")
+            yield change()
+
+        async def sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+
+        await drain(source, hub, first_backoff=1.0, sleep=sleep)
+        assert attempts == 3 and sleeps == [1.0, 2.0]
+        assert [sub.queue.get_nowait() for _ in range(3)] == [RESYNC, RESYNC, change()]
+
+    run(scenario())
+
+
+def test_feeding_drains_the_source_while_the_app_runs() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        sub = hub.subscribe()
+
+        async def source() -> AsyncIterator[QuestionChange]:
+            yield change()
+            await asyncio.Event().wait()  # a live feed never ends by itself
+
+        async with feeding(source, hub):
+            assert await sub.get() == change()
+        assert await sub.get() is CLOSED
+
+    run(scenario())
+
+
+def test_the_apps_lifespan_runs_the_source(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    started: list[bool] = []
+
+    async def source() -> AsyncIterator[QuestionChange]:
+        started.append(True)
+        yield change()
+
+    app = make_app(store, settings, source=source)
+    with TestClient(app) as client:
+        client.get("/login")
+    assert started == [True]
+    assert app.state.console.hub.closed
+
+
+# -- the endpoint over ASGI ------------------------------------------------------------------------
+
+
+async def _stream_one(app: FastAPI, headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+    """Call GET /api/v1/events, publish one change once subscribed, then disconnect."""
+    hub = app.state.console.hub
+    sent: list[dict[str, Any]] = []
+    got = asyncio.Event()
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if b"event: question" in message.get("body", b""):
+            got.set()
+        if message["type"] == "http.response.start" and message["status"] != 200:
+            got.set()
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/api/v1/events",
+        "raw_path": b"/api/v1/events",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+        "state": {},
+    }
+    task = asyncio.create_task(app(scope, receive, send))
+    for _ in range(500):
+        if hub.subscribers or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if hub.subscribers:
+        hub.publish(change())
+    await asyncio.wait_for(got.wait(), 5)
+    gone.set()
+    await asyncio.wait_for(task, 5)
+    assert hub.subscribers == 0
+    return sent
+
+
+def test_the_events_endpoint_streams_a_published_change(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    app = make_app(store, settings)
+    sent = run(_stream_one(app, [(b"authorization", f"Bearer {TOKEN}".encode())]))
+    start = sent[0]
+    assert start["status"] == 200
+    headers = dict(start["headers"])
+    assert headers[b"content-type"].startswith(b"text/event-stream")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert b"event: ready" in body
+    event = body.split(b"event: question\ndata: ", 1)[1].split(b"\n\n", 1)[0]
+    assert json.loads(event)["question_id"] == "perm:deploy"
+
+
+def test_the_events_endpoint_refuses_strangers(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    app = make_app(store, settings)
+    sent = run(_stream_one(app, []))
+    assert sent[0]["status"] == 401

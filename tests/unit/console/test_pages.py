@@ -1,0 +1,180 @@
+"""The server-rendered pages: what they show, and the forms that act through them."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from fastapi.testclient import TestClient
+
+from producers.store import SessionStore
+from session_model.principal import Principal
+from session_model.session import Question
+from tests.unit.console.conftest import NOW, at, page_csrf, seed
+
+
+def _ids(html: str, attribute: str) -> list[str]:
+    return re.findall(rf'<li class="question" {attribute}="([^"]+)"', html)
+
+
+def test_the_inbox_lists_waiting_questions_soonest_deadline_first(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    page = operator.get("/inbox")
+    assert page.status_code == 200
+    assert _ids(page.text, "data-session") == ["s-b", "s-a", "s-c"]
+    assert '<span id="inbox-total">3</span>' in page.text
+    deadline = int((NOW + timedelta(seconds=60)).timestamp() * 1000)
+    assert f'data-deadline="{deadline}"' in page.text  # the countdown's anchor
+    assert 'data-question="sign:deploy"' in page.text
+    assert 'class="badge reason reason-signature"' in page.text
+    assert 'id="question-template"' in page.text  # rows added live are built from it
+    assert 'id="inbox-empty" class="muted empty" hidden' in page.text
+
+
+def test_the_inbox_filters_by_reason_and_pages_by_cursor(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    filtered = operator.get("/inbox?reason=style")
+    assert _ids(filtered.text, "data-session") == ["s-c"]
+    assert '<ul id="questions" class="questions" data-reason="style"' in filtered.text
+    for extra in range(60):
+        store.start(f"x-{extra:02d}", "g")
+        store.ask(f"x-{extra:02d}", seed_question(extra))
+    first = operator.get("/inbox")
+    assert len(_ids(first.text, "data-session")) == 50
+    link = re.search(r'id="next-page" href="([^"]+)"', first.text)
+    assert link
+    second = operator.get(link.group(1).replace("&amp;", "&"))
+    rest = _ids(second.text, "data-session")
+    assert len(rest) == 13 and not set(rest) & set(_ids(first.text, "data-session"))
+    assert 'id="next-page"' not in second.text
+
+
+def seed_question(n: int) -> Question:
+    return Question(f"q{n}", f"Q{n}?", ("yes", "no"), None, at(1000 + n), "permission")
+
+
+def test_an_empty_inbox_says_so(operator: TestClient) -> None:
+    page = operator.get("/inbox").text
+    assert re.search(r'id="inbox-empty" class="muted empty"\s*>Nothing is waiting\.', page)
+    assert _ids(page, "data-session") == []
+
+
+def test_the_overview_counts_and_draws_the_charts(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    page = operator.get("/")
+    assert page.status_code == 200
+    assert '<td data-status="waiting" data-mode="ask">3</td>' in page.text
+    assert '<td data-status="running" data-mode="ask">1</td>' in page.text
+    assert re.search(r'<li data-reason="signature">.*?<span class="n">1</span>', page.text, re.S)
+    pauses = re.search(r'<svg id="pauses-chart".*?</svg>', page.text, re.S)
+    assert pauses
+    assert pauses.group(0).count("<rect") == 3  # two bars at 10:00 (stacked), one at 08:00
+    assert "2 pauses (signature)" in pauses.group(0)
+    tta = re.search(r'<svg id="tta-chart".*?</svg>', page.text, re.S)
+    assert tta and tta.group(0).count("<rect") == 2
+
+
+def test_the_session_page_shows_state_window_timeline_and_the_signature_gate(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    page = operator.get("/sessions/s-b")
+    assert page.status_code == 200
+    html = page.text
+    assert re.search(r'id="session-status"[^>]*>waiting<', html)
+    assert '<pre id="signed-call" data-operation="deploy">{&#34;env&#34;:&#34;prod&#34;' in html
+    assert 'id="confirm-operation"' in html and 'data-expect="deploy"' in html
+    assert 'id="sign-and-answer"' in html
+    assert "answer-option" not in html  # a click cannot sign: no option buttons
+    assert "The plan was set (version 1): «build then deploy»" in html
+    assert 'data-kind="waiting"' in html
+    assert 'data-todo="t1" data-status="done"' in html
+    assert '<li class="message role-user" data-role="user">' in html
+
+
+def test_answering_from_the_page_redirects_back_with_a_flash_and_shows_the_decision(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    page = operator.get("/sessions/s-a").text
+    assert '<button type="submit" name="answer" value="yes" class="answer-option primary">' in page
+    response = operator.post(
+        "/sessions/s-a/answer",
+        data={"csrf": page_csrf(operator), "question_id": "perm:rm", "answer": "yes"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    assert response.headers["location"].endswith("/sessions/s-a")
+    after = operator.get("/sessions/s-a").text
+    assert re.search(
+        r'<div id="flash" class="flash ok"[^>]*>Answered «yes» as operator:alice', after
+    )
+    assert re.search(r'id="session-status"[^>]*>running<', after)
+    assert 'data-question="perm:rm" data-verified="true"' in after
+    assert "operator:alice (verified) answered «Allow «rm»?» with «yes», via console" in after
+    assert store.load("s-a").decisions[-1].by == Principal("operator:alice", verified=True)
+    # The flash is shown once.
+    assert 'id="flash"' not in operator.get("/sessions/s-a").text
+
+
+def test_signing_from_the_page_needs_the_typed_confirmation(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    csrf = page_csrf(operator)
+    form = {"csrf": csrf, "question_id": "sign:deploy", "answer": "approved"}
+    refused = operator.post("/sessions/s-b/answer", data=form).text  # redirected back
+    assert 'class="flash error"' in refused and "confirmation_required" in refused
+    assert store.load("s-b").question is not None
+    operator.post("/sessions/s-b/answer", data={**form, "confirm": "deploy"})
+    assert store.load("s-b").question is None
+    assert store.load("s-b").approvals[0].operation == "deploy"
+
+
+def test_the_forms_grant_revoke_set_the_mode_and_end(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    csrf = page_csrf(operator)
+    operator.post("/sessions/s-d/grant", data={"csrf": csrf, "operation": "deploy"})
+    assert store.load("s-d").permissions == ("deploy",)
+    page = operator.get("/sessions/s-d").text
+    assert '<li data-operation="deploy">' in page
+    operator.post("/sessions/s-d/revoke", data={"csrf": csrf, "operation": "deploy"})
+    operator.post("/sessions/s-d/mode", data={"csrf": csrf, "mode": "acknowledge"})
+    assert store.load("s-d").mode.value == "acknowledge"
+    operator.post("/sessions/s-d/end", data={"csrf": csrf, "because": "enough"})
+    ended = operator.get("/sessions/s-d").text
+    assert re.search(r'id="session-status"[^>]*>ended<', ended)
+    assert "The session ended: enough (ended by operator:alice)" in ended
+    assert 'id="end-form"' not in ended
+    error = operator.post("/sessions/s-d/grant", data={"csrf": csrf, "operation": "x"}).text
+    assert 'class="flash error"' in error and "session_ended" in error
+
+
+def test_an_unknown_session_page_is_404_and_the_search_box_goes_to_a_session(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    missing = operator.get("/sessions/nope")
+    assert missing.status_code == 404 and "There is no session «nope»." in missing.text
+    jump = operator.get("/sessions?id=s-a", follow_redirects=False)
+    assert jump.status_code == 303 and jump.headers["location"].endswith("/sessions/s-a")
+
+
+def test_pages_and_static_files_carry_a_strict_policy(operator: TestClient) -> None:
+    page = operator.get("/")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.headers["cache-control"] == "no-store"
+    css = operator.get("/static/console.css")
+    assert css.status_code == 200 and "@media (max-width: 760px)" in css.text
+    js = operator.get("/static/console.js")
+    assert js.status_code == 200 and "EventSource" in js.text
+    assert "innerHTML" not in js.text
