@@ -88,9 +88,20 @@ def _secret(settings: WebConsoleSettings) -> str:
     return secret
 
 
+_REGEX_SYNTAX = frozenset("^$\\.*+?()[]{}|/")
+
+
+def pattern_literal(text: str) -> str:
+    """`text` as an HTML `pattern` that matches exactly it."""
+    # Browsers compile patterns in unicode mode, where escaping anything but a syntax character
+    # is an error (and an invalid pattern constrains nothing): escape those only.
+    return "".join("\\" + c if c in _REGEX_SYNTAX else c for c in text)
+
+
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["instant"] = short_instant
+    templates.env.filters["pattern_literal"] = pattern_literal
     return templates
 
 

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 QuestionSource = Callable[[], AsyncIterator[QuestionChange]]
 KEEPALIVE_SECONDS: Final = 15.0
 QUEUE_SIZE: Final = 256
+SEEN_SESSIONS: Final = 100_000  # sessions whose last change the hub remembers (oldest dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +68,9 @@ class Subscription:
 class Hub:
     """Fans question changes out to subscribers (used from the event loop only)."""
 
-    def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(self, queue_size: int = QUEUE_SIZE, seen_sessions: int = SEEN_SESSIONS) -> None:
         self.queue_size = queue_size
+        self.seen_sessions = seen_sessions
         self._subscribers: set[Subscription] = set()
         self._seen: dict[str, tuple[int, int]] = {}
         self.closed = False
@@ -97,7 +99,10 @@ class Hub:
         last = self._seen.get(change.session_id)
         if last is not None and order <= last:
             return False
+        self._seen.pop(change.session_id, None)  # re-inserted last: the oldest go first
         self._seen[change.session_id] = order
+        if len(self._seen) > self.seen_sessions:
+            del self._seen[next(iter(self._seen))]
         for sub in tuple(self._subscribers):
             sub.offer(change)
         return True

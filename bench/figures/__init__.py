@@ -13,6 +13,7 @@ from bench.figures.common import Run, Sizes
 from bench.figures.e2e import e2e
 from bench.figures.expiry import expiry
 from bench.figures.inbox import inbox
+from bench.figures.live import live
 from bench.figures.memory import memory
 from bench.figures.producer import producer
 from bench.figures.projector import projector
@@ -26,6 +27,7 @@ FIGURES: dict[str, Callable[[Run], None]] = {
     "expiry": expiry,
     "memory": memory,
     "inbox": inbox,
+    "live": live,
 }
 
 __all__ = ["FIGURES", "Run", "Sizes"]

@@ -35,6 +35,7 @@ TARGETS = {
     "expiry_p99": Target("<=", 10),
     "memory": Target("<=", 0.5),
     "inbox_p99": Target("<=", 20),
+    "live_p99": Target("<=", 100),
 }
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
 
@@ -61,6 +62,8 @@ class Sizes:
     memory_sessions: int = 100_000
     inbox_waiting: int = 100_000
     inbox_samples: int = 1_000
+    live_questions: int = 2_000
+    live_rate: int = 100  # questions asked per second
 
     @classmethod
     def full(cls) -> Sizes:
@@ -78,6 +81,7 @@ class Sizes:
             memory_sessions=25_000,
             inbox_waiting=20_000,
             inbox_samples=300,
+            live_questions=500,
         )
 
 

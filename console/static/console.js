@@ -37,7 +37,7 @@
   const signButton = document.getElementById("sign-and-answer");
   if (confirmInput && signButton) {
     const check = function () {
-      signButton.disabled = confirmInput.value.trim() !== confirmInput.dataset.expect;
+      signButton.disabled = confirmInput.value !== confirmInput.dataset.expect;
     };
     confirmInput.addEventListener("input", check);
     check();

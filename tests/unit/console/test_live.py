@@ -69,6 +69,17 @@ def test_the_hub_hands_each_change_to_every_subscriber_once() -> None:
     run(scenario())
 
 
+def test_the_hub_remembers_a_bounded_number_of_sessions() -> None:
+    async def scenario() -> None:
+        hub = Hub(seen_sessions=2)
+        for sid in ("s1", "s2", "s3"):
+            assert hub.publish(change(sid))
+        assert not hub.publish(change("s3"))
+        assert hub.publish(change("s1"))  # forgotten (the oldest): passed on again
+
+    run(scenario())
+
+
 def test_a_slow_subscriber_loses_its_backlog_and_is_told_to_resync() -> None:
     async def scenario() -> None:
         hub = Hub(queue_size=3)

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from fastapi.testclient import TestClient
 
+from console.app import pattern_literal
 from producers.store import SessionStore
 from session_model.principal import Principal
 from session_model.session import Question
@@ -90,6 +91,7 @@ def test_the_session_page_shows_state_window_timeline_and_the_signature_gate(
     assert re.search(r'id="session-status"[^>]*>waiting<', html)
     assert '<pre id="signed-call" data-operation="deploy">{&#34;env&#34;:&#34;prod&#34;' in html
     assert 'id="confirm-operation"' in html and 'data-expect="deploy"' in html
+    assert 'required pattern="deploy"' in html  # without JS the browser still refuses
     assert 'id="sign-and-answer"' in html
     assert "answer-option" not in html  # a click cannot sign: no option buttons
     assert "The plan was set (version 1): «build then deploy»" in html
@@ -178,3 +180,10 @@ def test_pages_and_static_files_carry_a_strict_policy(operator: TestClient) -> N
     js = operator.get("/static/console.js")
     assert js.status_code == 200 and "EventSource" in js.text
     assert "innerHTML" not in js.text
+
+
+def test_the_confirmation_pattern_matches_only_the_operation_name() -> None:
+    assert pattern_literal("db.migrate") == "db\\.migrate"
+    assert pattern_literal("rm-rf(all)") == "rm-rf\\(all\\)"  # `-` stays: \\- is an error
+    assert re.fullmatch(pattern_literal("a.b*c"), "a.b*c")
+    assert not re.fullmatch(pattern_literal("a.b"), "axb")
