@@ -43,7 +43,9 @@ def live(run: Run) -> None:
         settings, console_port=port, console_tokens_file=tokens, console_secret_file=secret
     )
     worker = run.start("live-worker", settings)
-    run.start("live-console", console, command="console", metrics=False, loglevel="warning")
+    server = run.start(
+        "live-console", console, command="console", metrics=False, loglevel="warning"
+    )
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: _answers(url), timeout=60, what="the console")
     sids = [f"live-{run.tag}-{i:05d}" for i in range(n)]
@@ -68,7 +70,7 @@ def live(run: Run) -> None:
         def on_ack(sid: str, _sent: float, _metadata: Any) -> None:
             acked[sid] = time.perf_counter()
 
-        cpu = run.cpu({"worker": worker.pid})
+        cpu = run.cpu({"worker": worker.pid, "console": server.pid})
         cpu.start()
         seconds, late = paced(log, asks, rate, on_ack)
         log.flush(timeout=60)
