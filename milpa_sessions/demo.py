@@ -21,6 +21,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -47,12 +48,12 @@ from session_model.signing import Signer
 
 
 @contextmanager
-def worker_process(settings: Settings, logfile: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A `milpa-sessions worker` child process, stopped (SIGTERM) on exit."""
+def cli_process(settings: Settings, logfile: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A `milpa-sessions <args>` child process with `settings`, stopped (SIGTERM) on exit."""
     env = {**os.environ, **settings.to_env()}
     with logfile.open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "milpa_sessions.cli", "worker", "--loglevel", "info"],
+            [sys.executable, "-m", "milpa_sessions.cli", *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -67,6 +68,11 @@ def worker_process(settings: Settings, logfile: Path) -> Iterator[subprocess.Pop
             proc.kill()
 
 
+def worker_process(settings: Settings, logfile: Path) -> ContextManager[subprocess.Popen[bytes]]:
+    """A `milpa-sessions worker` child process, stopped (SIGTERM) on exit."""
+    return cli_process(settings, logfile, "worker", "--loglevel", "info")
+
+
 DEMO_OPERATOR = "demo"
 
 
@@ -75,16 +81,9 @@ def console_process(settings: Settings, logfile: Path) -> Iterator[str]:
     """A `milpa-sessions console` child process on a free port; yields its URL once it answers."""
     wanted = settings.console_port
     port = wanted if wanted and _port_free(wanted) else _free_port()
-    env = {**os.environ, **replace(settings, console_port=port).to_env()}
-    with logfile.open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "milpa_sessions.cli", "console", "--loglevel", "warning"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    chosen = replace(settings, console_port=port)
     url = f"http://{settings.console_host}:{port}"
-    try:
+    with cli_process(chosen, logfile, "console", "--loglevel", "warning") as proc:
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -96,12 +95,6 @@ def console_process(settings: Settings, logfile: Path) -> Iterator[str]:
                 raise RuntimeError(f"the console did not start: see {logfile}")
             time.sleep(0.2)
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _port_free(port: int) -> bool:

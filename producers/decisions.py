@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from producers.kafka_access import KafkaAccess
 from producers.subscription import Subscription
-from schemas.codec import EventCodec
 from session_model.principal import Principal
 from session_model.session import Decision
 
@@ -83,24 +81,10 @@ class PublishedDecision:
 class DecisionSubscriber(Subscription[PublishedDecision]):
     """Iterate decisions with your own consumer group; duplicates are dropped for you."""
 
-    def __init__(
-        self,
-        bootstrap: str | KafkaAccess,
-        topic: str,
-        group_id: str,
-        *,
-        codec: EventCodec | None = None,
-        from_beginning: bool = True,
-        poll_timeout_ms: int = 500,
-    ) -> None:
-        self.codec = codec or EventCodec()
-        decode = self.codec.decode_decision
-        super().__init__(
-            bootstrap,
-            topic,
-            group_id,
-            lambda raw: PublishedDecision.from_record(decode(raw)),
-            lambda d: (d.session_id, (d.seq,)),
-            from_beginning=from_beginning,
-            poll_timeout_ms=poll_timeout_ms,
-        )
+    def decode(self, raw: bytes) -> PublishedDecision:
+        """A `Decision` record, read."""
+        return PublishedDecision.from_record(self.codec.decode_decision(raw))
+
+    def order(self, item: PublishedDecision) -> tuple[str, tuple[int, ...]]:
+        """Per session, by the deciding event's seq."""
+        return item.session_id, (item.seq,)

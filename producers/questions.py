@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.kafka_access import KafkaAccess
 from producers.subscription import Subscription
-from schemas.codec import EventCodec
 from session_model.principal import Principal
 from session_model.questions import QuestionChange, QuestionStatus
 
@@ -63,24 +61,10 @@ def change_from_record(r: dict[str, Any]) -> QuestionChange:
 class QuestionSubscriber(Subscription[QuestionChange]):
     """Iterate question changes with your own consumer group; repeats are dropped for you."""
 
-    def __init__(
-        self,
-        bootstrap: str | KafkaAccess,
-        topic: str,
-        group_id: str,
-        *,
-        codec: EventCodec | None = None,
-        from_beginning: bool = True,
-        poll_timeout_ms: int = 500,
-    ) -> None:
-        self.codec = codec or EventCodec()
-        decode = self.codec.decode_question_change
-        super().__init__(
-            bootstrap,
-            topic,
-            group_id,
-            lambda raw: change_from_record(decode(raw)),
-            lambda c: (c.session_id, c.order()),
-            from_beginning=from_beginning,
-            poll_timeout_ms=poll_timeout_ms,
-        )
+    def decode(self, raw: bytes) -> QuestionChange:
+        """A `QuestionChange` record, read."""
+        return change_from_record(self.codec.decode_question_change(raw))
+
+    def order(self, item: QuestionChange) -> tuple[str, tuple[int, ...]]:
+        """Per session, by the question's seq and how far it got."""
+        return item.session_id, item.order()

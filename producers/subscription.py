@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 
 from producers.kafka_access import KafkaAccess
+from schemas.codec import EventCodec
 from schemas.errors import CodecError, LogError
 
 T = TypeVar("T")
 
 
-class Subscription(Generic[T]):
+class Subscription(ABC, Generic[T]):
     """Iterate a topic's records with your own consumer group; repeats are dropped for you.
 
     Records are published at least once. `order(record)` gives a record's session and its
@@ -27,17 +29,15 @@ class Subscription(Generic[T]):
         bootstrap: str | KafkaAccess,
         topic: str,
         group_id: str,
-        decode: Callable[[bytes], T],
-        order: Callable[[T], tuple[str, tuple[int, ...]]],
         *,
+        codec: EventCodec | None = None,
         from_beginning: bool = True,
         poll_timeout_ms: int = 500,
     ) -> None:
+        self.codec = codec or EventCodec()
         self.topic = topic
         self.poll_timeout_ms = poll_timeout_ms
         self.undecodable = 0
-        self._decode = decode
-        self._order = order
         self._last: dict[str, tuple[int, ...]] = {}
         try:
             self._consumer = KafkaConsumer(
@@ -60,17 +60,25 @@ class Subscription(Generic[T]):
         for records in batches.values():
             for record in records:
                 try:
-                    item = self._decode(record.value)
+                    item = self.decode(record.value)
                 except (CodecError, KeyError, TypeError, ValueError):
                     self.undecodable += 1
                     continue
-                session, position = self._order(item)
+                session, position = self.order(item)
                 last = self._last.get(session)
                 if last is not None and position <= last:
                     continue
                 self._last[session] = position
                 out.append(item)
         return out
+
+    @abstractmethod
+    def decode(self, raw: bytes) -> T:
+        """One record's value, read."""
+
+    @abstractmethod
+    def order(self, item: T) -> tuple[str, tuple[int, ...]]:
+        """The record's session and its position in that session's stream."""
 
     def commit(self) -> None:
         """Commit what has been polled (call after handling it)."""

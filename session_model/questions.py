@@ -10,7 +10,7 @@ seen and drops anything not beyond it (`QuestionChange.order`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -191,22 +191,17 @@ def _change(
 def _resolved(
     state: Session, q: Question, d: Decision, event_id: str, at: datetime
 ) -> QuestionChange:
+    """The change of a question `d` resolved; the question's text and reason as `d` recorded."""
     expired = d.expired_at is not None
-    return QuestionChange(
-        session_id=state.id,
-        status=QuestionStatus.EXPIRED if expired else QuestionStatus.ANSWERED,
+    return replace(
+        _change(
+            state, q, QuestionStatus.EXPIRED if expired else QuestionStatus.ANSWERED, event_id, at
+        ),
         question_id=d.question_id,
         question=d.question,
-        options=q.options,
         reason=d.reason,
         why=d.why,
-        expires_at=q.expires_at,
         asked_at=d.asked_at,
-        seq=q.seq,
-        mode=state.mode.value,
-        goal=state.goal,
-        event_id=event_id,
-        at=at,
         answer=None if expired else d.answer,
         by=None if expired else d.by,
     )
