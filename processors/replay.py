@@ -117,6 +117,7 @@ def replay(
         store = dataclasses.replace(store, count_stats=False)
     access = KafkaAccess.of(bootstrap)
     ends, partitions = _end_offsets(access, topic, session_id)
+    store = dataclasses.replace(store, partitions=partitions)  # the waiting index's partitions
     total = sum(ends.values())
     if session_id is None:
         store.clear()

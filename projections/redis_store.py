@@ -16,7 +16,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from projections import requests
+from projections import requests, scripts
 from projections import waiting as index
 from projections.codec import turn_from_json
 from projections.keys import Keys
@@ -30,6 +30,7 @@ from projections.requests import (
     text,
 )
 from schemas.errors import NotYetVisibleError, ProjectionError
+from session_model.partitioning import partition_for
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
@@ -158,11 +159,24 @@ class RedisProjectionStore:
         return parse_timeline(raw, session_id, since)
 
     def drop(self, session_id: str) -> None:
-        """Delete one session's projection."""
-        try:
-            self.client.unlink(*self.keys.session(session_id).all())
-        except redis.RedisError as e:
-            raise ProjectionError(f"dropping {session_id} failed: {e}") from e
+        """Delete one session's projection, and its entries in the waiting index and counts."""
+        p = partition_for(session_id, self.partitions)
+        k = self.keys
+        call = (
+            "EVALSHA",
+            scripts.DROP.sha,
+            8,
+            *k.session(session_id).all(),
+            k.waiting(p),
+            k.waiting_cards(p),
+            k.waiting_counts(p),
+            k.fleet_counts(p),
+            session_id,
+            k.waiting_reason_prefix(p),
+        )
+        execute(
+            self.client, requests.Request([call], lambda _: None, f"dropping {session_id} failed")
+        )
 
     def clear(self) -> None:
         """Delete every key under this store's prefix."""

@@ -51,14 +51,16 @@ def _fill(name: str, text: str) -> str:
     return _PLACEHOLDER.sub(value, text)
 
 
-def load(name: str, *, header: bool = False) -> Script:
-    """The script `lua/<name>.lua` (after `lua/header.lua` when `header`), placeholders filled."""
-    text = (_text("header") if header else "") + _text(name)
+def load(name: str, *, header: bool = False, index: bool = False) -> Script:
+    """The script `lua/<name>.lua`, after `lua/header.lua` (`header`) and `lua/index.lua`
+    (`index`), placeholders filled."""
+    text = (_text("header") if header else "") + (_text("index") if index else "") + _text(name)
     return Script(name, _fill(name, text))
 
 
-COMMIT = load("commit", header=True)
+COMMIT = load("commit", header=True, index=True)
 READ = load("read", header=True)
 DUE = load("due")
 WAITING = load("waiting")
-ALL = (COMMIT, READ, DUE, WAITING)
+DROP = load("drop", index=True)
+ALL = (COMMIT, READ, DUE, WAITING, DROP)

@@ -31,11 +31,11 @@ end
 local function waiting(ko, sid, at, was)
   local entry, card, score, rprefix = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local counts = KEYS[ko + 9]
-  local old = was and string.match(was, '^waiting|[^|]*|(.*)$')
+  local old = was and waiting_reason(was)
   if card ~= '' then
     local reason = string.match(entry, '^[^|]*|[^|]*|(.*)$')
     if old and old ~= reason then
-      if redis.call('ZREM', rprefix .. old, sid) == 1 then redis.call('HINCRBY', counts, old, -1) end
+      if redis.call('ZREM', rprefix .. old, sid) == 1 then decrement(counts, old) end
     end
     redis.call('HSET', KEYS[ko + 8], sid, card)
     redis.call('ZADD', KEYS[ko + 7], score, sid)
@@ -43,14 +43,12 @@ local function waiting(ko, sid, at, was)
       redis.call('HINCRBY', counts, reason, 1)
     end
   elseif old then
-    redis.call('HDEL', KEYS[ko + 8], sid)
-    redis.call('ZREM', KEYS[ko + 7], sid)
-    if redis.call('ZREM', rprefix .. old, sid) == 1 then redis.call('HINCRBY', counts, old, -1) end
+    unwait(KEYS[ko + 7], KEYS[ko + 8], counts, rprefix, sid, old)
   end
   if was == entry then return nil end
   local fleet = KEYS[ko + 10]
-  if was then redis.call('HINCRBY', fleet, string.match(was, '^([^|]*|[^|]*)'), -1) end
-  redis.call('HINCRBY', fleet, string.match(entry, '^([^|]*|[^|]*)'), 1)
+  if was then decrement(fleet, status_mode(was)) end
+  redis.call('HINCRBY', fleet, status_mode(entry), 1)
   return entry
 end
 
