@@ -225,13 +225,23 @@ def step_changes(step: Step, before: Question | None) -> tuple[QuestionChange, .
     return ()
 
 
+_MAY_CHANGE = frozenset({ev.QUESTION_ASKED, ev.ENDED})  # besides any step with a decision
+
+
 def update_changes(update: SessionUpdate) -> tuple[QuestionChange, ...]:
-    """Every question change of an update, in order."""
-    before: Question | None = None  # unknown before the first step: a decision tells enough
+    """Every question change of an update, in order.
+
+    Runs on every update the worker commits: a step that can change no question is passed over
+    with two attribute reads.
+    """
     out: list[QuestionChange] = []
+    previous: Step | None = None  # the step before: its state held the question open before
     for s in update.steps:
-        out.extend(step_changes(s, before))
-        before = s.state.question
+        if s.outcome.decision is not None or s.event.type in _MAY_CHANGE:
+            # Unknown before the first step: a decision tells enough of its question.
+            before = previous.state.question if previous is not None else None
+            out.extend(step_changes(s, before))
+        previous = s
     return tuple(out)
 
 
