@@ -14,9 +14,23 @@ from session_model.questions import WaitingQuestion, score_of, session_status, w
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+# A session's fleet entry is two letters, its status and its mode, then while it waits the reason
+# (`wapermission`): it is kept in every session's state hash, so it is short.
+STATUS_CODES: dict[str, str] = {"unstarted": "u", "running": "r", "waiting": "w", "ended": "e"}
+MODE_CODES: dict[str, str] = {"ask": "a", "acknowledge": "k", "auto": "u"}
+_STATUSES = {code: name for name, code in STATUS_CODES.items()}
+_MODES = {code: name for name, code in MODE_CODES.items()}
+
+
+def fleet_key(code: str) -> tuple[str, str]:
+    """(status, mode) of a fleet counts field (two letters); unknown letters are kept as read."""
+    return _STATUSES.get(code[:1], code[:1]), _MODES.get(code[1:2], code[1:2])
+
+
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
-    """A session's fleet entry (`status|mode|reason`) and, while it waits, its card and score."""
+    """A session's fleet entry (status and mode letters, the reason while it waits) and, while it
+    waits, its card and score."""
 
     fleet: str
     card: bytes  # b"" when the session does not wait
@@ -27,10 +41,10 @@ def index_entry(update: SessionUpdate, deadline_ms: int | None) -> IndexEntry:
     """The fleet entry and waiting card of an update's state."""
     state = update.state
     item = waiting_question(state, deadline_ms)
-    status, mode = session_status(state).value, state.mode.value
+    code = STATUS_CODES[session_status(state).value] + MODE_CODES[state.mode.value]
     if item is None:
-        return IndexEntry(f"{status}|{mode}|", b"", 0)
-    return IndexEntry(f"{status}|{mode}|{item.reason}", card_to_json(item), score_of(item))
+        return IndexEntry(code, b"", 0)
+    return IndexEntry(code + item.reason, card_to_json(item), score_of(item))
 
 
 def card_to_json(item: WaitingQuestion) -> bytes:

@@ -8,6 +8,7 @@ with replicas), not a Cluster; splitting it per slot would start from these tags
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -85,8 +86,15 @@ class Keys:
         return f"{self.prefix}:{{w:{partition}}}:waiting:counts"
 
     def fleet_counts(self, partition: int) -> str:
-        """Hash per partition: `status|mode` -> sessions (each session's entry: state field f)."""
+        """Hash per partition: status and mode letters -> sessions (`projections.cards`; each
+        session's entry is its state hash's field f)."""
         return f"{self.prefix}:{{w:{partition}}}:fleet:counts"
+
+    def partition_keys(self, partition: int) -> tuple[str, ...]:
+        """A partition's index keys in the order the commit script takes them (after a
+        session's own): deadlines, compaction due, waiting, cards, waiting counts, fleet counts.
+        """
+        return _partition_keys(self, partition)
 
     def stat(self, name: str) -> str:
         """A counter hash for analytics (`stat("pauses")` → field per reason code)."""
@@ -99,6 +107,19 @@ class Keys:
     def pattern(self) -> str:
         """A SCAN pattern matching every key under this prefix."""
         return f"{self.prefix}:*"
+
+
+@functools.lru_cache(maxsize=4096)
+def _partition_keys(keys: Keys, partition: int) -> tuple[str, ...]:
+    # Built once per (prefix, partition): every commit of every session names them.
+    return (
+        keys.deadlines(partition),
+        keys.compaction_due(partition),
+        keys.waiting(partition),
+        keys.waiting_cards(partition),
+        keys.waiting_counts(partition),
+        keys.fleet_counts(partition),
+    )
 
 
 def _glob_escape(text: str) -> str:

@@ -166,15 +166,7 @@ def commit_call(
     changes = index_changes(update, keys, compact_after)
     counters = changes.counters if count else ()
     entry = index_entry(update, changes.deadline_ms)
-    script_keys = [
-        *k.all(),
-        keys.deadlines(partition),
-        keys.compaction_due(partition),
-        keys.waiting(partition),
-        keys.waiting_cards(partition),
-        keys.waiting_counts(partition),
-        keys.fleet_counts(partition),
-    ]
+    script_keys = [*k.all(), *keys.partition_keys(partition)]
     counter_args: list[str | int | bytes] = []
     for key, field_, increment in counters:
         if key not in script_keys[_FIXED_KEYS:]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from projections import scripts
-from projections.cards import card_from_json
+from projections.cards import card_from_json, fleet_key
 from projections.keys import Keys
 from projections.requests import Request, text
 from session_model.questions import Cursor, WaitingPage
@@ -76,12 +76,10 @@ def by_reason(keys: Keys, partitions: Sequence[int]) -> Request[dict[str, int]]:
 def fleet(keys: Keys, partitions: Sequence[int]) -> Request[dict[tuple[str, str], int]]:
     """Sessions per (status, mode), over every partition."""
 
-    def field(raw: bytes | str) -> tuple[str, str]:
-        status, _, mode = text(raw).partition("|")
-        return status, mode
-
     commands = [("HGETALL", keys.fleet_counts(p)) for p in partitions]
-    return Request(commands, _summed(field), "reading fleet counts failed")
+    return Request(
+        commands, _summed(lambda raw: fleet_key(text(raw))), "reading fleet counts failed"
+    )
 
 
 def _summed(name: Callable[[Any], K]) -> Callable[[list[Any]], dict[K, int]]:

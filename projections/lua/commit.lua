@@ -6,8 +6,8 @@
 --       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
 --       compaction due ("1"/"0"), new event ids (packed), n_turns, turns..., n_tl, entries...,
 --       n_counters, (key index among the session's KEYS, field, increment)..., then the fleet
---       entry (`status|mode|reason`), the waiting card ("" = not waiting), its score and the
---       prefix of the partition's per-reason zsets (same hash tag as the waiting zset).
+--       entry (lua/index.lua), the waiting card ("" = not waiting), its score and the prefix of
+--       the partition's per-reason zsets (same hash tag as the waiting zset).
 -- Returns one 1 (applied) or 0 (conflict: nothing written) per session, in order. The counters of
 -- the sessions applied are summed and written once per (key, field) at the end.
 local acc = {}  -- counter key -> field -> increment, over the sessions applied
@@ -33,7 +33,7 @@ local function waiting(ko, sid, at, was)
   local counts = KEYS[ko + 9]
   local old = was and waiting_reason(was)
   if card ~= '' then
-    local reason = string.match(entry, '^[^|]*|[^|]*|(.*)$')
+    local reason = waiting_reason(entry)
     if old and old ~= reason then
       if redis.call('ZREM', rprefix .. old, sid) == 1 then decrement(counts, old) end
     end
