@@ -99,6 +99,11 @@ def test_a_question_appears_live_is_answered_and_leaves_the_inbox(
     page.reload()
     expect(page.locator("#session-status")).to_have_text("running")
     expect(page.locator("#decisions")).to_contain_text("operator:alice")
+    page.goto(f"{console_stack.url}/")  # the fleet overview: its counts and charts render
+    expect(page.locator("#fleet-totals")).to_be_visible()
+    expect(page.locator("svg#pauses-chart")).to_be_visible()
+    expect(page.locator("svg#tta-chart")).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "overview.png"), full_page=True)
     session = console_stack.agent.load(sid)
     by = session.decisions[-1].by
     assert by is not None and (by.id, by.verified) == ("operator:alice", True)
