@@ -84,6 +84,7 @@ class CpuMeter:
     _start: dict[str, float | None] = field(default_factory=dict)
     _procs: dict[int, tuple[str, float]] = field(default_factory=dict)
     _t0: float = 0.0
+    _quiet: float = 0.0
 
     def _sample(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
@@ -93,10 +94,14 @@ class CpuMeter:
         out["machine"] = machine_busy_seconds()
         return out
 
+    def _quiet_seconds(self) -> float:
+        return sum(cpu_seconds(pid) or 0.0 for pid in self.quiet_pids)
+
     def start(self) -> None:
         """Take the first sample."""
         self._t0 = time.monotonic()
         self._start = self._sample()
+        self._quiet = self._quiet_seconds()
         self._procs = all_processes()
 
     def stop(self) -> dict[str, Any]:
@@ -122,6 +127,20 @@ class CpuMeter:
                 others.append((round(pct, 1), cmd))
         others.sort(reverse=True)
         out["other_processes_cpu_pct"] = [[pct, cmd] for pct, cmd in others[:4]]
+        # What the machine was busy with beyond the processes accounted for above (and the quiet
+        # ones): short-lived processes, other tenants (steal), the kernel's own work.
+        machine = out.get("machine_cpu_pct")
+        if machine is not None and elapsed > 0:
+            accounted = sum(
+                v
+                for k, v in out.items()
+                if k.endswith("_cpu_pct") and k != "machine_cpu_pct" and isinstance(v, float)
+            )
+            # The quiet processes (redis-server) count unless already reported (through INFO).
+            quiet = 0.0
+            if out.get("redis_cpu_pct") is None:
+                quiet = 100 * (self._quiet_seconds() - self._quiet) / elapsed
+            out["unaccounted_cpu_pct"] = round(machine - accounted - quiet, 1)
         out["loadavg_1m"] = round(os.getloadavg()[0], 2)
         return out
 
@@ -136,6 +155,18 @@ def others_cpu(params: dict[str, Any]) -> float:
         elif isinstance(value, dict):
             total += others_cpu(value)
     return total
+
+
+def unaccounted_cpu(params: dict[str, Any]) -> float:
+    """The most CPU (% of a core) any `CpuMeter.stop()` report in `params` found the machine busy
+    with beyond the processes it accounts for, at any depth (0 without a report)."""
+    found = 0.0
+    for key, value in params.items():
+        if key == "unaccounted_cpu_pct" and isinstance(value, int | float):
+            found = max(found, float(value))
+        elif isinstance(value, dict):
+            found = max(found, unaccounted_cpu(value))
+    return found
 
 
 # -- sampling with py-spy --------------------------------------------------------------------------

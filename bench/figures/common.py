@@ -17,7 +17,7 @@ from bench import infra, workload
 from bench.profiling import summarize
 from bench.stats import Figure, Target
 from deploy.harness import Cleanup, Proc, Stack, wait_for
-from deploy.host import CpuMeter, PySpy, others_cpu
+from deploy.host import CpuMeter, PySpy, others_cpu, unaccounted_cpu
 from deploy.metrics import parse_counter
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
@@ -31,6 +31,8 @@ TARGETS = {
     "projector_vs_naive": Target(">=", 10),
     "two_vs_one": Target(">=", 1.7),
     "e2e_p99": Target("<=", 40),
+    "e2e_vs_ack": Target("<=", 2),
+    "projector_vs_consume": Target(">=", 0.6),
     "replay": Target(">=", 25_000),
     "expiry_p99": Target("<=", 10),
     "memory": Target("<=", 0.5),
@@ -55,6 +57,7 @@ class Sizes:
     e2e_warmup_s: float = 2.0
     e2e_rate: int = 1_000
     e2e_poll_s: float = 0.002
+    e2e_head_s: float = 2.0  # the window's first seconds, reported apart
     expiry_deadlines: int = 10_000
     expiry_spread_s: float = 5.0
     # The same again while other sessions' events arrive at this rate (0: not measured).
@@ -182,9 +185,15 @@ class Run:
         """Emit the figure (`Figure`'s fields), flagged if other processes disturbed it."""
         figure = Figure(name, value, unit, **fields)
         others = others_cpu(figure.params)
+        unaccounted = unaccounted_cpu(figure.params)
         if others >= DISTURBED_PCT:
             figure.params["disturbed"] = (
                 f"other processes used {others:.0f}% of a core while this was measured"
+            )
+        elif unaccounted >= DISTURBED_PCT:
+            figure.params["disturbed"] = (
+                f"the machine was busy {unaccounted:.0f}% of a core beyond the processes "
+                "measured (short-lived processes, steal, the kernel) while this was measured"
             )
         if self.overrides:
             figure.params["settings_overrides"] = {k: str(v) for k, v in self.overrides.items()}

@@ -15,6 +15,7 @@ import redis
 
 from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Prefill, Run, scrape_workers
+from bench.figures.consume import consume_ceiling
 from bench.stats import rate, ratio
 from deploy.host import CpuMeter, PySpy, redis_cpu_seconds
 from milpa_sessions.settings import Settings
@@ -228,6 +229,7 @@ def projector(run: Run) -> None:
     anywhere from 1.58× to 1.86× for the same code.
     """
     ceiling = redis_ceiling(run)
+    consume = consume_ceiling(run)
     naive = measure_projector(
         run, "naive", 1, module="bench.naive_projector", window_s=run.sizes.naive_projector_window_s
     )
@@ -298,6 +300,18 @@ def projector(run: Run) -> None:
         },
     )
     run.put("projector_naive_events_per_s", naive.per_process, "events/s", params=naive.params)
+    run.put(
+        "projector_share_of_consume_ceiling",
+        ratio(one.per_process, consume),
+        "×",
+        target=TARGETS["projector_vs_consume"],
+        params={
+            "worker": one.per_process,
+            "consume_only_ceiling": consume,
+            "why": "what folding and committing leave of the rate at which one process can "
+            "merely fetch and decode the same topic: a ratio that travels between machines",
+        },
+    )
 
 
 # -- the Redis ceiling -----------------------------------------------------------------------------

@@ -1,0 +1,57 @@
+"""Figures are flagged when the machine was busy with work the harness does not account for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.figures import CALIBRATION, FIGURES
+from bench.figures.common import DISTURBED_PCT, Run, Sizes
+from bench.stats import Figure
+from deploy.host import others_cpu, unaccounted_cpu
+
+
+def test_unaccounted_cpu_is_the_largest_report_at_any_depth() -> None:
+    params = {
+        "unaccounted_cpu_pct": 3.0,
+        "rounds": {"one": {"unaccounted_cpu_pct": 25.5}, "two": {"unaccounted_cpu_pct": 7}},
+    }
+    assert unaccounted_cpu(params) == 25.5
+    assert unaccounted_cpu({"worker_cpu_pct": 99.0}) == 0.0
+
+
+def _run(emitted: list[Figure]) -> Run:
+    return Run(
+        stack=None,  # type: ignore[arg-type] # put() touches neither the stack nor the cleanup
+        tag="t",
+        sizes=Sizes.quick(),
+        cleanup=None,  # type: ignore[arg-type]
+        root=None,  # type: ignore[arg-type]
+        workdir=Path("."),
+        log=lambda _: None,
+        emit=emitted.append,
+    )
+
+
+def _put(usage: dict[str, Any]) -> Figure:
+    emitted: list[Figure] = []
+    _run(emitted).put("f", 1.0, "x", params={"cpu": usage})
+    (figure,) = emitted
+    return figure
+
+
+def test_a_figure_is_disturbed_when_the_machine_was_busy_beyond_what_is_measured() -> None:
+    busy = _put({"worker_cpu_pct": 90.0, "unaccounted_cpu_pct": DISTURBED_PCT + 1})
+    assert "beyond the processes measured" in busy.params["disturbed"]
+    quiet = _put({"worker_cpu_pct": 90.0, "unaccounted_cpu_pct": DISTURBED_PCT - 1})
+    assert "disturbed" not in quiet.params
+
+
+def test_named_other_processes_still_disturb_a_figure() -> None:
+    usage = {"other_processes_cpu_pct": [[15.0, "a"], [10.0, "b"]], "unaccounted_cpu_pct": 0.0}
+    assert others_cpu({"cpu": usage}) == 25.0
+    assert "other processes used 25%" in _put(usage).params["disturbed"]
+
+
+def test_the_calibration_is_a_figure_of_its_own_listed_first() -> None:
+    assert next(iter(FIGURES)) == CALIBRATION
