@@ -91,6 +91,8 @@ class CpuMeter:
         if self.redis_client is not None:
             out["redis"] = redis_cpu_seconds(self.redis_client)
         out["harness"] = cpu_seconds(os.getpid())
+        times = os.times()  # processes the harness forked and reaped (replay's rebuild processes)
+        out["harness_children"] = times.children_user + times.children_system
         out["machine"] = machine_busy_seconds()
         return out
 
