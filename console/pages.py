@@ -222,7 +222,9 @@ async def session_page(request: Request, caller: PageCaller, session_id: str) ->
     question = view["question"]
     grantable = ""
     if question is not None and question["reason"] == "permission":
-        grantable = question["id"].removeprefix("perm:")
+        grantable = (
+            question["id"].removeprefix("perm:") if question["id"].startswith("perm:") else ""
+        )
     context = {"s": view, "modes": [m.value for m in Mode], "grantable": grantable}
     return render(request, "session.html", caller, context)
 

@@ -24,6 +24,7 @@ from console.views import (
 from schemas.errors import InvalidCall
 from session_model.projection import Position
 from session_model.questions import Cursor, WaitingPage
+from session_model.session import Question
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +147,26 @@ def answer(
         elif question.options and answer not in question.options:
             options = ", ".join(map(repr, question.options))
             raise InvalidAnswerError(f"{answer!r} is not an option of {question_id!r}: {options}")
+        granting = granted_by_yes(question, answer)
+        if granting is not None and store.signer is not None:
+            # «Allow X in this session?» — yes: the grant first (the operator's signed act the
+            # agent then relies on), then the answer.
+            grant(rt, caller, session_id, granting)
     position = store.answer(session_id, question_id, answer, caller.principal, EXECUTOR)
     log.info("%s answered %s in %s at %s", caller.principal.id, question_id, session_id, position)
     return position
+
+
+def granted_by_yes(question: Question, answer: str) -> str | None:
+    """The operation a permission question (`perm:<op>`) grants when answered affirmatively."""
+    if (
+        question.reason == "permission"
+        and question.id.startswith("perm:")
+        and question.options
+        and answer == question.options[0]
+    ):
+        return question.id.removeprefix("perm:")
+    return None
 
 
 def grant(rt: Runtime, caller: Identity, session_id: str, operation: str) -> Position:

@@ -169,6 +169,23 @@ def test_an_operators_answer_is_a_verified_decision_as_operator_name(
     detail = operator.get("/api/v1/sessions/s-a").json()
     assert detail["decisions"][0]["by"] == "operator:alice"
     assert detail["decisions"][0]["verified"] is True
+    # «Allow rm in this session?» — yes grants it too, signed by the console's key.
+    assert session.allows("rm")
+    assert session.rejection_counts() == {}
+
+
+def test_a_no_to_a_permission_question_grants_nothing(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    response = operator.post(
+        "/api/v1/sessions/s-a/answer",
+        json={"question_id": "perm:rm", "answer": "no"},
+        headers={"X-CSRF-Token": page_csrf(operator)},
+    )
+    assert response.status_code == 202
+    session = store.load("s-a")
+    assert session.question is None and not session.allows("rm")
 
 
 def test_an_answer_that_is_not_an_option_is_422(api: TestClient, store: SessionStore) -> None:

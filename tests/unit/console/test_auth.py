@@ -182,7 +182,7 @@ def test_a_cookie_write_without_the_csrf_token_is_refused_403_and_appends_nothin
         "/api/v1/sessions/s-a/answer", json=body, headers={"X-CSRF-Token": page_csrf(operator)}
     )
     assert ok.status_code == 202
-    assert _records(store) == before + 1
+    assert _records(store) == before + 2  # the grant a yes to «perm:rm» carries, and the answer
 
 
 def test_each_sign_in_has_its_own_csrf_token(client: TestClient) -> None:
