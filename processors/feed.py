@@ -1,8 +1,8 @@
 """Following the questions feed live (the console's Server-Sent Events read it).
 
 A plain consumer without a group: it reads every partition of the topic from its end, so each
-console process sees every change from when it started, and nothing is committed. Repeats (the
-feed is at least once) are dropped by `QuestionChange.order`.
+console process sees every change from when it started, and nothing is committed. The feed is at
+least once: the reader drops repeats by `QuestionChange.order` (the console's `Hub` does).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 async def follow_questions(
     bootstrap: str | KafkaAccess, topic: str, *, codec: EventCodec | None = None
 ) -> AsyncIterator[QuestionChange]:
-    """Every question change published from now on, in log order per session, repeats dropped."""
+    """Every question change published from now on, in log order per session (repeats included)."""
     access = KafkaAccess.of(bootstrap)
     codec = codec or EventCodec()
     consumer = AIOKafkaConsumer(
@@ -43,7 +43,6 @@ async def follow_questions(
             consumer.subscribe([topic])
         except KafkaError as e:
             raise LogError(f"cannot follow {topic} at {access.bootstrap}: {e}") from e
-        last: dict[str, tuple[int, int]] = {}
         while True:
             try:
                 batches = await consumer.getmany(timeout_ms=1000)
@@ -56,10 +55,6 @@ async def follow_questions(
                     except (CodecError, KeyError, TypeError, ValueError) as e:
                         log.warning("skipping an unreadable question change: %s", e)
                         continue
-                    seen = last.get(change.session_id)
-                    if seen is not None and change.order() <= seen:
-                        continue
-                    last[change.session_id] = change.order()
                     yield change
     finally:
         await consumer.stop()

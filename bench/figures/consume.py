@@ -51,14 +51,13 @@ async def _consume(settings: Any, expected: int) -> tuple[int, float, float]:
     )
     await consumer.start()
     try:
-        partitions = sorted(consumer.partitions_for_topic(topic) or ())
-        if not partitions:
-            await consumer.topics()
-            consumer.subscribe([topic])
-            while not consumer.assignment():
-                await asyncio.sleep(0.01)
-            partitions = sorted(tp.partition for tp in consumer.assignment())
-            consumer.unsubscribe()
+        if topic not in await consumer.topics():  # before subscribing: never create it
+            raise RuntimeError(f"the pre-filled topic {topic} does not exist")
+        consumer.subscribe([topic])  # without a group: every partition (as replay finds them)
+        while not consumer.assignment():
+            await asyncio.sleep(0.01)
+        partitions = sorted(tp.partition for tp in consumer.assignment())
+        consumer.unsubscribe()
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
