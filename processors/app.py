@@ -26,6 +26,9 @@ from processors.ports import Consumed
 from processors.scheduler import Scheduler, SchedulerStats
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
+from processors.timer_feed import TimerFeed
+from processors.timer_link import TimerLink, combined
+from processors.timer_process import TimerConfig
 from processors.worker import ProjectionWorker, WorkerStats
 from producers.kafka_access import KafkaAccess
 from projections.keys import Keys
@@ -89,6 +92,7 @@ class ProjectorApp:
     app: Any
     worker: Callable[[], ProjectionWorker]
     scheduler: Callable[[], Scheduler]
+    timer: TimerLink | None = None  # the closings' timer process (None: closed in the loop)
 
 
 def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
@@ -108,7 +112,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     questions = ProducerSink(output, settings.questions_topic)
     scheduling = LazyProducer(settings.kafka_access())
     closings = ProducerSink(scheduling, settings.events_topic)
-    holder: dict[str, Any] = {}
+    timer = timer_link(settings)
+    holder: dict[str, Any] = {"timer": timer}
 
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
@@ -120,8 +125,13 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             folder = BatchFolder(keys, settings.start_mode(), settings.cutover())
             w = ProjectionWorker(store, folder, deadletter, decisions, questions=questions)
             compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
-            s = Scheduler(w.states, store.due_work, closings, compactor)
+            s = Scheduler(w.states, store.due_work, closings, compactor, closes=timer is None)
             w.listeners.append(s.observe)
+            if timer is not None:
+                feed = TimerFeed(timer, w.states, store.due_work)
+                w.listeners.append(feed.observe)
+                timer.restarted.append(feed.replay)
+                holder["feed"] = feed
             holder["worker"], holder["scheduler"] = w, s
         result: ProjectionWorker = holder["worker"]
         return result
@@ -150,6 +160,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
 
         @app.task  # type: ignore[untyped-decorator]
         async def run_scheduler() -> None:
+            if timer is not None:
+                await timer.start()
             await scheduler().run()
 
     @app.on_partitions_revoked.connect
@@ -162,6 +174,11 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
 
     @app.on_before_shutdown.connect
     async def stop_producers(sender: Any, /, *args: Any, **kwargs: Any) -> None:
+        if timer is not None:
+            feed: TimerFeed | None = holder.get("feed")
+            if feed is not None:
+                await feed.stop()
+            await timer.stop()
         await scheduling.stop()
         try:
             # The batch being committed publishes its decisions first, if it can in time (with
@@ -180,7 +197,10 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         # a record outside the partition its key maps to is refused, never folded.
         count = app.consumer.topic_partitions(events.get_topic_name()) or settings.partitions
         worker().set_partitions(count)
-        await scheduler().assign(owned_partitions())
+        owned = owned_partitions()
+        await scheduler().assign(owned)
+        if timer is not None:
+            await holder["feed"].assign(owned)
         holder["assigned"] = True
 
     if settings.metrics_port > 0:
@@ -188,7 +208,21 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             app, settings.metrics_port, holder, events.get_topic_name(), settings.metrics_host
         )
 
-    return ProjectorApp(app, worker, scheduler)
+    return ProjectorApp(app, worker, scheduler, timer)
+
+
+def timer_link(settings: WorkerSettings) -> TimerLink | None:
+    """The worker's timer process for closings, if these settings run one (started later)."""
+    if not (settings.scheduler_enabled and settings.scheduler_timer_process):
+        return None
+    config = TimerConfig(
+        settings.kafka_access(),
+        settings.events_topic,
+        realtime_priority=settings.scheduler_timer_realtime_priority,
+        nice=settings.scheduler_timer_nice,
+        stop_grace=settings.shutdown_grace / 4,
+    )
+    return TimerLink(config)
 
 
 def _serve_worker_metrics(
@@ -202,7 +236,10 @@ def _serve_worker_metrics(
 
     def scheduler_stats() -> SchedulerStats | None:
         s: Scheduler | None = holder.get("scheduler")
-        return s.stats if s is not None else None
+        timer: TimerLink | None = holder.get("timer")
+        if s is None:
+            return None
+        return s.stats if timer is None else combined(s.stats, timer.stats())
 
     def highwaters() -> dict[int, int]:
         # Called from the metrics thread: only once the consumer exists and has an assignment.

@@ -71,6 +71,7 @@ class Scheduler:
         clock: Callable[[], datetime] = _now,
         prepare_chunk: int = 32,
         max_unacknowledged_ticks: int = 256,
+        closes: bool = True,
     ) -> None:
         self._states = states
         self._due_index = due_index
@@ -81,6 +82,8 @@ class Scheduler:
         self._clock = clock
         self.prepare_chunk = prepare_chunk
         self.max_unacknowledged_ticks = max_unacknowledged_ticks
+        # False: closings are another path's (the worker's timer process); compaction only.
+        self.closes = closes
         self.stats = SchedulerStats()
         self.owned: set[int] = set()
         self._deadlines: dict[str, tuple[int, int]] = {}  # sid -> (deadline ms, partition)
@@ -106,7 +109,7 @@ class Scheduler:
         self._deadlines = {}
         self._heap = []
         self._compact = {}
-        for sid, (ms, partition) in deadlines.items():
+        for sid, (ms, partition) in deadlines.items() if self.closes else ():
             self._schedule(sid, ms, partition)
         self._compact = dict(due)
         self._wake.set()
@@ -118,7 +121,7 @@ class Scheduler:
             partition = _partition_of(u)
             if self.owned and partition not in self.owned:
                 continue
-            question = u.state.question
+            question = u.state.question if self.closes else None
             deadline = question.deadline() if question is not None else None
             if deadline is None:
                 self._deadlines.pop(u.session_id, None)

@@ -18,6 +18,13 @@ class WorkerSettings(StackSettings):
     commit_interval: float = 0.5  # seconds between offset commits (of batches fully applied)
     commit_every: int = 10_000  # or after this many records
     scheduler_enabled: bool = True  # the in-worker scheduler (expiry and compaction events)
+    # Closings from a timer process of the worker's own (false: from the worker's event loop,
+    # where a deadline waits behind the batch being folded; see processors/timer_process.py).
+    scheduler_timer_process: bool = True
+    # The timer process's scheduling: SCHED_FIFO at this priority (0: none), else this nice value
+    # (0: none); where the OS does not permit it, it runs at normal priority and logs why.
+    scheduler_timer_realtime_priority: int = 10
+    scheduler_timer_nice: int = -10
     metrics_port: int = 0  # Prometheus text on metrics_host:port/metrics (0: off)
     metrics_host: str = "127.0.0.1"  # the metrics' bind address: loopback unless said otherwise
     # How long a stopping worker or scheduler may take after SIGTERM before it exits regardless
