@@ -37,7 +37,7 @@ from session_model.ports import EventLog, ProjectionStore
 from session_model.principal import Principal
 from session_model.projection import Position
 from session_model.scheduled import compacted, window_closed
-from session_model.session import ROLES, TODO_STATUSES, Question, Session, Todo, Turn
+from session_model.session import ROLES, TODO_STATUSES, History, Question, Session, Todo, Turn
 from session_model.signing import Signer, TrustedKeys
 from session_model.timeline import TimelineEntry
 
@@ -182,6 +182,11 @@ class SessionStore:
     def history(self, session_id: str) -> list[Turn]:
         """Every turn of the session, summarised ones included."""
         return self.projections.history(session_id)
+
+    def facts(self, session_id: str) -> History:
+        """Every call, observation, execution, decision and rejection of the session (the state
+        keeps only the recent ones)."""
+        return self.projections.facts(session_id)
 
     def open_todos(self, session_id: str) -> tuple[Todo, ...]:
         """Cards not done and not transferred away."""

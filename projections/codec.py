@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 import orjson
 
 from schemas.errors import ProjectionError
+from session_model.dedupe import EMPTY as NO_IDS
+from session_model.dedupe import RecentIds
 from session_model.modes import Mode
 from session_model.principal import Principal
 from session_model.session import (
@@ -34,6 +36,8 @@ from session_model.session import (
     CallFact,
     Decision,
     ExecutionFact,
+    History,
+    HistoryRecord,
     InheritedFrom,
     Observation,
     OpenCard,
@@ -45,7 +49,7 @@ from session_model.session import (
 )
 from session_model.timeline import TimelineEntry
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 _HEADER = bytes([STATE_VERSION])
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -340,6 +344,21 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
         ],
         lambda v: tuple(Approval(*a) for a in v),
     ),
+    ("decided", False, sorted, frozenset),
+    (
+        "confirmations",
+        False,
+        lambda v: sorted(map(list, v)),
+        lambda v: frozenset(tuple(p) for p in v),
+    ),
+    ("rejected", False, None, dict),
+    ("tools", False, None, dict),
+    (
+        "artifacts",
+        False,
+        lambda v: _calls(tuple(v.values())),
+        lambda v: {c.artifact: c for c in (CallFact(*c) for c in v)},
+    ),
 )
 STORED_FIELDS = tuple(name for name, *_ in _FIELDS)
 # Stored apart: the id is the key; turns and event ids have their own streams.
@@ -389,7 +408,7 @@ def check_version(blob: bytes, session_id: str) -> None:
 
 
 def session_from_blob(
-    blob: bytes, session_id: str, turns: tuple[Turn, ...], event_ids: frozenset[str]
+    blob: bytes, session_id: str, turns: tuple[Turn, ...], event_ids: RecentIds = NO_IDS
 ) -> Session:
     """Rebuild the `Session` from its stored state, its unsummarised turns and its event ids."""
     check_version(blob, session_id)
@@ -408,6 +427,52 @@ def session_from_blob(
         return Session(**kwargs)  # the fields left out take their defaults
     except (orjson.JSONDecodeError, TypeError, ValueError, IndexError, StopIteration) as e:
         raise ProjectionError(f"{session_id}: the stored state cannot be read: {e}") from e
+
+
+# -- history ---------------------------------------------------------------------------------------
+#
+# What only grows is appended to one list per session and kind, an entry per record, in the
+# state's record forms. `Fact` is what the fold's outcomes carry (`Outcome.fact`).
+
+_KIND_OF: dict[type, int] = {
+    CallFact: 0,
+    Observation: 1,
+    ExecutionFact: 2,
+    Decision: 3,
+    Rejection: 4,
+}
+_TO_JSON: tuple[Any, ...] = (
+    lambda c: _calls((c,))[0],
+    _observation,
+    _execution,
+    _decision,
+    _rejection,
+)
+_FROM_JSON: tuple[Any, ...] = (
+    lambda v: CallFact(*v),
+    _observation_from,
+    lambda v: ExecutionFact(*v),
+    _decision_from,
+    _rejection_from,
+)
+
+
+def fact_to_json(fact: HistoryRecord) -> tuple[int, bytes]:
+    """The history a record goes to (an index of `keys.HISTORY_KINDS`) and its stored form."""
+    kind = _KIND_OF[type(fact)]
+    return kind, orjson.dumps(_TO_JSON[kind](fact))
+
+
+def history_from_json(session_id: str, seq: int, lists: Iterable[Iterable[bytes | str]]) -> History:
+    """A `History` from its lists' entries, in `keys.HISTORY_KINDS` order."""
+    try:
+        records = [
+            tuple(decode(orjson.loads(raw)) for raw in entries)
+            for decode, entries in zip(_FROM_JSON, lists, strict=True)
+        ]
+    except (orjson.JSONDecodeError, TypeError, ValueError, IndexError) as e:
+        raise ProjectionError(f"{session_id}: the stored history cannot be read: {e}") from e
+    return History(session_id, seq, *records)
 
 
 # -- turns -----------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "ms"
+# The session's history lists, in the order of `projections.codec.HISTORY_KINDS`.
+HISTORY_KINDS = ("calls", "observations", "executions", "decisions", "rejections")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,11 +24,16 @@ class SessionKeys:
     state: str  # hash: mark, window, state; while small also the event ids and timeline entries
     turns: str  # list: every turn, summarised ones included (JSON)
     timeline: str  # list: timeline entries, once too many for the state hash
-    event_ids: str  # string: event ids folded, once too many for the state hash
+    event_ids: str  # list: the recent event ids by chunk (`session_model.dedupe`), once spread
+    history: tuple[str, ...]  # lists: every call, observation, execution, decision, rejection
 
     def all(self) -> tuple[str, str, str, str]:
-        """The keys in the order the Lua scripts take them."""
+        """The keys in the order the Lua scripts take them (the history lists after them)."""
         return (self.state, self.turns, self.timeline, self.event_ids)
+
+    def every(self) -> tuple[str, ...]:
+        """Every key of the session."""
+        return (*self.all(), *self.history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +45,13 @@ class Keys:
     def session(self, session_id: str) -> SessionKeys:
         """The keys of one session, sharing its hash tag."""
         tag = f"{self.prefix}:{{s:{session_id}}}"
-        return SessionKeys(f"{tag}:state", f"{tag}:turns", f"{tag}:timeline", f"{tag}:ids")
+        return SessionKeys(
+            f"{tag}:state",
+            f"{tag}:turns",
+            f"{tag}:timeline",
+            f"{tag}:ids",
+            tuple(f"{tag}:h:{kind}" for kind in HISTORY_KINDS),
+        )
 
     def state_pattern(self) -> str:
         """A SCAN pattern matching the state hash of every session (and nothing else)."""

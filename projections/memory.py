@@ -17,7 +17,7 @@ from session_model.questions import (
     session_status,
     waiting_question,
 )
-from session_model.session import Session, Turn
+from session_model.session import History, Session, Turn
 from session_model.timeline import TimelineEntry
 
 
@@ -29,6 +29,7 @@ class InMemoryProjectionStore:
     _history: dict[str, list[Turn]] = field(default_factory=dict)
     _timeline: dict[str, list[TimelineEntry]] = field(default_factory=dict)
     _waiting: dict[str, WaitingQuestion] = field(default_factory=dict)
+    _facts: dict[str, History] = field(default_factory=dict)
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """Stored state and mark for the known ids."""
@@ -46,6 +47,7 @@ class InMemoryProjectionStore:
             self._states[u.session_id] = Folded(u.state, u.mark)
             self._history.setdefault(u.session_id, []).extend(u.turns)
             self._timeline.setdefault(u.session_id, []).extend(u.timeline)
+            self._facts[u.session_id] = self.facts(u.session_id).extended(u.state.seq, u.facts)
             self._index(u)
             applied.append(u.session_id)
         return CommitResult(tuple(applied), tuple(conflicts))
@@ -109,6 +111,10 @@ class InMemoryProjectionStore:
         """Every turn, summarised ones included."""
         return list(self._history.get(session_id, []))
 
+    def facts(self, session_id: str) -> History:
+        """Every call, observation, execution, decision and rejection."""
+        return self._facts.get(session_id) or History(session_id)
+
     def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
         """Entries after `since`."""
         return [e for e in self._timeline.get(session_id, []) if e["seq"] > since]
@@ -119,3 +125,4 @@ class InMemoryProjectionStore:
         self._history.clear()
         self._timeline.clear()
         self._waiting.clear()
+        self._facts.clear()

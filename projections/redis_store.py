@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from projections import requests, scripts
 from projections import waiting as index
-from projections.codec import turn_from_json
+from projections.codec import history_from_json, turn_from_json
 from projections.keys import Keys
 from projections.redis_client import NO_AUTH, RedisAuth, sync_client
 from projections.requests import (
@@ -34,7 +34,7 @@ from session_model.partitioning import partition_for
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
-from session_model.session import Session, Turn
+from session_model.session import History, Session, Turn
 from session_model.timeline import TimelineEntry
 
 
@@ -146,6 +146,20 @@ class RedisProjectionStore:
             raise ProjectionError(f"reading history failed: {e}") from e
         return [turn_from_json(t) for t in raw]
 
+    def facts(self, session_id: str) -> History:
+        """Every call, observation, execution, decision and rejection (one round trip)."""
+        k = self.keys.session(session_id)
+        try:
+            pipe = self.client.pipeline(transaction=True)  # a commit may move them in between
+            pipe.hget(k.state, "mark")
+            for key in k.history:
+                pipe.lrange(key, 0, -1)
+            mark, *lists = pipe.execute()
+        except redis.RedisError as e:
+            raise ProjectionError(f"reading the history failed: {e}") from e
+        session = self.load(session_id) if mark is not None else None
+        return history_from_json(session_id, session.seq if session else 0, lists)
+
     def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
         """Entries with `seq > since`."""
         k = self.keys.session(session_id)
@@ -165,12 +179,13 @@ class RedisProjectionStore:
         call = (
             "EVALSHA",
             scripts.DROP.sha,
-            8,
+            13,
             *k.session(session_id).all(),
             k.waiting(p),
             k.waiting_cards(p),
             k.waiting_counts(p),
             k.fleet_counts(p),
+            *k.session(session_id).history,
             session_id,
             k.waiting_reason_prefix(p),
         )

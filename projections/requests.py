@@ -22,6 +22,7 @@ from projections.codec import (
     check_version,
     entry_from_json,
     entry_to_json,
+    fact_to_json,
     pack_event_ids,
     session_from_blob,
     session_to_blob,
@@ -33,6 +34,7 @@ from projections.indexes import index_changes
 from projections.keys import Keys
 from projections.layout import ELSEWHERE, WHOLE
 from schemas.errors import ProjectionError
+from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
@@ -117,14 +119,14 @@ def parse_read(raw: Any, session_id: str) -> Folded | None:
     """Turn the read script's reply into a state and its mark."""
     if not raw:
         return None
-    state, mark, turns, packed = raw
+    state, mark, turns, groups = raw
     check_version(state, session_id)
     return Folded(
         session_from_blob(
             state,
             session_id,
             tuple(turn_from_json(t) for t in turns),
-            frozenset(unpack_event_ids(packed)),
+            RecentIds.of(unpack_event_ids(g) for g in groups),
         ),
         Position.parse(text(mark)),
     )
@@ -148,7 +150,30 @@ def read(
 
 # -- committing updates ------------------------------------------------------------------------
 
-_FIXED_KEYS = 10  # a session's keys before its counter hashes (see lua/commit.lua)
+_FIXED_KEYS = 15  # a session's keys before its counter hashes (see lua/commit.lua)
+
+
+def id_groups(update: SessionUpdate) -> tuple[bytes, list[bytes]]:
+    """The update's new event ids, packed: those of the dedupe chunk the stored ids end in, and
+    those of each later chunk (`session_model.dedupe`; the event of seq n is in chunk
+    `(n - 1) // CHUNK`)."""
+    ids = [s.event.event_id for s in update.steps if s.outcome.kind is not Kind.DUPLICATE]
+    before = update.state.seq - len(ids)
+    split = min(len(ids), -before % CHUNK)  # how many fit in the stored last chunk
+    head = pack_event_ids(ids[:split])
+    return head, [pack_event_ids(ids[at : at + CHUNK]) for at in range(split, len(ids), CHUNK)]
+
+
+def history_args(update: SessionUpdate, first_key: int) -> list[str | int | bytes]:
+    """The history appends of an update: n, then (key index, count, entries...) per list."""
+    lists: dict[int, list[bytes]] = {}
+    for fact in update.facts:
+        kind, raw = fact_to_json(fact)
+        lists.setdefault(kind, []).append(raw)
+    out: list[str | int | bytes] = [len(lists)]
+    for kind in sorted(lists):
+        out += (first_key + kind, len(lists[kind]), *lists[kind])
+    return out
 
 
 def commit_call(
@@ -160,13 +185,11 @@ def commit_call(
     partition = update.mark.partition
     turns = [turn_to_json(t) for t in update.turns]
     timeline = [entry_to_json(e, sid) for e in update.timeline]
-    ids = pack_event_ids(
-        s.event.event_id for s in update.steps if s.outcome.kind is not Kind.DUPLICATE
-    )
+    head, groups = id_groups(update)
     changes = index_changes(update, keys, compact_after)
     counters = changes.counters if count else ()
     entry = index_entry(update, changes.deadline_ms)
-    script_keys = [*k.all(), *keys.partition_keys(partition)]
+    script_keys = [*k.all(), *keys.partition_keys(partition), *k.history]
     counter_args: list[str | int | bytes] = []
     for key, field_, increment in counters:
         if key not in script_keys[_FIXED_KEYS:]:
@@ -180,7 +203,9 @@ def commit_call(
         sid,
         "" if changes.deadline_ms is None else changes.deadline_ms,
         "1" if changes.compaction_due else "0",
-        ids,
+        head,
+        len(groups),
+        *groups,
         len(turns),
         *turns,
         len(timeline),
@@ -191,6 +216,7 @@ def commit_call(
         entry.card,
         entry.score,
         keys.waiting_reason_prefix(partition),
+        *history_args(update, len(k.all()) + len(keys.partition_keys(partition)) + 1),
     ]
     return script_keys, args
 

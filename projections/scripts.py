@@ -9,6 +9,7 @@ from importlib.resources import files
 
 from projections import layout
 from schemas.errors import ConfigurationError
+from session_model import dedupe
 
 _PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
 _VALUES = {
@@ -18,6 +19,7 @@ _VALUES = {
     "TIMELINE_INLINE": str(layout.TIMELINE_INLINE),
     "ELSEWHERE": layout.ELSEWHERE,
     "WHOLE": layout.WHOLE,
+    "KEPT_GROUPS": str(dedupe.KEPT + 1),
     "STATE_CHUNKS": layout.chunk_names("s", layout.STATE_INLINE),
     "ID_CHUNKS": layout.chunk_names("i", layout.IDS_INLINE),
     "TIMELINE_CHUNKS": layout.chunk_names("t", layout.TIMELINE_INLINE),

@@ -8,7 +8,6 @@ stream, exact. Whatever prose a custom `Summarizer` writes, the operational-fact
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,9 +15,9 @@ from schemas.errors import ConfigurationError
 from session_model.canonical import canonical_json
 from session_model.session import Session
 
-FACTS_VERSION = 1
+FACTS_VERSION = 2
 RESULT_BOUND = 500
-FACTS_HEADER = "Operational facts (JSON, version 1):"
+FACTS_HEADER = f"Operational facts (JSON, version {FACTS_VERSION}):"
 
 
 def compaction_due(session: Session, max_turns: int | None) -> bool:
@@ -53,12 +52,16 @@ class SessionFacts:
     session: Session
 
     def operational_facts(self) -> dict[str, Any]:
-        """The versioned operational-facts block; calls and executions are never joined."""
+        """The versioned operational-facts block; calls and executions are never joined.
+
+        Version 2 is bounded, so that a summary of a session's third day is as short as one of
+        its first hour: the calls, executions, verdicts and evidence since the previous summary
+        (at most `RECENT_FACTS` of each), the recent decisions, and what the previous summaries
+        carried forward — the latest call of every artifact and the calls counted by tool. The
+        complete record stays in the session's history (`SessionStore.facts`) and the log.
+        """
         s = self.session
-        latest_by_artifact: dict[str, int] = {}
-        for call in s.calls:
-            if call.artifact is not None:
-                latest_by_artifact[call.artifact] = call.seq
+        latest = s.artifacts
         calls = [
             {
                 "tool": c.tool,
@@ -68,13 +71,25 @@ class SessionFacts:
                 "mutating": c.mutating,
                 "seq": c.seq,
                 "latest_for_artifact": c.artifact is not None
-                and latest_by_artifact[c.artifact] == c.seq,
+                and latest.get(c.artifact, c).seq == c.seq,
             }
             for c in s.calls
         ]
         return {
             "version": FACTS_VERSION,
             "calls": calls,
+            "artifacts": [
+                {
+                    "artifact": name,
+                    "tool": c.tool,
+                    "ok": c.ok,
+                    "mutating": c.mutating,
+                    "verdict": c.verdict,
+                    "seq": c.seq,
+                }
+                for name, c in sorted(latest.items())
+            ],
+            "tools": dict(sorted(s.tools.items())),
             "executions": [
                 {
                     "operation": x.operation,
@@ -134,9 +149,10 @@ class FactualSummarizer:
         lines = [f"Goal: {s.goal}"]
         if s.plan is not None:
             lines.append(f"Plan (version {s.plan_version}): {s.plan}")
-        tools = Counter(c.tool for c in s.calls)
-        if tools:
-            lines.append("Tools used: " + ", ".join(f"{t} ×{n}" for t, n in sorted(tools.items())))
+        if s.tools:
+            lines.append(
+                "Tools used: " + ", ".join(f"{t} ×{n}" for t, n in sorted(s.tools.items()))
+            )
         if s.permissions:
             lines.append("Permissions granted: " + ", ".join(s.permissions))
         done = [t for t in s.todos if t.status == "done"]

@@ -12,8 +12,9 @@ else, and a late answer is told apart from any other write to an ended session.
 How it is made cheap (it runs once per event in the worker and the rebuild): every handler reads
 the state before the event and returns only the fields it changes; `step` adds `seq` and
 `event_ids` and makes the next `Session` once, with one dictionary copy (`Session._derive`), instead
-of one copy per helper. Lists only ever grow by one element (`t + (x,)`), and are only rebuilt when
-the event changes them.
+of one copy per helper. Lists only ever grow by one element and are only rebuilt when the event
+changes them, and none is longer than its bound (`session_model.session`, `session_model.dedupe`):
+an event's cost does not grow with its session's age.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from session_model.deadlines import format_instant
 from session_model.modes import Mode, less_strict, parse_mode
 from session_model.principal import Principal
 from session_model.session import (
+    RECENT_DECISIONS,
+    RECENT_FACTS,
+    RECENT_REJECTIONS,
     ROLES,
     TODO_STATUSES,
     Approval,
@@ -48,6 +52,7 @@ from session_model.session import (
     Session,
     Todo,
     Turn,
+    confirmation_of,
 )
 from session_model.signing import CallSignature, TrustedKeys, verify_answer_claim, verify_call
 
@@ -77,6 +82,7 @@ class Outcome:
     rejection: Rejection | None = None
     turn: Turn | None = None
     decision: Decision | None = None
+    fact: CallFact | Observation | ExecutionFact | None = None  # appended to the history
     card: Todo | None = None
     plan_supersedes: int | None = None
     pause_reason: str | None = None
@@ -176,11 +182,35 @@ def step(state: Session, event: Event, keys: Trust = _NO_AUTHORITY) -> Step:
             changes, outcome = handler(state, event, seq, auth)
         except _Reject as rejected:
             rejection = _rejection(event, seq, rejected.code, rejected.by)
-            changes = {"rejections": (*state.rejections, rejection)}
+            changes = _rejected(state, rejection)
             outcome = Outcome(_REJECTED, seq, rejection=rejection)
     changes["seq"] = seq
-    changes["event_ids"] = event_ids | {event_id}
+    changes["event_ids"] = event_ids.add(event_id)
     return Step(state._derive(changes), event, outcome)
+
+
+def _recent(items: tuple[Any, ...], item: Any, bound: int) -> tuple[Any, ...]:
+    """`items` with `item` appended, keeping the last `bound` (a copy of at most `bound`)."""
+    return (*items, item) if len(items) < bound else (*items[len(items) - bound + 1 :], item)
+
+
+def _rejected(s: Session, rejection: Rejection) -> Changes:
+    """The recent rejections and the counts by code, with one more."""
+    counts = dict(s.rejected)
+    counts[rejection.code] = counts.get(rejection.code, 0) + 1
+    return {"rejections": _recent(s.rejections, rejection, RECENT_REJECTIONS), "rejected": counts}
+
+
+def _decided(s: Session, decision: Decision) -> Changes:
+    """The recent decisions, the questions resolved and the confirmations, with one more."""
+    changes: Changes = {
+        "decisions": _recent(s.decisions, decision, RECENT_DECISIONS),
+        "decided": s.decided | {decision.question_id},
+    }
+    confirmation = confirmation_of(decision)
+    if confirmation is not None:
+        changes["confirmations"] = s.confirmations | {confirmation}
+    return changes
 
 
 def _rejection(e: Event, seq: int, code: str, by: Principal | None = None) -> Rejection:
@@ -217,7 +247,7 @@ def _is_closed_question(s: Session, p: Mapping[str, Any]) -> bool:
 
 def _already_decided(s: Session, question_id: object) -> bool:
     """A closing for a question that an answer or an earlier closing already resolved."""
-    return any(d.question_id == question_id for d in s.decisions)
+    return question_id in s.decided
 
 
 def _principal(e: Event, question_id: str, keys: TrustedKeys) -> tuple[Principal | None, bool]:
@@ -281,7 +311,7 @@ def _started(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, 
         # Started, but no less supervised than an unsigned start may be; the refusal is recorded.
         refused = _rejection(e, seq, "unauthorized")
         changes["mode"] = auth.start_mode
-        changes["rejections"] = (*s.rejections, refused)
+        changes.update(_rejected(s, refused))
         return changes, Outcome(_APPLIED, seq, rejection=refused)
     return changes, _applied(seq)
 
@@ -313,14 +343,19 @@ def _tool_called(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chang
         _optional_text(p, "effect_observation_id"),
     )
     turn = Turn("tool", f"{tool} → {result}", seq)
+    tools = dict(s.tools)
+    tools[tool] = tools.get(tool, 0) + 1
     changes = {
         "turns": (*s.turns, turn),
         "turn_count": s.turn_count + 1,
         "tool_calls": s.tool_calls + 1,
         "mutations": s.mutations + 1 if mutating else s.mutations,
         "run_first": _without(s.run_first, tool),
-        "calls": (*s.calls, call),
+        "calls": _recent(s.calls, call, RECENT_FACTS),
+        "tools": tools,
     }
+    if call.artifact is not None:
+        changes["artifacts"] = {**s.artifacts, call.artifact: call}
     if s.approvals and any(a.consumed_at is None and a.operation == tool for a in s.approvals):
         digest = argument_digest(p.get("arguments") or {})
         used = s.approval_for(tool, digest)
@@ -328,7 +363,7 @@ def _tool_called(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chang
             changes["approvals"] = tuple(
                 replace(a, consumed_at=seq) if a is used else a for a in s.approvals
             )
-    return changes, Outcome(_APPLIED, seq, turn=turn)
+    return changes, Outcome(_APPLIED, seq, turn=turn, fact=call)
 
 
 def _message_sent(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
@@ -469,8 +504,8 @@ def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple
         "turns": (*s.turns, turn),
         "turn_count": s.turn_count + 1,
         "question": None,
-        "decisions": (*s.decisions, decision),
         "downgrades": s.downgrades + 1 if downgraded else s.downgrades,
+        **_decided(s, decision),
     }
     if approval is not None:
         changes["approvals"] = (*s.approvals, approval)
@@ -537,7 +572,7 @@ def _window_closed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Cha
     changes = {
         "question": None,
         "closed_question": question,
-        "decisions": (*s.decisions, decision),
+        **_decided(s, decision),
         **_end(s, because),
     }
     return changes, Outcome(_APPLIED, seq, decision=decision, ended=True)
@@ -610,6 +645,10 @@ def _compacted(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes
         "summary": _text(e.payload, "summary"),
         "compacted_through": through,
         "turns": tuple(t for t in s.turns if t.seq > through),
+        # What the summary covers leaves the hot state (the history keeps it).
+        "calls": tuple(c for c in s.calls if c.seq > through),
+        "observations": tuple(o for o in s.observations if o.seq > through),
+        "executions": tuple(x for x in s.executions if x.seq > through),
     }
     return changes, _applied(seq)
 
@@ -635,7 +674,8 @@ def _effect_observed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[C
         evidence=_strings(p.get("evidence")),
         observer=_optional_text(p, "observer"),
     )
-    return {"observations": (*s.observations, observation)}, _applied(seq)
+    changes = {"observations": _recent(s.observations, observation, RECENT_FACTS)}
+    return changes, Outcome(_APPLIED, seq, fact=observation)
 
 
 def _execution_recorded(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
@@ -647,7 +687,8 @@ def _execution_recorded(s: Session, e: Event, seq: int, auth: Authority) -> tupl
         artifact=_optional_text(p, "artifact"),
         executor=_optional_text(p, "executor"),
     )
-    return {"executions": (*s.executions, receipt)}, _applied(seq)
+    changes = {"executions": _recent(s.executions, receipt, RECENT_FACTS)}
+    return changes, Outcome(_APPLIED, seq, fact=receipt)
 
 
 def _ended(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:

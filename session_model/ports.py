@@ -9,7 +9,7 @@ from typing import Protocol
 from schemas.events import Event
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
-from session_model.session import Session, Turn
+from session_model.session import History, Session, Turn
 from session_model.timeline import TimelineEntry
 
 
@@ -52,6 +52,10 @@ class ProjectionStore(Protocol):
 
     def ids(self) -> list[str]:
         """Every session id with a projection, sorted."""
+        ...
+
+    def facts(self, session_id: str) -> History:
+        """Every call, observation, execution, decision and rejection (the complete history)."""
         ...
 
     def history(self, session_id: str) -> list[Turn]:

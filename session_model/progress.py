@@ -10,8 +10,29 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
-from session_model.session import CallFact, Observation, Session
+from session_model.session import CallFact, Observation
+
+
+class Facts(Protocol):
+    """Calls and observations in seq order, and the seq they reach: a `History` (complete) or a
+    `Session` (its recent part only: since the last summary)."""
+
+    @property
+    def seq(self) -> int:
+        """The seq of the last event."""
+        ...
+
+    @property
+    def calls(self) -> tuple[CallFact, ...]:
+        """The tool calls."""
+        ...
+
+    @property
+    def observations(self) -> tuple[Observation, ...]:
+        """The effect observations."""
+        ...
 
 
 class ProgressStatus(StrEnum):
@@ -32,8 +53,13 @@ class ProgressReceipt:
     until: int
 
     @classmethod
-    def for_window(cls, session: Session, since: int, until: int | None = None) -> ProgressReceipt:
-        """Measure the calls in `(since, until]` (until defaults to the session's seq)."""
+    def for_window(cls, session: Facts, since: int, until: int | None = None) -> ProgressReceipt:
+        """Measure the calls in `(since, until]` (until defaults to the session's seq).
+
+        Identities count once per session, so the receipt of a long session needs every call
+        before the window: pass its `History` (a `Session` holds only what its last summary did
+        not cover).
+        """
         end = session.seq if until is None else until
         observations = {o.event_id: o for o in session.observations}
         links = Counter(c.effect_observation_id for c in session.calls if c.effect_observation_id)

@@ -23,7 +23,7 @@ from schemas.frozen import fast_init
 from session_model.authority import Authority, Cutover
 from session_model.fold import Kind, Step, step
 from session_model.modes import Mode
-from session_model.session import Decision, Rejection, Session, Turn
+from session_model.session import Decision, HistoryRecord, Rejection, Session, Turn
 from session_model.signing import TrustedKeys
 from session_model.timeline import TimelineEntry, translate
 
@@ -89,6 +89,21 @@ class SessionUpdate:
     def rejections(self) -> tuple[Rejection, ...]:
         """Rejections recorded in this update."""
         return tuple(s.outcome.rejection for s in self.steps if s.outcome.rejection is not None)
+
+    @property
+    def facts(self) -> tuple[HistoryRecord, ...]:
+        """What this update appends to the session's history (calls, observations, executions,
+        decisions, rejections), in log order."""
+        out: list[HistoryRecord] = []
+        for s in self.steps:
+            o = s.outcome
+            if o.fact is not None:
+                out.append(o.fact)
+            if o.decision is not None:
+                out.append(o.decision)
+            if o.rejection is not None:
+                out.append(o.rejection)
+        return tuple(out)
 
     @property
     def timeline(self) -> tuple[TimelineEntry, ...]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Final
@@ -11,12 +11,21 @@ from typing import Any, Final
 from schemas.frozen import fast_init
 from session_model.canonical import text_digest
 from session_model.deadlines import parse_deadline
+from session_model.dedupe import EMPTY as NO_IDS
+from session_model.dedupe import RecentIds
 from session_model.modes import Mode
 from session_model.principal import Principal
 
 ROLES: Final = frozenset({"user", "assistant", "system"})
 TODO_STATUSES: Final = frozenset({"pending", "in_progress", "done", "blocked"})
 _BOXES: Final = {"done": "[x]", "in_progress": "[~]", "blocked": "[!]", "pending": "[ ]"}
+
+# The hot state keeps at most this many of what only grows (the rest is in the stores' history,
+# `SessionStore.facts`): calls, observations and executions since the last summary; the latest
+# decisions and rejections.
+RECENT_FACTS: Final = 64
+RECENT_DECISIONS: Final = 16
+RECENT_REJECTIONS: Final = 16
 
 
 @fast_init
@@ -206,6 +215,44 @@ class OpenCard:
     to: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class History:
+    """What a session's history holds of what only grows, in seq order (`SessionStore.facts`).
+
+    The complete counterpart of the recent parts `Session` keeps.
+    """
+
+    session_id: str
+    seq: int = 0
+    calls: tuple[CallFact, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    executions: tuple[ExecutionFact, ...] = ()
+    decisions: tuple[Decision, ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+
+    def extended(self, seq: int, records: Iterable[HistoryRecord]) -> History:
+        """This history with `records` appended (each to its kind's list), reaching `seq`."""
+        lists: dict[type, list[Any]] = {t: [] for t in _HISTORY_FIELD}
+        for record in records:
+            lists[type(record)].append(record)
+        return History(
+            self.session_id,
+            seq,
+            *(getattr(self, name) + tuple(lists[t]) for t, name in _HISTORY_FIELD.items()),
+        )
+
+
+HistoryRecord = CallFact | Observation | ExecutionFact | Decision | Rejection
+"""What a session's history holds, one list per kind."""
+_HISTORY_FIELD: Final[dict[type, str]] = {
+    CallFact: "calls",
+    Observation: "observations",
+    ExecutionFact: "executions",
+    Decision: "decisions",
+    Rejection: "rejections",
+}
+
+
 @dataclass(frozen=True)
 class Session:
     """Everything the fold knows about one session after its last event.
@@ -213,6 +260,15 @@ class Session:
     `turns` holds the turns not yet summarised (`seq > compacted_through`): the working set the
     window is made of. Summarised turns are never lost; the stores keep every turn in the
     session's history (`SessionStore.history`), and the log keeps every event.
+
+    The state is bounded, so that an event costs the same in a session's first hour and its
+    third day: what only grows is kept here as its recent part — `calls`, `observations` and
+    `executions` since the last summary (at most `RECENT_FACTS` each), the last
+    `RECENT_DECISIONS` decisions and `RECENT_REJECTIONS` rejections, the ids of the last events
+    (`session_model.dedupe`) — beside exact indexes the decisions need (`decided`,
+    `confirmations`, `rejected` counts, `tools` counts, the latest call per artifact). The stores
+    append every call, observation, execution, decision and rejection to the session's history
+    (`SessionStore.facts`).
     """
 
     id: str
@@ -247,7 +303,12 @@ class Session:
     executions: tuple[ExecutionFact, ...] = ()
     observations: tuple[Observation, ...] = ()
     approvals: tuple[Approval, ...] = ()
-    event_ids: frozenset[str] = frozenset()
+    event_ids: RecentIds = NO_IDS
+    decided: frozenset[str] = frozenset()  # every question id a decision resolved
+    confirmations: frozenset[tuple[str, str]] = frozenset()  # (operation, target) said yes to
+    rejected: Mapping[str, int] = field(default_factory=dict)  # rejections by code
+    tools: Mapping[str, int] = field(default_factory=dict)  # calls by tool
+    artifacts: Mapping[str, CallFact] = field(default_factory=dict)  # the latest call per artifact
 
     def evolve(self, **changes: Any) -> Session:
         """A copy with some fields changed (unknown field names are an error)."""
@@ -310,11 +371,8 @@ class Session:
         return tuple(t for t in self.pending_todos() if t.transferred_to is None)
 
     def rejection_counts(self) -> dict[str, int]:
-        """Rejections counted by code."""
-        counts: dict[str, int] = {}
-        for rejection in self.rejections:
-            counts[rejection.code] = counts.get(rejection.code, 0) + 1
-        return counts
+        """Rejections counted by code (all of them, not only the recent ones kept)."""
+        return dict(self.rejected)
 
     def state_briefing(self) -> str | None:
         """The plan and every card (closed ones too, or the agent redoes work), or None."""
@@ -347,18 +405,23 @@ class Session:
 
     def confirmed(self, operation: str, target: str) -> bool:
         """True if a human said yes to a `target_not_named` question naming op and target."""
-        for decision in self.decisions:
-            if decision.reason != "target_not_named" or not decision.affirmative:
-                continue
-            named = _json_object(decision.why)
-            if named.get("operation") == operation and named.get("target") == target:
-                return True
-        return False
+        return (operation, target) in self.confirmations
 
 
 _SESSION_FIELDS = frozenset(f.name for f in fields(Session))
 _new_object = object.__new__
 _set_attribute = object.__setattr__  # Session's own refuses: it is frozen
+
+
+def confirmation_of(decision: Decision) -> tuple[str, str] | None:
+    """The (operation, target) a decision confirms: a yes to a `target_not_named` question."""
+    if decision.reason != "target_not_named" or not decision.affirmative:
+        return None
+    named = _json_object(decision.why)
+    operation, target = named.get("operation"), named.get("target")
+    if isinstance(operation, str) and isinstance(target, str):
+        return operation, target
+    return None
 
 
 def _json_object(text: str | None) -> dict[str, Any]:

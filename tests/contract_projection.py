@@ -35,9 +35,11 @@ from projections.projector import MAX_CONFLICT_RETRIES, Projector
 from schemas import events as ev
 from schemas.errors import NotYetVisibleError, ProjectionError
 from schemas.events import Event
+from session_model.dedupe import CHUNK, HORIZON
 from session_model.fold import fold, step
 from session_model.ports import CommitResult, ProjectionStore
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
+from session_model.session import RECENT_FACTS, CallFact, ExecutionFact, Observation
 from session_model.signing import TrustedKeys
 from session_model.timeline import translate
 
@@ -454,7 +456,7 @@ class ProjectionStoreContract:
             )
         _project(projection_store, log.records)
         before = projection_store.load("s1")
-        assert before is not None and before.event_ids == frozenset(ids)
+        assert before is not None and set(before.event_ids) == set(ids)
         for event_id in ids:  # each again, at a new offset, read back from the store
             log.add("s1", ev.TURN, {"role": "user", "content": "again"}, event_id)
             _project(projection_store, log.records)
@@ -477,6 +479,68 @@ class ProjectionStoreContract:
         assert projection_store.load("s1") == fold("s1", events)
         assert projection_store.folded(["s1"])["s1"].state.seq == 41
 
+    def test_the_id_window_survives_reloads_in_any_batching(
+        self, projection_store: ProjectionStore
+    ) -> None:
+        """Past the dedupe horizon, every cut of the log reloads to the fold's state (the window
+        of ids included), and a retry within the horizon is still a duplicate after a reload."""
+        log = Log()
+        sid = "s-window"
+        log.started(sid)
+        n = HORIZON + 3 * CHUNK + 7
+        for i in range(n):
+            log.add(sid, ev.TURN, {"role": "user", "content": f"t{i}"}, _id(i))
+        cuts = [1, 3, 16, 17, 63, 64, 65, 66, 200, HORIZON + CHUNK, 577, 578, 600, len(log.records)]
+        for cut in cuts:
+            _project(projection_store, log.records[:cut])
+            stored = projection_store.folded([sid])[sid].state
+            assert stored == fold(sid, log.events(sid)[:cut])
+        retried = log.records[-HORIZON].event
+        log.add(sid, ev.TURN, {"role": "user", "content": "retry"}, retried.event_id)
+        _project(projection_store, log.records)
+        after = projection_store.folded([sid])[sid].state
+        assert after.seq == n + 1  # the retry took no seq
+        assert after == fold(sid, log.events(sid))
+
+    def test_the_history_keeps_every_fact_the_state_lets_go(
+        self, projection_store: ProjectionStore
+    ) -> None:
+        """Calls, observations, executions, decisions and rejections: all of them, in order."""
+        log = Log()
+        sid = "s-history"
+        log.started(sid)
+        for i in range(RECENT_FACTS + 10):
+            log.add(sid, ev.TOOL_CALLED, {"tool": "make", "result": f"r{i}", "artifact": f"a{i}"})
+            if i % 7 == 0:
+                log.add(sid, ev.EFFECT_OBSERVED, {"known": True, "artifacts": [f"a{i}"]})
+                log.add(sid, ev.EXECUTION_RECORDED, {"operation": "op", "argument_digest": f"d{i}"})
+            if i % 3 == 0:
+                log.add(sid, ev.QUESTION_ASKED, {"question_id": f"q{i}", "question": "?"})
+                log.add(sid, ev.QUESTION_ANSWERED, {"question_id": f"q{i}", "answer": "yes"})
+                log.add(sid, ev.QUESTION_ANSWERED, {"question_id": f"q{i}", "answer": "again"})
+        for at in range(0, len(log.records), 37):
+            _project(projection_store, log.records[: at + 37])
+        steps, state = [], fold(sid, [])
+        for event in log.events(sid):
+            result = step(state, event)
+            state = result.state
+            steps.append(result.outcome)
+        history = projection_store.facts(sid)
+        assert history.seq == state.seq
+        assert history.calls == tuple(o.fact for o in steps if isinstance(o.fact, CallFact))
+        assert len(history.calls) == RECENT_FACTS + 10 > len(state.calls)
+        assert history.observations == tuple(
+            o.fact for o in steps if isinstance(o.fact, Observation)
+        )
+        assert history.executions == tuple(
+            o.fact for o in steps if isinstance(o.fact, ExecutionFact)
+        )
+        assert history.decisions == tuple(o.decision for o in steps if o.decision is not None)
+        assert len(history.decisions) > len(state.decisions)
+        assert history.rejections == tuple(o.rejection for o in steps if o.rejection is not None)
+        assert [r.code for r in history.rejections] == ["no_open_question"] * 25
+        assert state.rejection_counts() == {"no_open_question": 25}
+
     def test_ids_with_pattern_characters(self, projection_store: ProjectionStore) -> None:
         log = Log()
         sids = ["a*b", "[x]", "q?", "back\\slash", "}brace{", "sp ace", "ü"]
@@ -487,6 +551,11 @@ class ProjectionStoreContract:
         for sid in sids:
             session = projection_store.load(sid)
             assert session is not None and session.id == sid
+
+
+def _id(n: int) -> str:
+    """Event ids of both stored forms: canonical UUIDs and other text."""
+    return str(uuid.UUID(int=n + 1, version=4)) if n % 3 else f"plain-{n}"
 
 
 def _timeline(session_id: str, events: Sequence[Event]) -> list[dict[str, Any]]:

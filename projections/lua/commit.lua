@@ -1,13 +1,19 @@
 -- The commit of a group of sessions (header.lua is prepended).
--- KEYS: per session, in order: state hash, turns list, timeline list, event-id string, deadlines
+-- KEYS: per session, in order: state hash, turns list, timeline list, event-id list, deadlines
 --       zset, compaction-due set, then its partition's waiting zset, waiting cards hash, waiting
---       counts hash and fleet counts hash, then one key per counter hash.
+--       counts hash and fleet counts hash, then its history lists (calls, observations,
+--       executions, decisions, rejections), then one key per counter hash.
 -- ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
 --       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
---       compaction due ("1"/"0"), new event ids (packed), n_turns, turns..., n_tl, entries...,
---       n_counters, (key index among the session's KEYS, field, increment)..., then the fleet
---       entry (lua/index.lua), the waiting card ("" = not waiting), its score and the prefix of
---       the partition's per-reason zsets (same hash tag as the waiting zset).
+--       compaction due ("1"/"0"), the new event ids (packed) of the dedupe chunk the stored ids
+--       end in ("head"), n_groups, the new ids of each later chunk (packed)..., n_turns,
+--       turns..., n_tl, entries..., n_counters, (key index among the session's KEYS, field,
+--       increment)..., then the fleet entry (lua/index.lua), the waiting card ("" = not
+--       waiting), its score and the prefix of the partition's per-reason zsets (same hash tag as
+--       the waiting zset), then n_hist, (key index among the session's KEYS, n, entries...)...
+-- Event ids (session_model/dedupe.py): while the session is compact they are inline and all in
+-- the first dedupe chunk; once spread, the id list holds one element per chunk, the last
+-- @KEPT_GROUPS@ only.
 -- Returns one 1 (applied) or 0 (conflict: nothing written) per session, in order. The counters of
 -- the sessions applied are summed and written once per (key, field) at the end.
 local acc = {}  -- counter key -> field -> increment, over the sessions applied
@@ -16,6 +22,28 @@ local acc = {}  -- counter key -> field -> increment, over the sessions applied
 local function push(key, items, first, count)
   for j = first, first + count - 1, 4000 do
     redis.call('RPUSH', key, unpack(items, j, math.min(j + 3999, first + count - 1)))
+  end
+end
+
+-- The history lists: n_hist groups of (key index, count, entries...) from ARGV[at].
+local function push_history(ko, at)
+  local n_hist = tonumber(ARGV[at])
+  at = at + 1
+  for _ = 1, n_hist do
+    local n = tonumber(ARGV[at + 1])
+    push(KEYS[ko + tonumber(ARGV[at])], ARGV, at + 2, n)
+    at = at + 2 + n
+  end
+end
+
+-- Spread: the new ids onto the id list (one element per dedupe chunk), the last ones kept.
+local function push_ids(key, head, groups_at, n_groups)
+  if #head > 0 then
+    redis.call('LSET', key, -1, (redis.call('LINDEX', key, -1) or '') .. head)
+  end
+  if n_groups > 0 then
+    push(key, ARGV, groups_at, n_groups)
+    redis.call('LTRIM', key, -@KEPT_GROUPS@, -1)
   end
 end
 
@@ -55,9 +83,11 @@ end
 -- One session: its KEYS start after `ko`, its arguments after `ao`.
 local function commit(ko, ao)
   H = KEYS[ko + 1]
-  local state, window, ids = ARGV[ao + 3], ARGV[ao + 4], ARGV[ao + 8]
-  local turns_at = ao + 10
-  local n_turns = tonumber(ARGV[ao + 9])
+  local state, window, head = ARGV[ao + 3], ARGV[ao + 4], ARGV[ao + 8]
+  local n_groups = tonumber(ARGV[ao + 9])
+  local groups_at = ao + 10
+  local turns_at = groups_at + n_groups + 1
+  local n_turns = tonumber(ARGV[turns_at - 1])
   local tl_at = turns_at + n_turns + 1
   local n_tl = tonumber(ARGV[tl_at - 1])
   local counters_at = tl_at + n_tl
@@ -91,12 +121,15 @@ local function commit(ko, ao)
 
   if ic == ELSEWHERE then
     -- Spread: the state whole, the ids and the timeline in keys of their own.
-    if #ids > 0 then redis.call('APPEND', KEYS[ko + 4], ids) end
+    push_ids(KEYS[ko + 4], head, groups_at, n_groups)
     if n_tl > 0 then push(KEYS[ko + 3], ARGV, tl_at, n_tl) end
     set[#set + 1] = 's'
     set[#set + 1] = state
     sc = WHOLE
   else
+    -- Inline ids are those of the first dedupe chunk only: ids of a later chunk spread the session.
+    local ids, spread = head, n_groups > 1 or (n_groups == 1 and ic > 0)
+    if n_groups == 1 and ic == 0 then ids = ARGV[groups_at] end
     local new_tl = {}
     for j = tl_at, tl_at + n_tl - 1 do
       new_tl[#new_tl + 1] = ARGV[j]
@@ -105,7 +138,7 @@ local function commit(ko, ao)
     new_tl = table.concat(new_tl)
     -- The last chunk of each stream appended to.
     local want = {}
-    if #ids > 0 and ic > 0 then want[#want + 1] = I[ic] end
+    if #ids > 0 and not spread and ic > 0 then want[#want + 1] = I[ic] end
     if #new_tl > 0 and tc ~= ELSEWHERE and tc > 0 then want[#want + 1] = T[tc] end
     local last = {}
     if #want > 0 then
@@ -113,9 +146,15 @@ local function commit(ko, ao)
       for k = 1, #want do last[want[k]] = values[k] end
     end
     local id_last = ic > 0 and last[I[ic]] or ''
-    if (ic > 0 and (ic - 1) * CHUNK + #(id_last or '') or 0) + #ids > @IDS_INLINE@ then
+    if spread or (ic > 0 and (ic - 1) * CHUNK + #(id_last or '') or 0) + #ids > @IDS_INLINE@ then
       -- Too many events: spread the session out, for good.
-      redis.call('SET', KEYS[ko + 4], table.concat(chunks(I, 1, ic)) .. ids)
+      local first = table.concat(chunks(I, 1, ic)) .. head
+      if n_groups == 1 and ic == 0 then
+        first = ids
+        n_groups = 0
+      end
+      if #first > 0 then redis.call('RPUSH', KEYS[ko + 4], first) end
+      push_ids(KEYS[ko + 4], '', groups_at, n_groups)
       drop(I, 1, ic)
       ic = ELSEWHERE
       if tc ~= ELSEWHERE then
@@ -168,6 +207,7 @@ local function commit(ko, ao)
   if #del > 0 then redis.call('HDEL', H, unpack(del)) end
   redis.call('HSET', H, unpack(set))
   if n_turns > 0 then push(KEYS[ko + 2], ARGV, turns_at, n_turns) end
+  push_history(ko, counters_at + 1 + n_counters * 3 + 4)
   if ARGV[ao + 6] == '' then
     redis.call('ZREM', KEYS[ko + 5], sid)
   else

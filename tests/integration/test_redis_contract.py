@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 from milpa_sessions.settings import Settings
-from projections.keys import Keys
+from projections.keys import HISTORY_KINDS, Keys
 from projections.layout import stored_sizes
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas import events as ev
 from schemas.errors import ProjectionError
 from schemas.events import Event
+from session_model.dedupe import CHUNK, HORIZON, KEPT
 from session_model.fold import fold
 from session_model.projection import BatchFolder, Folded, Position, Record
 from tests.contract_projection import ProjectionStoreContract
@@ -124,9 +125,8 @@ def _busy(sid: str, n: int) -> list[Record]:
 def _raw(store: RedisProjectionStore, sid: str) -> dict[str, Any]:
     """Every key of one session, by kind of key, with its whole value."""
     c, out = store.client, {}
-    for name, key in zip(
-        ("state", "turns", "timeline", "ids"), store.keys.session(sid).all(), strict=True
-    ):
+    names = ("state", "turns", "timeline", "ids", *(f"h:{k}" for k in HISTORY_KINDS))
+    for name, key in zip(names, store.keys.session(sid).every(), strict=True):
         kind = c.type(key).decode()
         if kind == "hash":
             out[name] = (kind, c.object("encoding", key), dict(sorted(c.hgetall(key).items())))
@@ -178,13 +178,25 @@ def test_a_busy_session_is_spread_over_keys_of_its_own(
         ("state", "hash"),
         ("turns", "list"),
         ("timeline", "list"),
-        ("ids", "string"),
+        ("ids", "list"),
     ]
     fields = raw["state"][2]
     assert sorted(fields) == [b"f", b"mark", b"n", b"s"]
     assert fields[b"n"] == b"wxx15"  # whole state, ids and timeline apart, 15 unsummarised turns
-    assert len(raw["ids"][1]) == 16 * len(records)
+    assert [len(group) for group in raw["ids"][1]] == [16 * len(records)]  # one dedupe chunk
     assert projection_store.load(sid) == fold(sid, [r.event for r in records])
+
+
+def test_a_long_session_keeps_only_the_recent_ids(projection_store: RedisProjectionStore) -> None:
+    """The id list holds the dedupe window's chunks only: the current one and KEPT full ones."""
+    sid = "long"
+    records = _busy(sid, HORIZON + 2 * CHUNK + 10)
+    _commit(projection_store, records, 50)
+    groups = _raw(projection_store, sid)["ids"][1]
+    assert [len(g) for g in groups] == [16 * CHUNK] * KEPT + [16 * 11]
+    state = projection_store.load(sid)
+    assert state == fold(sid, [r.event for r in records])
+    assert state is not None and len(state.event_ids) == KEPT * CHUNK + 11
 
 
 @pytest.mark.parametrize("size", [1, 2, 7, 100])
@@ -194,6 +206,17 @@ def test_the_layout_does_not_depend_on_the_batches(secured: Settings, size: int)
         "idle": _idle("idle"),
         "busy": _busy("busy", 40),
         "edge": _busy("edge", 15),  # 16 ids: exactly the inline bound
+        "long": _busy("long", HORIZON + CHUNK + 3),  # the id list trimmed
+        "facts": _records(
+            "facts",
+            [
+                (ev.STARTED, {"goal": "g", "mode": "ask"}),
+                *[(ev.TOOL_CALLED, {"tool": "make", "result": f"r{i}"}) for i in range(80)],
+                (ev.QUESTION_ASKED, {"question_id": "q", "question": "?"}),
+                (ev.QUESTION_ANSWERED, {"question_id": "q", "answer": "yes"}),
+                (ev.QUESTION_ANSWERED, {"question_id": "q", "answer": "late"}),
+            ],
+        ),
         "big": _records(
             "big",
             [

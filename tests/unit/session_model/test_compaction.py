@@ -369,7 +369,7 @@ def test_summary_is_prose_then_facts_header_then_json() -> None:
         ensure_ascii=False,
     )
     assert summary == f"{prose}\n\n{FACTS_HEADER}\n{facts}"
-    assert FACTS_HEADER == "Operational facts (JSON, version 1):"
+    assert FACTS_HEADER == "Operational facts (JSON, version 2):"
 
 
 class _Poet:
@@ -384,7 +384,7 @@ def test_custom_summarizer_replaces_only_the_prose() -> None:
     assert "Goal:" not in summary
     facts = _facts_of(summary)
     assert facts == SessionFacts(s).operational_facts()
-    assert facts["version"] == 1
+    assert facts["version"] == 2
     assert facts["execution_effect_currentness"] == "unknown"
 
 
@@ -423,19 +423,21 @@ def _facts_session() -> tuple[SessionStore, str]:
     return store, obs
 
 
-def test_facts_block_has_version_one_and_unknown_currentness() -> None:
+def test_facts_block_has_version_two_and_unknown_currentness() -> None:
     store, _ = _facts_session()
     facts = SessionFacts(store.load("s1")).operational_facts()
     assert sorted(facts) == [
+        "artifacts",
         "calls",
         "decisions",
         "evidence",
         "execution_effect_currentness",
         "executions",
+        "tools",
         "verdicts",
         "version",
     ]
-    assert facts["version"] == 1
+    assert facts["version"] == 2
     assert facts["execution_effect_currentness"] == "unknown"
 
 

@@ -45,7 +45,13 @@ def _codes(session):
 def _unchanged_but_bookkeeping(after: Session, before: Session) -> bool:
     """True when `after` equals `before` except for seq, seen ids and the rejection record."""
     return (
-        replace(after, seq=before.seq, event_ids=before.event_ids, rejections=before.rejections)
+        replace(
+            after,
+            seq=before.seq,
+            event_ids=before.event_ids,
+            rejections=before.rejections,
+            rejected=before.rejected,
+        )
         == before
     )
 

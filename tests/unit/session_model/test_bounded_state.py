@@ -1,0 +1,168 @@
+"""The hot state is bounded: what only grows keeps its recent part, exact indexes, and a window of
+event ids whose guarantee does not depend on batching (`session_model.dedupe`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from projections.codec import session_from_blob, session_to_blob
+from schemas import events as ev
+from session_model.compaction import Compactor, SessionFacts
+from session_model.dedupe import CHUNK, HORIZON, KEPT, RecentIds
+from session_model.fold import Kind, fold, step
+from session_model.session import RECENT_DECISIONS, RECENT_FACTS, RECENT_REJECTIONS, Session
+from tests.unit.builders import OPERATOR, fold_all, make_event, started, tool, trusted, turn
+
+# -- the event-id window -----------------------------------------------------------------------
+
+
+def test_the_window_keeps_the_current_chunk_and_kept_full_chunks() -> None:
+    ids = [f"id-{n}" for n in range(1, 2000)]
+    window = RecentIds.from_ids(ids)
+    seq = len(ids)
+    current = (seq - 1) % CHUNK + 1
+    assert len(window) == current + KEPT * CHUNK
+    assert set(window) == set(ids[-(current + KEPT * CHUNK) :])
+    assert ids[-HORIZON] in window and ids[-(current + HORIZON) - 1] not in window
+
+
+def test_the_window_is_the_same_from_its_chunks_as_from_its_ids() -> None:
+    ids = [f"id-{n}" for n in range(1, 700)]
+    window = RecentIds.from_ids(ids)
+    assert RecentIds.of(window.chunks()) == window
+    for n in (0, 1, CHUNK, CHUNK + 1, HORIZON + CHUNK):
+        assert RecentIds.of(RecentIds.from_ids(ids[:n]).chunks()) == RecentIds.from_ids(ids[:n])
+
+
+def _long_session(n: int) -> list[ev.Event]:
+    events = [started()]
+    for i in range(n):
+        events.append(turn("user", f"t{i}") if i % 2 else tool("make", f"r{i}"))
+    return events
+
+
+def test_a_retry_within_the_horizon_is_a_duplicate_and_takes_no_seq() -> None:
+    events = _long_session(HORIZON + 300)
+    state = fold_all(events)
+    retried = events[-HORIZON]  # its original is the HORIZON-th event from the end
+    result = step(state, retried, trusted())
+    assert result.outcome.kind is Kind.DUPLICATE
+    assert result.state is state
+
+
+def test_a_copy_far_beyond_the_horizon_takes_a_seq() -> None:
+    events = _long_session(HORIZON + 3 * CHUNK)
+    state = fold_all(events)
+    old = events[5]  # a turn or a call: applied again, documented in session_model.dedupe
+    result = step(state, old, trusted())
+    assert result.outcome.kind is Kind.APPLIED
+    assert result.state.seq == state.seq + 1
+
+
+# -- what only grows is bounded ------------------------------------------------------------------
+
+
+def test_calls_since_the_last_summary_are_bounded_and_counted_in_full() -> None:
+    state = fold_all(_long_session(3 * RECENT_FACTS))
+    assert len(state.calls) == RECENT_FACTS
+    assert state.calls[-1].seq == state.seq - 1 or state.calls[-1].seq == state.seq
+    assert state.tools == {"make": state.tool_calls}
+    assert state.tool_calls == 3 * RECENT_FACTS // 2
+
+
+def test_a_summary_takes_what_it_covers_out_of_the_hot_state() -> None:
+    events = _long_session(60)
+    state = fold_all(events)
+    plan = Compactor(max_turns=40, keep_recent=12).plan(state)
+    assert plan is not None
+    summary = make_event(ev.COMPACTED, {"summary": plan.summary, "through": plan.through})
+    after = step(state, summary, trusted()).state
+    assert after.calls and all(c.seq > plan.through for c in after.calls)
+    assert after.tools == state.tools  # the counts stay whole
+
+
+def test_the_latest_call_of_each_artifact_is_carried_across_summaries() -> None:
+    events = [
+        started(),
+        tool("write", "ok", True, extra={"artifact": "file:a.py"}),
+        tool("write", "ok", True, extra={"artifact": "file:b.py"}),
+    ]
+    events += [turn("user", f"t{i}") for i in range(50)]
+    state = fold_all(events)
+    plan = Compactor(max_turns=40, keep_recent=12).plan(state)
+    assert plan is not None
+    after = step(
+        state,
+        make_event(ev.COMPACTED, {"summary": plan.summary, "through": plan.through}),
+        trusted(),
+    ).state
+    assert after.calls == ()  # both calls were summarised
+    facts = SessionFacts(after).operational_facts()
+    assert [a["artifact"] for a in facts["artifacts"]] == ["file:a.py", "file:b.py"]
+    assert facts["tools"] == {"write": 2}
+    assert facts["calls"] == []
+
+
+def _question(i: int) -> list[ev.Event]:
+    why = json.dumps({"operation": "deploy", "target": f"t{i}"})
+    return [
+        make_event(
+            ev.QUESTION_ASKED,
+            {
+                "question_id": f"q{i}",
+                "question": f"Deploy t{i}?",
+                "options": ["yes", "no"],
+                "why": why,
+                "reason": "target_not_named",
+            },
+        ),
+        make_event(ev.QUESTION_ANSWERED, {"question_id": f"q{i}", "answer": "yes"}),
+    ]
+
+
+def test_decisions_keep_the_recent_ones_and_the_exact_indexes() -> None:
+    events = [started()]
+    for i in range(RECENT_DECISIONS + 5):
+        events += _question(i)
+    state = fold_all(events)
+    assert len(state.decisions) == RECENT_DECISIONS
+    assert state.decided == {f"q{i}" for i in range(RECENT_DECISIONS + 5)}
+    assert state.confirmed("deploy", "t0")  # decided long before the recent ones
+    assert not state.confirmed("deploy", "t999")
+
+
+def test_rejections_keep_the_recent_ones_and_count_every_one() -> None:
+    events = [started()]
+    events += [
+        make_event(ev.QUESTION_ANSWERED, {"question_id": f"nope{i}", "answer": "x"})
+        for i in range(RECENT_REJECTIONS * 2)
+    ]
+    state = fold_all(events)
+    assert len(state.rejections) == RECENT_REJECTIONS
+    assert state.rejection_counts() == {"no_open_question": RECENT_REJECTIONS * 2}
+
+
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_the_stored_state_of_a_compacted_session_does_not_grow_with_its_age(n: int) -> None:
+    """A session compacted as the scheduler would: its stored state stays under a few KB."""
+    compactor = Compactor()
+    auth = trusted()
+    state = Session("s1")
+    for event in [started(), *_long_session(n)[1:]]:
+        state = step(state, event, auth).state
+        plan = compactor.plan(state)
+        if plan is not None:
+            summary = make_event(ev.COMPACTED, {"summary": plan.summary, "through": plan.through})
+            state = step(state, summary, auth).state
+    blob = session_to_blob(state)
+    assert len(blob) < 16_384
+    reloaded = session_from_blob(blob, "s1", state.turns, state.event_ids)
+    assert reloaded == state
+
+
+def test_folding_again_from_nothing_gives_the_same_bounded_state() -> None:
+    events = _long_session(2 * HORIZON)
+    assert fold("s1", events, trusted()) == fold_all(events)
+    assert OPERATOR.key_id  # the builders' operator signs the start
