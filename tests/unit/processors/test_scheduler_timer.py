@@ -1,0 +1,368 @@
+"""The worker's timer path without Kafka or Redis: timetable, frames, feed, service, priority."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from processors.histogram import LATENESS_MS_BUCKETS, Histogram
+from processors.priority import elevate
+from processors.scheduler import SchedulerStats
+from processors.timer import Assign, Clear, Closing, Frames, Message, Offer, Timetable, frame
+from processors.timer_feed import TimerFeed, closing_of
+from processors.timer_link import combined
+from processors.timer_process import TimerConfig, TimerCounters, TimerService
+from schemas import events as ev
+from schemas.codec import EventCodec
+from schemas.errors import CodecError
+from schemas.events import Event
+from session_model.deadlines import format_instant
+from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
+from tests.unit.builders import answer, ask, started
+
+DEADLINE = datetime(2026, 1, 1, 12, 0, 0, 500000, tzinfo=UTC)
+DEADLINE_US = int(DEADLINE.timestamp()) * 1_000_000 + DEADLINE.microsecond
+
+
+def _closing(
+    sid: str = "s1", partition: int = 0, at_us: int = DEADLINE_US, seq: int = 1
+) -> Closing:
+    return Closing(sid, partition, at_us, f"q-{sid}", seq)
+
+
+# -- frames --------------------------------------------------------------------------------------
+
+
+def test_messages_survive_the_pipe_in_any_pieces() -> None:
+    messages: list[Message] = [
+        Assign(frozenset({0, 3})),
+        Offer((_closing("s1"), _closing("s2", 3, DEADLINE_US + 7, 4))),
+        Clear(("s1",)),
+        Offer(()),
+    ]
+    stream = b"".join(frame(m) for m in messages)
+    frames = Frames()
+    got = [m for i in range(0, len(stream), 5) for m in frames.feed(stream[i : i + 5])]
+    assert got == messages
+
+
+def test_a_broken_frame_is_a_codec_error() -> None:
+    with pytest.raises(CodecError):
+        list(Frames().feed(b"\x00\x00\x00\x05hello"))
+    short = b'["offer",[["s1",0]]]'
+    with pytest.raises(CodecError):
+        list(Frames().feed(struct.pack("!I", len(short)) + short))
+    with pytest.raises(CodecError):
+        list(Frames().feed(struct.pack("!I", 1 << 30)))
+
+
+# -- the timetable -------------------------------------------------------------------------------
+
+
+def test_a_closing_is_due_only_once_its_deadline_has_strictly_passed() -> None:
+    table = Timetable()
+    table.offer(_closing())
+    assert table.pop_due(DEADLINE_US) == []
+    assert table.pop_due(DEADLINE_US + 1) == [_closing()]
+    assert table.next_us() is None and len(table) == 0
+
+
+def test_every_closing_due_comes_out_together_earliest_first() -> None:
+    table = Timetable()
+    for i in (3, 1, 2):
+        table.offer(_closing(f"s{i}", at_us=DEADLINE_US + i))
+    table.offer(_closing("later", at_us=DEADLINE_US + 10_000))
+    due = table.pop_due(DEADLINE_US + 5)
+    assert [c.session_id for c in due] == ["s1", "s2", "s3"]
+    assert table.next_us() == DEADLINE_US + 10_000
+
+
+def test_an_assignment_keeps_only_its_partitions_and_refuses_the_others() -> None:
+    table = Timetable()
+    table.offer(_closing("a", partition=0))
+    table.offer(_closing("b", partition=1))
+    table.assign({1, 2})
+    table.offer(_closing("c", partition=0))
+    table.offer(_closing("d", partition=2))
+    due = table.pop_due(DEADLINE_US + 1)
+    assert sorted(c.session_id for c in due) == ["b", "d"]
+
+
+def test_a_cleared_session_is_not_closed_and_a_changed_deadline_replaces_the_old() -> None:
+    table = Timetable()
+    table.offer(_closing("a"))
+    table.offer(_closing("b"))
+    table.clear("a")
+    table.offer(_closing("b", at_us=DEADLINE_US + 5_000, seq=2))  # re-asked, later
+    table.offer(_closing("b", seq=1))  # stale news of the first question: ignored
+    assert table.pop_due(DEADLINE_US + 1) == []
+    assert [c.question_seq for c in table.pop_due(DEADLINE_US + 5_001)] == [2]
+
+
+def test_a_sent_closing_is_not_offered_again_until_its_session_is_cleared() -> None:
+    table = Timetable()
+    table.offer(_closing())
+    assert len(table.pop_due(DEADLINE_US + 1)) == 1
+    table.offer(_closing())  # a rebalance re-offers it before the projector folded it
+    assert table.pop_due(DEADLINE_US + 2) == []
+    table.clear("s1")  # folded: the question is gone
+    table.offer(_closing())
+    assert len(table.pop_due(DEADLINE_US + 3)) == 1
+
+
+def test_a_failed_closing_goes_back_unless_news_made_it_moot() -> None:
+    table = Timetable()
+    table.offer(_closing("a"))
+    table.offer(_closing("b"))
+    due = table.pop_due(DEADLINE_US + 1)
+    table.clear("b")  # answered while the send was failing
+    table.put_back(due, DEADLINE_US + 100)
+    assert table.pop_due(DEADLINE_US + 50) == []
+    assert [c.session_id for c in table.pop_due(DEADLINE_US + 101)] == ["a"]
+
+
+# -- the feed ------------------------------------------------------------------------------------
+
+
+class Pipe:
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+
+    def send(self, message: Message) -> None:
+        self.sent.append(message)
+
+
+def _update(events: list[Event], partition: int = 0) -> SessionUpdate:
+    records = [Record(e, Position(partition, i)) for i, e in enumerate(events)]
+    return BatchFolder().fold({}, records)[0]
+
+
+def _asked(sid: str, deadline: datetime = DEADLINE, partition: int = 0) -> SessionUpdate:
+    return _update(
+        [
+            started(session_id=sid),
+            ask(f"q-{sid}", session_id=sid, expires_at=format_instant(deadline)),
+        ],
+        partition,
+    )
+
+
+def _feed(
+    states: dict[str, Folded] | None = None, index: dict[str, tuple[int, int]] | None = None
+) -> tuple[TimerFeed, Pipe, list[list[str]]]:
+    pipe, reads = Pipe(), []
+
+    async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
+        reads.append(list(ids))
+        return {i: (states or {})[i] for i in ids if i in (states or {})}
+
+    async def due(parts: Iterable[int]) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+        wanted = set(parts)
+        return {s: v for s, v in (index or {}).items() if v[1] in wanted}, {}
+
+    return TimerFeed(pipe, lookup, due, chunk=2), pipe, reads
+
+
+def test_the_feed_offers_a_deadline_once_and_clears_it_when_answered() -> None:
+    feed, pipe, _ = _feed()
+    asked = _asked("s1")
+    feed.observe([asked])
+    feed.observe([asked])  # another batch touched the session: nothing new
+    events = [
+        started(session_id="s1"),
+        ask("q-s1", session_id="s1", expires_at=format_instant(DEADLINE)),
+        answer("q-s1", session_id="s1"),
+    ]
+    feed.observe([_update(events)])
+    closing = closing_of(asked.state, 0)
+    assert closing is not None and closing.deadline_us == DEADLINE_US
+    assert pipe.sent == [Offer((closing,)), Clear(("s1",))]
+
+
+def test_the_feed_offers_only_the_partitions_the_worker_owns() -> None:
+    feed, pipe, _ = _feed()
+    asyncio.run(feed.assign({1}))
+    feed.observe([_asked("mine", partition=1), _asked("theirs", partition=2)])
+    offered = [c.session_id for m in pipe.sent if isinstance(m, Offer) for c in m.closings]
+    assert pipe.sent[0] == Assign(frozenset({1}))
+    assert offered == ["mine"]
+
+
+def test_an_assignment_offers_the_indexed_deadlines_earliest_first_in_chunks() -> None:
+    updates = [_asked(f"s{i}", DEADLINE + timedelta(seconds=5 - i), partition=1) for i in range(5)]
+    states = {u.session_id: Folded(u.state, u.mark) for u in updates}
+    index = {u.session_id: (0, 1) for u in updates}
+    index = {sid: (5 - int(sid[1:]), 1) for sid in index}  # the index's order: s4 first
+    feed, pipe, reads = _feed(states, index)
+
+    async def scenario() -> None:
+        await feed.assign({1, 2})
+        await feed.loaded()
+
+    asyncio.run(scenario())
+    assert reads == [["s4", "s3"], ["s2", "s1"], ["s0"]]
+    assert pipe.sent[0] == Assign(frozenset({1, 2}))
+    offered = [c.session_id for m in pipe.sent[1:] if isinstance(m, Offer) for c in m.closings]
+    assert offered == ["s4", "s3", "s2", "s1", "s0"]
+
+
+def test_what_a_batch_observed_during_the_load_wins_over_the_load() -> None:
+    asked = _asked("s1", partition=1)
+    answered = Folded(replace(asked.state, question=None), asked.mark)
+    feed, pipe, _ = _feed({"s1": Folded(asked.state, asked.mark)}, {"s1": (1, 1)})
+
+    async def scenario() -> None:
+        await feed.assign({1})
+        feed.observe([replace(asked, state=answered.state)])  # answered meanwhile
+        await feed.loaded()
+
+    asyncio.run(scenario())
+    assert [m for m in pipe.sent if isinstance(m, Offer)] == []
+
+
+def test_a_restarted_timer_is_told_everything_again() -> None:
+    feed, pipe, _ = _feed()
+    asyncio.run(feed.assign({0}))
+    feed.observe([_asked("s1")])
+    pipe.sent.clear()
+    feed.replay()
+    assert pipe.sent == [Assign(frozenset({0})), Offer((closing_of(_asked("s1").state, 0),))]  # type: ignore[arg-type]
+
+
+# -- the timer process's loop --------------------------------------------------------------------
+
+
+class Sink:
+    def __init__(self, fail: int = 0) -> None:
+        self.sends: list[list[str]] = []
+        self.fail = fail
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        await self.publish_many([(key, value, headers)])
+
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        self.sends.append([EventCodec().decode(v).session_id for _, v, _ in records])
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("broker gone")
+
+
+def _counters() -> TimerCounters:
+    return TimerCounters((ctypes.c_double * TimerCounters.size())())
+
+
+async def _serve(
+    sink: Sink, messages: list[Message], until_sends: int, clock_offset_us: int = 0
+) -> TimerService:
+    """Run a service on a real pipe with these messages; the clock runs from just before."""
+    read_fd, write_fd = os.pipe()
+    start_us = asyncio.get_running_loop().time()
+    base_us = DEADLINE_US - 20_000 + clock_offset_us  # deadlines are 20 ms from the start
+
+    def clock() -> int:
+        return base_us + int((asyncio.get_running_loop().time() - start_us) * 1e6)
+
+    config = TimerConfig(None, "t", retry_initial=0.01)  # type: ignore[arg-type]
+    service = TimerService(config, read_fd, _counters(), sink=sink, clock=clock)
+    running = asyncio.create_task(service.run())
+    os.write(write_fd, b"".join(frame(m) for m in messages))
+    for _ in range(500):
+        if len(sink.sends) >= until_sends and not service._sending:
+            break
+        await asyncio.sleep(0.01)
+    os.close(write_fd)  # end of file: the worker is gone
+    await asyncio.wait_for(running, 5)
+    os.close(read_fd)
+    return service
+
+
+def test_closings_due_together_are_sent_in_one_batch_and_counted_when_acknowledged() -> None:
+    sink = Sink()
+    closings = tuple(_closing(f"s{i}") for i in range(3))
+    service = asyncio.run(_serve(sink, [Offer(closings)], 1))
+    assert sink.sends == [["s0", "s1", "s2"]]
+    stats = service.counters.snapshot()
+    assert stats.closings == 3 and stats.lateness.count == 3
+
+
+def test_a_closing_the_broker_refused_is_sent_again() -> None:
+    sink = Sink(fail=1)
+    service = asyncio.run(_serve(sink, [Offer((_closing(),))], 2))
+    assert sink.sends == [["s1"], ["s1"]]
+    assert service.counters.snapshot().closings == 1
+    assert service.counters.array[TimerCounters.FAILED] == 1
+
+
+def test_the_timer_closes_only_what_is_still_open_for_owned_partitions() -> None:
+    sink = Sink()
+    messages: list[Message] = [
+        Offer((_closing("a", 0), _closing("b", 1), _closing("c", 1))),
+        Assign(frozenset({1})),
+        Clear(("c",)),
+    ]
+    asyncio.run(_serve(sink, messages, 1))
+    assert sink.sends == [["b"]]
+
+
+class Keeping(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[Event] = []
+
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        self.events.extend(EventCodec().decode(v) for _, v, _ in records)
+        await super().publish_many(records)
+
+
+def test_the_closing_closes_its_question_and_says_when_it_was_noticed() -> None:
+    sink = Keeping()
+    asyncio.run(_serve(sink, [Offer((_closing(),))], 1))
+    [event] = sink.events
+    assert event.type == ev.ANSWER_WINDOW_CLOSED
+    assert event.payload["question_id"] == "q-s1"
+    assert event.payload["at"] >= DEADLINE.replace(microsecond=500000)
+
+
+# -- priority and stats --------------------------------------------------------------------------
+
+
+def test_real_time_scheduling_when_permitted() -> None:
+    calls: list[object] = []
+    got = elevate(10, -5, set_scheduler=lambda *a: calls.append(a), set_priority=None)
+    assert got.policy == "SCHED_FIFO 10" and got.notes == () and len(calls) == 1
+
+
+def test_a_lower_nice_when_real_time_is_not_permitted_and_normal_when_neither_is() -> None:
+    def refused(*args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    niced: list[object] = []
+    got = elevate(10, -5, set_scheduler=refused, set_priority=lambda *a: niced.append(a))
+    assert got.policy == "nice -5" and niced == [(os.PRIO_PROCESS, 0, -5)]
+    assert "SCHED_FIFO 10 not permitted" in got.notes[0]
+    neither = elevate(10, -5, set_scheduler=refused, set_priority=refused)
+    assert neither.policy == "normal" and len(neither.notes) == 2
+    assert elevate(0, 0).policy == "normal"
+
+
+def test_the_workers_stats_add_the_timers_closings_to_its_loops() -> None:
+    loop = SchedulerStats(closings=1, compactions=4)
+    loop.lateness.observe(3)
+    timer = SchedulerStats(closings=2, lateness=Histogram(LATENESS_MS_BUCKETS))
+    timer.lateness.observe_many([0.5, 20])
+    both = combined(loop, timer)
+    assert (both.closings, both.compactions, both.lateness.count) == (3, 4, 3)
+    assert both.lateness.total == 23.5
