@@ -35,9 +35,12 @@ TARGETS = {
     "projector_vs_consume": Target(">=", 0.6),
     "replay": Target(">=", 25_000),
     "expiry_p99": Target("<=", 10),
+    "expiry_loaded_vs_ack": Target("<=", 1),
+    "expiry_loaded_vs_unloaded": Target("<=", 1.2),
     "memory": Target("<=", 0.5),
     "inbox_p99": Target("<=", 20),
     "live_p99": Target("<=", 100),
+    "projector_vs_peer": Target(">=", 1.5),
 }
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
 
@@ -67,6 +70,7 @@ class Sizes:
     inbox_samples: int = 1_000
     live_questions: int = 2_000
     live_rate: int = 100  # questions asked per second
+    peers_events: int = 100_000  # records of the pre-filled topic each peer is timed over (0: all)
 
     @classmethod
     def full(cls) -> Sizes:
@@ -85,6 +89,7 @@ class Sizes:
             inbox_waiting=20_000,
             inbox_samples=300,
             live_questions=500,
+            peers_events=30_000,
         )
 
 
