@@ -16,6 +16,7 @@ from bench.figures.expiry import expiry
 from bench.figures.inbox import inbox
 from bench.figures.live import live
 from bench.figures.memory import memory
+from bench.figures.peers import peers
 from bench.figures.producer import producer
 from bench.figures.projector import projector
 from bench.figures.rebuild import rebuild
@@ -32,6 +33,7 @@ FIGURES: dict[str, Callable[[Run], None]] = {
     "memory": memory,
     "inbox": inbox,
     "live": live,
+    "peers": peers,
 }
 
 __all__ = ["CALIBRATION", "FIGURES", "Run", "Sizes"]
