@@ -89,7 +89,7 @@ class Sizes:
             inbox_waiting=20_000,
             inbox_samples=300,
             live_questions=500,
-            peers_events=30_000,
+            peers_events=15_000,
         )
 
 

@@ -90,6 +90,12 @@ class _Stamps:
         return len(self.updated)
 
 
+def _cpu(params: dict[str, Any]) -> dict[str, Any]:
+    """The CPU report (`CpuMeter.stop()`) among a run's params."""
+    keys = ("other_processes_cpu_pct", "loadavg_1m")
+    return {k: v for k, v in params.items() if k.endswith("_cpu_pct") or k in keys}
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -290,6 +296,8 @@ def peers(run: Run) -> None:
             **{p: tput[p].events_per_s for p in PEERS},
             "fastest_peer": fastest,
             "of": "our events/s per worker process / the faster peer's per process",
+            # The CPU reports of the runs it divides (a disturbed run disturbs the ratio).
+            "cpu": {"projector": _cpu(own.params), **{p: _cpu(tput[p].params) for p in PEERS}},
             **common,
         },
     )
