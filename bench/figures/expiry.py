@@ -39,7 +39,7 @@ def expiry(run: Run) -> None:
     inside = _expiry_run(run, standalone=False)
     run.log(f"expiry lateness: in the worker p99 {inside['p99']} ms, standalone {alone['p99']} ms")
     if run.sizes.expiry_load_per_s:
-        _expiry_loaded(run, inside["p99"])
+        _expiry_loaded(run, inside["ack_p99"])
     run.put("expiry_lateness_p50_ms", inside["p50"], "ms", params=inside["params"])
     run.put(
         "expiry_lateness_p99_ms",
@@ -100,18 +100,27 @@ def _expiry_loaded(run: Run, unloaded_p99: float | None) -> None:
             "through the same topic from 1 s before the first deadline to the last",
             "p50_ms": inside["p50"],
             "produce_ack_p99_ms": ack_p99,
+            "ack_p99_ms": inside["ack_p99"],
             "standalone_p50_ms": alone["p50"],
             "in_worker": inside["params"],
             "standalone": alone["params"],
         },
     )
+    loaded_ack_p99 = inside["ack_p99"]
+    compared = {
+        "expiry_lateness_loaded_ack_p99_ms": loaded_ack_p99,
+        "expiry_lateness_loaded_ack_p99_bucket_ms": inside["params"]["ack_p99_bucket_ms"],
+        "compared": "lateness until the closing's ack (the scheduler's histogram, interpolated in "
+        "its bucket however wide), as the produce-ack reference is until the ack; "
+        "expiry_lateness_loaded_p99_ms follows the usual histogram/topic rule instead",
+    }
     run.put(
         "expiry_loaded_p99_vs_produce_ack_p99",
-        ratio(inside["p99"], ack_p99),
+        ratio(loaded_ack_p99, ack_p99),
         "×",
         target=TARGETS["expiry_loaded_vs_ack"],
         params={
-            "expiry_lateness_loaded_p99_ms": inside["p99"],
+            **compared,
             "produce_ack_p99_ms": ack_p99,
             "produce_ack_ms": ack,
             "produce_ack": "send → acknowledgement of each load event (KafkaEventLog: "
@@ -123,12 +132,12 @@ def _expiry_loaded(run: Run, unloaded_p99: float | None) -> None:
     )
     run.put(
         "expiry_loaded_p99_vs_unloaded_p99",
-        ratio(inside["p99"], unloaded_p99),
+        ratio(loaded_ack_p99, unloaded_p99),
         "×",
         target=TARGETS["expiry_loaded_vs_unloaded"],
         params={
-            "expiry_lateness_loaded_p99_ms": inside["p99"],
-            "expiry_lateness_p99_ms": unloaded_p99,
+            **compared,
+            "expiry_lateness_unloaded_ack_p99_ms": unloaded_p99,
             "cpu_while_closing": inside["params"]["cpu_while_closing"],
             "why": "folding other sessions must not make the worker's deadlines later",
         },
@@ -246,7 +255,7 @@ def _expiry_run(run: Run, *, standalone: bool, load: bool = False) -> dict[str, 
     if load:
         params["load"] = load_params
     run.log(f"expiry lateness ({params['scheduler']}): p50 ≈ {p50} ms, p99 ≈ {p99} ms")
-    return {"p50": p50, "p99": p99, "params": params}
+    return {"p50": p50, "p99": p99, "ack_p99": lateness["ack_p99_ms"], "params": params}
 
 
 def _children(name: str, pid: int) -> dict[str, int]:
@@ -290,7 +299,8 @@ def _ask_questions(
     returns once they all are.
     """
     n = len(sids)
-    lead = max(3.0, 3 * n / fold_rate)
+    # Questions fold slower than starts (indexes, the feed): a margin of several times the starts.
+    lead = max(4.0, 6 * n / fold_rate)
     first_deadline_ms = int((time.time() + lead) * 1000)
     spread_ms = int(run.sizes.expiry_spread_s * 1000)
     deadlines = [first_deadline_ms + spread_ms * i // max(n - 1, 1) for i in range(n)]
@@ -343,10 +353,15 @@ def _lateness(
 
     p50 = quantile(0.5, "p50")
     p99 = quantile(0.99, "p99")
+    bucket99 = histogram_bucket(0.99, buckets)
     return (
         p50,
         p99,
         {
+            # Always from the histogram (until the ack, as the produce-ack reference is), however
+            # wide its bucket: what the ratios under load compare.
+            "ack_p99_ms": histogram_quantile(0.99, buckets) if buckets else None,
+            "ack_p99_bucket_ms": None if bucket99 is None else [bucket99[0], bucket99[1]],
             "closings": count,
             "mean_ms": None if not count else (total_ms or 0) / count,
             "source": "the scheduler's Prometheus histogram milpa_expiry_lateness_ms (time.time() "
