@@ -1,13 +1,16 @@
 """The scheduled processor: it appends `answer_window_closed` and `compacted` events when due.
 
 It runs inside each worker and works only for the partitions that worker owns (Kafka's assignment
-is the only coordination: no locks). It sleeps until the next deadline and is woken early when the
-projector sees an earlier one, so no polling interval adds to the lateness. Its events go to the
-events topic like any writer's; a tick does not wait for the previous tick's acks (a task awaits
-them, and puts back on the schedule whatever the broker refused). Two schedulers emitting for
-the same question (a rebalance, a restart at the tick) are harmless: the event ids are derived
-from the question, so a second closing is a duplicate, and even with another id the fold ignores
-a second closing or an older compaction.
+is the only coordination: no locks). By default the worker's closings come from its timer process
+(`processors.timer_process`, fed by `processors.timer_feed`) and this loop, built with
+`closes=False`, only compacts; with `MILPA_SCHEDULER_TIMER_PROCESS=false`, and in the standalone
+scheduler (`processors.scheduler_app`), it closes too. It sleeps until the next deadline and is
+woken early when the projector sees an earlier one, so no polling interval adds to the lateness.
+Its events go to the events topic like any writer's; a tick does not wait for the previous tick's
+acks (a task awaits them, and puts back on the schedule whatever the broker refused). Two
+schedulers emitting for the same question (a rebalance, a restart at the tick) are harmless: the
+event ids are derived from the question, so a second closing is a duplicate, and even with another
+id the fold ignores a second closing or an older compaction.
 """
 
 from __future__ import annotations

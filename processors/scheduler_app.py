@@ -1,10 +1,10 @@
 """The scheduler as a process of its own: polls the projector's indexes, emits what is due.
 
-Why a separate process: inside a worker the scheduler shares one event loop, one GIL and one
-garbage collector with batch folding, so a closing waits for the batch in progress (up to
-`batch_max_records` records, 0.1-0.2 s when the worker is behind). Alone, the process is idle
-between deadlines and wakes on time. When the workers keep up, the scheduler in the worker is as
-punctual on two shared cores (docs/PERFORMANCE.md, "Expiry lateness").
+An alternative to the default, where each worker closes its partitions' windows from a timer
+process of its own (`processors.timer_process`: no event loop or GIL shared with folding). This
+one needs no worker: it serves every partition, for deployments that run workers with
+`MILPA_SCHEDULER_ENABLED=false`; it reads states from Redis rather than being told by the
+projector, so it polls (docs/PERFORMANCE.md, "Expiry lateness").
 
 It reads the per-partition deadline and compaction-due indexes the projector maintains (never a
 scan of all sessions), a window `horizon` ahead, every `poll_interval`; it sleeps until the next
