@@ -96,6 +96,11 @@ def _cpu(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k.endswith("_cpu_pct") or k in keys}
 
 
+def _per_cpu_s(events_per_s: float | None, cpu_pct: float | None) -> float | None:
+    """Events per CPU second of the folding process (its events/s over its share of a core)."""
+    return None if events_per_s is None or not cpu_pct else events_per_s * 100 / cpu_pct
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -296,6 +301,14 @@ def peers(run: Run) -> None:
             **{p: tput[p].events_per_s for p in PEERS},
             "fastest_peer": fastest,
             "of": "our events/s per worker process / the faster peer's per process",
+            # Read beside the ratio on a busy machine, where each process gets another share.
+            "events_per_cpu_second": {
+                "projector": _per_cpu_s(own.per_process, own.params.get("worker0_cpu_pct")),
+                **{
+                    p: _per_cpu_s(tput[p].events_per_s, tput[p].params.get("peer_cpu_pct_own"))
+                    for p in PEERS
+                },
+            },
             # The CPU reports of the runs it divides (a disturbed run disturbs the ratio).
             "cpu": {"projector": _cpu(own.params), **{p: _cpu(tput[p].params) for p in PEERS}},
             **common,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import infra, workload
+from bench.figures.peers import _per_cpu_s
 from bench.peers.common import (
     DIR_ENV,
     EXPECT_ENV,
@@ -99,3 +100,9 @@ def test_latencies_match_sends_by_partition_and_offset() -> None:
     assert lat.sent_at == [1.0, 1.001]
     assert lat.from_send == pytest.approx([10.0, 20.0])
     assert lat.from_ack == pytest.approx([8.0, 18.0])
+
+
+def test_events_per_cpu_second_is_the_rate_over_the_share_of_a_core() -> None:
+    assert _per_cpu_s(1000.0, 50.0) == pytest.approx(2000.0)
+    assert _per_cpu_s(None, 50.0) is None
+    assert _per_cpu_s(1000.0, 0.0) is None
