@@ -97,7 +97,8 @@ def fleet(rt: Runtime) -> dict[str, Any]:
 
 def session(rt: Runtime, session_id: str) -> dict[str, Any]:
     """The session as an operator reads it (its open question, decisions, ...)."""
-    return session_record(rt.deps.store.load(session_id))
+    store = rt.deps.store
+    return session_record(store.load(session_id), store.facts(session_id))
 
 
 def window(rt: Runtime, session_id: str) -> list[dict[str, str]]:
@@ -110,7 +111,7 @@ def session_view(rt: Runtime, session_id: str, recent: int | None = None) -> dic
     session = rt.deps.store.load(session_id)
     since = max(session.seq - recent, 0) if recent is not None else 0
     entries = rt.deps.store.timeline(session_id, since)
-    record = session_record(session)
+    record = session_record(session, rt.deps.store.facts(session_id))
     record["window"] = window_records(session)
     record["timeline"] = timeline_records(entries, question_texts(session, entries))
     record["timeline_since"] = since

@@ -16,7 +16,7 @@ from session_model.questions import (
     WaitingQuestion,
     session_status,
 )
-from session_model.session import Decision, Question, Session
+from session_model.session import Decision, History, Question, Session
 from session_model.timeline import TimelineEntry
 
 SIGNATURE = "signature"
@@ -128,7 +128,7 @@ def decision_record(decision: Decision) -> dict[str, Any]:
     }
 
 
-def session_record(session: Session) -> dict[str, Any]:
+def session_record(session: Session, history: History | None = None) -> dict[str, Any]:
     """A session as an operator reads it."""
     return {
         "id": session.id,
@@ -147,7 +147,9 @@ def session_record(session: Session) -> dict[str, Any]:
         "removed_options": list(session.removed_options),
         "run_first": list(session.run_first),
         "question": question_record(session.question) if session.question else None,
-        "decisions": [decision_record(d) for d in session.decisions],
+        "decisions": [
+            decision_record(d) for d in (history.decisions if history else session.decisions)
+        ],
         "ended_because": session.ended_because,
         "seq": session.seq,
         "turns": session.turn_count,

@@ -242,7 +242,9 @@ def list_cmd(ctx: Ctx) -> None:
 @pass_ctx
 def show(ctx: Ctx, session_id: str) -> None:
     """One session: state, todos, decisions, rejections."""
-    s = _store(ctx).load(session_id)
+    store = _store(ctx)
+    s = store.load(session_id)
+    history = store.facts(session_id)
     data = session_summary(s)
     data["todos"] = [
         {"id": t.id, "text": t.text, "status": t.status, "version": t.version, "origin": t.origin}
@@ -256,9 +258,9 @@ def show(ctx: Ctx, session_id: str) -> None:
             "reason": d.reason,
             "expired_at": format_instant(d.expired_at) if d.expired_at else None,
         }
-        for d in s.decisions
+        for d in history.decisions
     ]
-    _emit(ctx, data, lambda: render_session(s))
+    _emit(ctx, data, lambda: render_session(s, history))
 
 
 @main.command()

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from session_model.narration import sentence
-from session_model.session import Session
+from session_model.session import History, Session
 
 out = Console()
 
@@ -28,7 +28,7 @@ def session_summary(s: Session) -> dict[str, Any]:
         "open_todos": len(s.open_todos()),
         "question": s.question.id if s.question else None,
         "permissions": list(s.permissions),
-        "decisions": len(s.decisions),
+        "decisions": s.decision_count,
         "rejections": s.rejection_counts(),
         "downgrades": s.downgrades,
         "parent_id": s.parent_id,
@@ -36,8 +36,9 @@ def session_summary(s: Session) -> dict[str, Any]:
     }
 
 
-def render_session(s: Session) -> None:
-    """Print a session as an operator reads it."""
+def render_session(s: Session, history: History | None = None) -> None:
+    """Print a session as an operator reads it (every decision and rejection with `history`,
+    else the recent ones its state keeps)."""
     info = session_summary(s)
     out.print(f"[bold]{s.id}[/bold]  {info['status']}  mode={s.mode.value}  seq={s.seq}")
     out.print(f"goal: {s.goal}", markup=False)
@@ -48,9 +49,11 @@ def render_session(s: Session) -> None:
         for t in s.todos:
             todos.add_row(t.id, t.status, str(t.version), t.origin, t.disposition, t.text)
         out.print(todos)
-    if s.decisions:
+    decisions = history.decisions if history else s.decisions
+    rejections = history.rejections if history else s.rejections
+    if decisions:
         table = Table("question", "answer", "by", "verified", "reason", title="decisions")
-        for d in s.decisions:
+        for d in decisions:
             table.add_row(
                 d.question,
                 d.answer or "(window closed)",
@@ -59,9 +62,9 @@ def render_session(s: Session) -> None:
                 d.reason or "-",
             )
         out.print(table)
-    if s.rejections:
+    if rejections:
         table = Table("seq", "type", "code", "producer", title="rejections")
-        for r in s.rejections:
+        for r in rejections:
             table.add_row(str(r.seq), r.type, r.code, r.producer)
         out.print(table)
 
