@@ -15,6 +15,7 @@ from bench.figures.e2e import e2e
 from bench.figures.expiry import expiry
 from bench.figures.inbox import inbox
 from bench.figures.live import live
+from bench.figures.longevity import long_session
 from bench.figures.memory import memory
 from bench.figures.peers import peers
 from bench.figures.producer import producer
@@ -31,6 +32,7 @@ FIGURES: dict[str, Callable[[Run], None]] = {
     "e2e": e2e,
     "expiry": expiry,
     "memory": memory,
+    "long": long_session,
     "inbox": inbox,
     "live": live,
     "peers": peers,

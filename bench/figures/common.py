@@ -38,6 +38,8 @@ TARGETS = {
     "expiry_loaded_vs_ack": Target("<=", 1),
     "expiry_loaded_vs_unloaded": Target("<=", 1.2),
     "memory": Target("<=", 0.5),
+    "long_session_cost": Target("<=", 1.3),  # µs/event at 100k events / at 100 (#15)
+    "long_session_bytes": Target("<=", 16_384),  # an old session outside its history (#15)
     "inbox_p99": Target("<=", 20),
     "live_p99": Target("<=", 100),
     "projector_vs_peer": Target(">=", 1.5),
@@ -66,6 +68,7 @@ class Sizes:
     # The same again while other sessions' events arrive at this rate (0: not measured).
     expiry_load_per_s: int = 12_000
     memory_sessions: int = 100_000
+    long_session_events: int = 100_000  # one session grown to this many events (#15)
     inbox_waiting: int = 100_000
     inbox_samples: int = 1_000
     live_questions: int = 2_000
@@ -86,6 +89,7 @@ class Sizes:
             ceiling_events=20_000,
             e2e_seconds=5.0,
             memory_sessions=25_000,
+            long_session_events=20_000,
             inbox_waiting=20_000,
             inbox_samples=300,
             live_questions=500,
