@@ -298,7 +298,6 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
     ("removed_options", False, None, tuple),
     ("run_first", False, None, tuple),
     ("obligation_declared", True, None, None),
-    ("summary", False, None, None),
     ("compacted_through", False, None, None),
     ("closed_question", False, _question, _question_from),
     (
@@ -352,6 +351,7 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
         lambda v: frozenset(tuple(p) for p in v),
     ),
     ("rejected", False, None, dict),
+    ("decision_count", False, None, None),
     ("tools", False, None, dict),
     (
         "artifacts",
@@ -361,8 +361,9 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
     ),
 )
 STORED_FIELDS = tuple(name for name, *_ in _FIELDS)
-# Stored apart: the id is the key; turns and event ids have their own streams.
-NOT_IN_STATE = frozenset({"id", "turns", "event_ids"})
+# Stored apart: the id is the key; turns and event ids have their own streams; the summary (the
+# largest value of an old session) is written only by the commit that changes it.
+NOT_IN_STATE = frozenset({"id", "turns", "event_ids", "summary"})
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default_factory() if f.default is MISSING else f.default  # type: ignore[operator]
     for f in fields(Session)
@@ -376,7 +377,7 @@ _ENCODE = tuple(
 
 
 def session_to_blob(s: Session) -> bytes:
-    """The stored state: every field but `id`, `turns` and `event_ids`, defaults left out."""
+    """The stored state: every field but `NOT_IN_STATE`, defaults left out."""
     presence = 0
     out: list[Any] = [0]
     append = out.append
@@ -408,13 +409,22 @@ def check_version(blob: bytes, session_id: str) -> None:
 
 
 def session_from_blob(
-    blob: bytes, session_id: str, turns: tuple[Turn, ...], event_ids: RecentIds = NO_IDS
+    blob: bytes,
+    session_id: str,
+    turns: tuple[Turn, ...],
+    event_ids: RecentIds = NO_IDS,
+    summary: str | None = None,
 ) -> Session:
-    """Rebuild the `Session` from its stored state, its unsummarised turns and its event ids."""
+    """Rebuild the `Session` from its stored state, unsummarised turns, event ids and summary."""
     check_version(blob, session_id)
     try:
         presence, *stored = orjson.loads(blob[1:])
-        kwargs: dict[str, Any] = {"id": session_id, "turns": turns, "event_ids": event_ids}
+        kwargs: dict[str, Any] = {
+            "id": session_id,
+            "turns": turns,
+            "event_ids": event_ids,
+            "summary": summary,
+        }
         values = iter(stored)
         for name, flag, _, decode in _FIELDS:
             if presence & 1:

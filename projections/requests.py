@@ -33,6 +33,7 @@ from projections.codec import (
 from projections.indexes import index_changes
 from projections.keys import Keys
 from projections.layout import ELSEWHERE, WHOLE
+from schemas import events as ev
 from schemas.errors import ProjectionError
 from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
@@ -119,7 +120,7 @@ def parse_read(raw: Any, session_id: str) -> Folded | None:
     """Turn the read script's reply into a state and its mark."""
     if not raw:
         return None
-    state, mark, turns, groups = raw
+    state, mark, turns, groups, summary = raw
     check_version(state, session_id)
     return Folded(
         session_from_blob(
@@ -127,6 +128,7 @@ def parse_read(raw: Any, session_id: str) -> Folded | None:
             session_id,
             tuple(turn_from_json(t) for t in turns),
             RecentIds.of(unpack_event_ids(g) for g in groups),
+            None if summary is None else text(summary),
         ),
         Position.parse(text(mark)),
     )
@@ -162,6 +164,14 @@ def id_groups(update: SessionUpdate) -> tuple[bytes, list[bytes]]:
     split = min(len(ids), -before % CHUNK)  # how many fit in the stored last chunk
     head = pack_event_ids(ids[:split])
     return head, [pack_event_ids(ids[at : at + CHUNK]) for at in range(split, len(ids), CHUNK)]
+
+
+def _summary(update: SessionUpdate) -> str:
+    """The summary to store ("=" and its text) when the update applied a compaction, else ""."""
+    for s in update.steps:
+        if s.event.type == ev.COMPACTED and s.outcome.kind is Kind.APPLIED:
+            return "=" + (update.state.summary or "")
+    return ""
 
 
 def history_args(update: SessionUpdate, first_key: int) -> list[str | int | bytes]:
@@ -203,6 +213,7 @@ def commit_call(
         sid,
         "" if changes.deadline_ms is None else changes.deadline_ms,
         "1" if changes.compaction_due else "0",
+        _summary(update),
         head,
         len(groups),
         *groups,

@@ -7,10 +7,15 @@ application retrying an append whose outcome it did not learn (a time-out, a cra
 acknowledgement), and such a retry follows its original closely. So the fold remembers the ids of
 its session's last events, in chunks of `CHUNK` by seq: the current chunk (1 to `CHUNK` ids) and
 the `KEPT` full chunks before it. The guarantee, exact and independent of batching: **an event
-whose id equals the id of one of the last `KEPT * CHUNK` (= 512) events of its session is a
+whose id equals the id of one of the last `KEPT * CHUNK` (= 256) events of its session is a
 duplicate** (and so is one within the current chunk). A copy that arrives later than that takes
-a seq like any new event. Everything here is a pure function of the stream: the event of seq `n`
-lives in chunk `(n - 1) // CHUNK`, so a rebuild, a reload and the live worker hold the same window.
+a seq like any new event. 256 is ample for what retries: an agent's append waits for its
+acknowledgement (kafka-python's delivery time-out, two minutes by default) before it retries, and
+while it waits only the other writers of its session (an operator, the scheduler) add events.
+A deterministic id re-sent much later (a transfer run again a day after) is not recognised; its
+effect is idempotent anyway. Everything here is a pure function of the stream: the event of seq
+`n` lives in chunk `(n - 1) // CHUNK`, so a rebuild, a reload and the live worker hold the same
+window.
 
 Adding an id copies the current chunk only (at most `CHUNK` entries); older chunks are shared
 between states, so the cost per event does not grow with the session.
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 CHUNK: Final = 64
-KEPT: Final = 8  # full chunks kept behind the current one
+KEPT: Final = 4  # full chunks kept behind the current one
 HORIZON: Final = CHUNK * KEPT  # a retry within this many events of its original is recognised
 
 

@@ -206,6 +206,7 @@ def _decided(s: Session, decision: Decision) -> Changes:
     changes: Changes = {
         "decisions": _recent(s.decisions, decision, RECENT_DECISIONS),
         "decided": s.decided | {decision.question_id},
+        "decision_count": s.decision_count + 1,
     }
     confirmation = confirmation_of(decision)
     if confirmation is not None:
@@ -354,8 +355,9 @@ def _tool_called(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chang
         "calls": _recent(s.calls, call, RECENT_FACTS),
         "tools": tools,
     }
-    if call.artifact is not None:
-        changes["artifacts"] = {**s.artifacts, call.artifact: call}
+    if call.artifact is not None:  # the index keeps no result: the turn and the history do
+        latest = CallFact(seq, tool, "", call.ok, mutating, call.artifact, call.verdict)
+        changes["artifacts"] = {**s.artifacts, call.artifact: latest}
     if s.approvals and any(a.consumed_at is None and a.operation == tool for a in s.approvals):
         digest = argument_digest(p.get("arguments") or {})
         used = s.approval_for(tool, digest)

@@ -305,10 +305,12 @@ class Session:
     approvals: tuple[Approval, ...] = ()
     event_ids: RecentIds = NO_IDS
     decided: frozenset[str] = frozenset()  # every question id a decision resolved
+    decision_count: int = 0  # every decision (`decisions` keeps the recent ones)
     confirmations: frozenset[tuple[str, str]] = frozenset()  # (operation, target) said yes to
     rejected: Mapping[str, int] = field(default_factory=dict)  # rejections by code
     tools: Mapping[str, int] = field(default_factory=dict)  # calls by tool
-    artifacts: Mapping[str, CallFact] = field(default_factory=dict)  # the latest call per artifact
+    # the latest call per artifact, its result left out (its turn and the history keep it)
+    artifacts: Mapping[str, CallFact] = field(default_factory=dict)
 
     def evolve(self, **changes: Any) -> Session:
         """A copy with some fields changed (unknown field names are an error)."""

@@ -5,7 +5,8 @@
 --       executions, decisions, rejections), then one key per counter hash.
 -- ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
 --       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
---       compaction due ("1"/"0"), the new event ids (packed) of the dedupe chunk the stored ids
+--       compaction due ("1"/"0"), the summary ("" = unchanged, else "=" and the text; field m
+--       of the state hash), the new event ids (packed) of the dedupe chunk the stored ids
 --       end in ("head"), n_groups, the new ids of each later chunk (packed)..., n_turns,
 --       turns..., n_tl, entries..., n_counters, (key index among the session's KEYS, field,
 --       increment)..., then the fleet entry (lua/index.lua), the waiting card ("" = not
@@ -83,9 +84,9 @@ end
 -- One session: its KEYS start after `ko`, its arguments after `ao`.
 local function commit(ko, ao)
   H = KEYS[ko + 1]
-  local state, window, head = ARGV[ao + 3], ARGV[ao + 4], ARGV[ao + 8]
-  local n_groups = tonumber(ARGV[ao + 9])
-  local groups_at = ao + 10
+  local state, window, summary, head = ARGV[ao + 3], ARGV[ao + 4], ARGV[ao + 8], ARGV[ao + 9]
+  local n_groups = tonumber(ARGV[ao + 10])
+  local groups_at = ao + 11
   local turns_at = groups_at + n_groups + 1
   local n_turns = tonumber(ARGV[turns_at - 1])
   local tl_at = turns_at + n_turns + 1
@@ -194,6 +195,10 @@ local function commit(ko, ao)
       if before ~= WHOLE then drop(S, 1, before) end
       sc = WHOLE
     end
+  end
+  if #summary > 0 then
+    set[#set + 1] = 'm'
+    set[#set + 1] = string.sub(summary, 2)
   end
   set[#set + 1] = 'n'
   set[#set + 1] = count(sc) .. count(ic) .. count(tc) .. window

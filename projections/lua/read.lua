@@ -1,15 +1,16 @@
 -- Reads sessions' folded state (header.lua is prepended).
 -- KEYS: per session, in order: state hash, turns list, event-id list. ARGV[1]: "1" to read the
 -- event ids too. Returns per session, in order: false (unknown) or {state blob ("" if none of this
--- layout), mark, turns, the recent event ids as packed dedupe chunks, the current one last}.
+-- layout), mark, turns, the recent event ids as packed dedupe chunks, the current one last,
+-- the summary (false: none)}.
 local out = {}
 for ko = 0, #KEYS - 1, 3 do
   H = KEYS[ko + 1]
-  local got = redis.call('HMGET', H, 'mark', 'n', 's')
+  local got = redis.call('HMGET', H, 'mark', 'n', 's', 'm')
   if not got[1] then
     out[#out + 1] = false
   elseif not got[2] then
-    out[#out + 1] = {'', got[1], {}, {}}
+    out[#out + 1] = {'', got[1], {}, {}, false}
   else
     local sc, ic, tc, window = header(got[2])
     local state = got[3]
@@ -24,7 +25,7 @@ for ko = 0, #KEYS - 1, 3 do
         ids = {table.concat(chunks(I, 1, ic))}
       end
     end
-    out[#out + 1] = {state, got[1], turns, ids}
+    out[#out + 1] = {state, got[1], turns, ids, got[4]}
   end
 end
 return out

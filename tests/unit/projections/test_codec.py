@@ -49,7 +49,7 @@ AT = datetime(2026, 3, 1, 9, 30, 15, 123000, tzinfo=UTC)
 
 
 def _round_trip(s: Session) -> Session:
-    return session_from_blob(session_to_blob(s), s.id, s.turns, s.event_ids)
+    return session_from_blob(session_to_blob(s), s.id, s.turns, s.event_ids, s.summary)
 
 
 def _as_json(entry: object) -> object:
@@ -210,18 +210,18 @@ def test_the_state_of_an_idle_session_is_small() -> None:
 
 def test_a_state_of_another_layout_is_refused_with_a_clear_error() -> None:
     with pytest.raises(ProjectionError, match="layout 123"):
-        session_from_blob(b'{"v":1,"id":"s1"}', "s1", (), frozenset())
+        session_from_blob(b'{"v":1,"id":"s1"}', "s1", ())
     with pytest.raises(ProjectionError, match="layout 9"):
-        session_from_blob(bytes([9]) + b"[0]", "s1", (), frozenset())
+        session_from_blob(bytes([9]) + b"[0]", "s1", ())
     with pytest.raises(ProjectionError, match="no state of layout"):
-        session_from_blob(b"", "s1", (), frozenset())
+        session_from_blob(b"", "s1", ())
 
 
 def test_a_damaged_state_is_a_projection_error() -> None:
     blob = session_to_blob(_everything())
     for damaged in (blob[:-5], bytes([STATE_VERSION]) + b"[3]", bytes([STATE_VERSION]) + b"{}"):
         with pytest.raises(ProjectionError):
-            session_from_blob(damaged, "s1", (), frozenset())
+            session_from_blob(damaged, "s1", ())
 
 
 # -- turns -------------------------------------------------------------------------------------

@@ -158,7 +158,7 @@ def test_the_stored_state_of_a_compacted_session_does_not_grow_with_its_age(n: i
             state = step(state, summary, auth).state
     blob = session_to_blob(state)
     assert len(blob) < 16_384
-    reloaded = session_from_blob(blob, "s1", state.turns, state.event_ids)
+    reloaded = session_from_blob(blob, "s1", state.turns, state.event_ids, state.summary)
     assert reloaded == state
 
 
