@@ -12,7 +12,7 @@ from schemas.events import Event
 from session_model.fold import step
 from session_model.projection import Position
 from session_model.questions import QuestionChange, step_changes
-from session_model.session import Session, Turn
+from session_model.session import History, HistoryRecord, Session, Turn
 from session_model.signing import TrustedKeys
 from session_model.timeline import translate
 
@@ -25,6 +25,7 @@ class Expected:
     history: list[Turn] = field(default_factory=list)
     timeline: list[dict[str, object]] = field(default_factory=list)
     changes: list[QuestionChange] = field(default_factory=list)  # the questions feed's records
+    facts: list[HistoryRecord] = field(default_factory=list)  # calls, decisions, rejections, ...
 
 
 def expected_projections(events: Iterable[Event], keys: TrustedKeys) -> dict[str, Expected]:
@@ -37,8 +38,12 @@ def expected_projections(events: Iterable[Event], keys: TrustedKeys) -> dict[str
         result = step(current.state, event, keys)
         current.state = result.state
         current.changes.extend(step_changes(result, before))
-        if result.outcome.turn is not None:
-            current.history.append(result.outcome.turn)
+        outcome = result.outcome
+        if outcome.turn is not None:
+            current.history.append(outcome.turn)
+        current.facts.extend(
+            f for f in (outcome.fact, outcome.decision, outcome.rejection) if f is not None
+        )
         current.timeline.extend(translate(result))
     return out
 
@@ -54,7 +59,8 @@ def _normalised(entries: Sequence[dict[str, object]]) -> list[object]:
 
 
 def assert_projection_matches(store: RedisProjectionStore, expected: dict[str, Expected]) -> None:
-    """Every session's state, history and timeline in Redis equal the fold's, exactly."""
+    """Every session's state, history (turns and facts) and timeline in Redis equal the
+    fold's, exactly."""
     mismatched = []
     for sid, exp in expected.items():
         actual = store.load(sid)
@@ -63,6 +69,8 @@ def assert_projection_matches(store: RedisProjectionStore, expected: dict[str, E
             continue
         if store.history(sid) != exp.history:
             mismatched.append(f"{sid}: history differs")
+        if store.facts(sid) != History(sid).extended(exp.state.seq, exp.facts):
+            mismatched.append(f"{sid}: facts differ")
         if _normalised(store.timeline(sid)) != _normalised(exp.timeline):
             mismatched.append(f"{sid}: timeline differs")
     assert not mismatched, f"{len(mismatched)} of {len(expected)} differ: {mismatched[:5]}"
