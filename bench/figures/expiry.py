@@ -26,8 +26,6 @@ from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.events import Event
 
-MAX_BUCKET_WIDTH_MS = 5.0  # widest histogram bucket whose interpolation is reported
-
 
 def expiry(run: Run) -> None:
     """10k answer windows closing over ~5 s with a worker folding them: how late the closings are.
@@ -339,17 +337,14 @@ def _lateness(
     chosen: dict[str, str] = {}
 
     def quantile(q: float, key: str) -> float | None:
-        # The histogram decides where it is fine-grained (buckets up to 5 ms wide: around the
-        # 10 ms target); in its wide buckets (up to seconds) the ms-precise topic value is used.
+        # Always the histogram: until the closing's acknowledgement, when it is in the log and
+        # no answer can win the race any more (the topic's CreateTime is the send, earlier). Its
+        # bucket is reported; a wide one makes the figure coarse, never earlier than the ack.
         bucket = histogram_bucket(q, buckets)
-        if bucket is not None and bucket[1] - bucket[0] <= MAX_BUCKET_WIDTH_MS:
-            chosen[key] = f"histogram (bucket {bucket[0]:g}..{bucket[1]:g} ms)"
-            return histogram_quantile(q, buckets)
-        where = (
-            "" if bucket is None else f" (its bucket {bucket[0]:g}..{bucket[1]:g} ms is too wide)"
+        chosen[key] = "histogram" + (
+            "" if bucket is None else f" (bucket {bucket[0]:g}..{bucket[1]:g} ms)"
         )
-        chosen[key] = f"topic{where}"
-        return topic_summary[key]
+        return histogram_quantile(q, buckets) if buckets else topic_summary[key]
 
     p50 = quantile(0.5, "p50")
     p99 = quantile(0.99, "p99")
@@ -366,8 +361,8 @@ def _lateness(
             "mean_ms": None if not count else (total_ms or 0) / count,
             "source": "the scheduler's Prometheus histogram milpa_expiry_lateness_ms (time.time() "
             "after the closing's produce was acknowledged minus the deadline), interpolated "
-            "linearly inside its bucket, when that bucket is at most 5 ms wide (bounds 1,2,5,7.5,"
-            "10,15,20,30,50,100,... ms); otherwise from_topic (see value_source)",
+            "linearly inside its bucket (bounds 1,2,5,7.5,10,15,20,30,50,100,... ms; see "
+            "value_source for the bucket); from_topic (until the send) is given apart",
             "buckets": [[le if math.isfinite(le) else "+Inf", c] for le, c in buckets],
             "value_source": chosen,
             "from_topic_ms": topic_summary,
