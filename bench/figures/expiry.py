@@ -361,7 +361,7 @@ def _lateness(
             "mean_ms": None if not count else (total_ms or 0) / count,
             "source": "the scheduler's Prometheus histogram milpa_expiry_lateness_ms (time.time() "
             "after the closing's produce was acknowledged minus the deadline), interpolated "
-            "linearly inside its bucket (bounds 1,2,5,7.5,10,15,20,30,50,100,... ms; see "
+            "linearly inside its bucket (bounds 1 to 10,000 ms, 2.5-25 ms wide up to 100 ms; see "
             "value_source for the bucket); from_topic (until the send) is given apart",
             "buckets": [[le if math.isfinite(le) else "+Inf", c] for le, c in buckets],
             "value_source": chosen,
