@@ -20,6 +20,7 @@ from bench.figures.memory import memory
 from bench.figures.peers import peers
 from bench.figures.producer import producer
 from bench.figures.projector import projector
+from bench.figures.projector_long import projector_long
 from bench.figures.rebuild import rebuild
 
 # Measured first in every run, whatever `--only` says (see bench/run.py).
@@ -33,6 +34,7 @@ FIGURES: dict[str, Callable[[Run], None]] = {
     "expiry": expiry,
     "memory": memory,
     "long": long_session,
+    "projector_long": projector_long,
     "inbox": inbox,
     "live": live,
     "peers": peers,

@@ -43,6 +43,7 @@ TARGETS = {
     "inbox_p99": Target("<=", 20),
     "live_p99": Target("<=", 100),
     "projector_vs_peer": Target(">=", 1.5),
+    "projector_long_vs_short": Target("<=", 1.3),  # short-session / long-session events/s (#15)
 }
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
 
@@ -74,6 +75,11 @@ class Sizes:
     live_questions: int = 2_000
     live_rate: int = 100  # questions asked per second
     peers_events: int = 100_000  # records of the pre-filled topic each peer is timed over (0: all)
+    # The projector on long sessions (#15): this many sessions of this many agent events each
+    # (plus their compactions), all live at once; short and long runs alternate this many times.
+    projector_long_sessions: int = 200
+    projector_long_events: int = 5_000
+    projector_long_rounds: int = 2
 
     @classmethod
     def full(cls) -> Sizes:
@@ -94,6 +100,9 @@ class Sizes:
             inbox_samples=300,
             live_questions=500,
             peers_events=15_000,
+            projector_long_sessions=40,
+            projector_long_events=2_500,
+            projector_long_rounds=1,
         )
 
 
