@@ -46,6 +46,10 @@ class StackSettings:
     # The compaction rule every writer of projections must agree on (the due index, the cut).
     compactor_max_turns: int = 40
     compactor_keep_recent: int = 12
+    # Seconds an ended session's Redis projection is kept after its last event (None: for ever).
+    # Its events stay in Kafka; `milpa-sessions replay --session ID` brings it back (README,
+    # "Retention"). The workers' commits index ended sessions and their loops drop the due ones.
+    projection_ttl_s: float | None = None
     # Kafka security: the protocol (PLAINTEXT, or SASL_SSL with SCRAM on a secured cluster), the
     # user, a file holding its password, and the CA that signed the brokers' certificates.
     kafka_security_protocol: str = "PLAINTEXT"
@@ -140,7 +144,7 @@ def _secret(path: Path | None, name: str) -> str | None:
 
 
 def _convert(name: str, type_: Any, raw: str) -> Any:
-    kind = str(type_)
+    kind = str(type_).removesuffix(" | None")  # an optional setting: set means its type
     try:
         if kind == "bool":
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):

@@ -103,6 +103,21 @@ class Keys:
         session's entry is its state hash's field f)."""
         return f"{self.prefix}:{{w:{partition}}}:fleet:counts"
 
+    def retention(self, partition: int) -> str:
+        """Sorted set per partition: ended session id -> the epoch ms its projection may be
+        dropped (`projections.requests.Retention`; kept only while a TTL is configured)."""
+        return f"{self.prefix}:{{w:{partition}}}:retention"
+
+    def expired(self, partition: int) -> str:
+        """Hash per partition: session id -> its tombstone (`<expired ms> <last mark>`), once the
+        retention sweep dropped its projection (`replay --session` deletes it)."""
+        return f"{self.prefix}:{{w:{partition}}}:expired"
+
+    def retention_keys(self, partition: int) -> tuple[str, str]:
+        """The retention index and the tombstones of a partition, in the order the commit and
+        drop scripts take them (after a session's history lists)."""
+        return (self.retention(partition), self.expired(partition))
+
     def partition_keys(self, partition: int) -> tuple[str, ...]:
         """A partition's index keys in the order the commit script takes them (after a
         session's own): deadlines, compaction due, waiting, cards, waiting counts, fleet counts.

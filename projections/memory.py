@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from projections.indexes import ceil_ms
+from projections.requests import EXPIRE_BATCH, Expired, Retention, floor_ms
 from schemas.errors import NotYetVisibleError
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
@@ -20,6 +22,8 @@ from session_model.questions import (
 from session_model.session import History, Session, Turn
 from session_model.timeline import TimelineEntry
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 
 @dataclass
 class InMemoryProjectionStore:
@@ -30,13 +34,17 @@ class InMemoryProjectionStore:
     _timeline: dict[str, list[TimelineEntry]] = field(default_factory=dict)
     _waiting: dict[str, WaitingQuestion] = field(default_factory=dict)
     _facts: dict[str, History] = field(default_factory=dict)
+    retention: Retention | None = None  # ended sessions' TTL (None: kept for ever)
+    _retain: dict[str, int] = field(default_factory=dict)  # sid -> ms it may be dropped
+    _expired: dict[str, Expired] = field(default_factory=dict)  # tombstones
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """Stored state and mark for the known ids."""
         return {sid: self._states[sid] for sid in session_ids if sid in self._states}
 
     def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
-        """Apply each update iff its base is the stored mark."""
+        """Apply each update iff its base is the stored mark; an expired session's is reported
+        applied and writes nothing (as the Redis commit script does)."""
         applied: list[str] = []
         conflicts: list[str] = []
         for u in updates:
@@ -44,11 +52,17 @@ class InMemoryProjectionStore:
             if (stored.mark if stored else None) != u.base:
                 conflicts.append(u.session_id)
                 continue
+            if stored is None and u.session_id in self._expired:
+                applied.append(u.session_id)
+                continue
             self._states[u.session_id] = Folded(u.state, u.mark)
             self._history.setdefault(u.session_id, []).extend(u.turns)
             self._timeline.setdefault(u.session_id, []).extend(u.timeline)
             self._facts[u.session_id] = self.facts(u.session_id).extended(u.state.seq, u.facts)
             self._index(u)
+            retain = None if self.retention is None else self.retention.deadline_ms(u)
+            if retain is not None:
+                self._retain[u.session_id] = max(retain, self._retain.get(u.session_id, retain))
             applied.append(u.session_id)
         return CommitResult(tuple(applied), tuple(conflicts))
 
@@ -119,6 +133,40 @@ class InMemoryProjectionStore:
         """Entries after `since`."""
         return [e for e in self._timeline.get(session_id, []) if e["seq"] > since]
 
+    def drop(self, session_id: str) -> None:
+        """Forget one session's projection, its retention entry and its tombstone."""
+        self._forget(session_id)
+        self._retain.pop(session_id, None)
+        self._expired.pop(session_id, None)
+
+    def _forget(self, session_id: str) -> None:
+        self._states.pop(session_id, None)
+        self._history.pop(session_id, None)
+        self._timeline.pop(session_id, None)
+        self._waiting.pop(session_id, None)
+        self._facts.pop(session_id, None)
+
+    def expired(self, session_id: str) -> Expired | None:
+        """The session's tombstone if its projection expired."""
+        return self._expired.get(session_id)
+
+    def expire_due(self, now: datetime, limit: int = EXPIRE_BATCH) -> list[str]:
+        """Drop the ended sessions whose retention deadline is at or before `now` (up to
+        `limit`, earliest first), leaving tombstones; the ids dropped."""
+        now_ms = floor_ms(now)
+        due = sorted((ms, sid) for sid, ms in self._retain.items() if ms <= now_ms)[:limit]
+        at = _EPOCH + timedelta(milliseconds=now_ms)
+        dropped: list[str] = []
+        for _, sid in due:
+            del self._retain[sid]
+            folded = self._states.get(sid)
+            if folded is None or folded.mark is None:
+                continue
+            self._forget(sid)
+            self._expired[sid] = Expired(sid, at, folded.mark)
+            dropped.append(sid)
+        return dropped
+
     def clear(self) -> None:
         """Forget everything."""
         self._states.clear()
@@ -126,3 +174,5 @@ class InMemoryProjectionStore:
         self._timeline.clear()
         self._waiting.clear()
         self._facts.clear()
+        self._retain.clear()
+        self._expired.clear()

@@ -11,21 +11,27 @@ import asyncio
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
-from projections import requests, scripts
+from projections import requests
 from projections import waiting as index
 from projections.codec import history_from_json, turn_from_json
 from projections.keys import Keys
 from projections.redis_client import NO_AUTH, RedisAuth, sync_client
 from projections.requests import (
     COMMIT_GROUP,
+    EXPIRE_BATCH,
+    Expired,
+    Retention,
     commit_call,
+    drop_command,
     execute,
     execute_async,
+    floor_ms,
     parse_timeline,
     text,
 )
@@ -55,6 +61,7 @@ class RedisProjectionStore:
     compact_after: int | None = None
     count_stats: bool = True
     partitions: int = 6  # the events topic's: the waiting index is kept per partition
+    retention: Retention | None = None  # ended sessions' TTL, indexed by commits (None: none)
 
     @classmethod
     def from_url(
@@ -94,7 +101,11 @@ class RedisProjectionStore:
         """Apply every update (compare-and-set on its mark) in one pipelined round trip."""
         if not updates:
             return CommitResult()
-        calls = [commit_call(self.keys, u, self.compact_after, self.count_stats) for u in updates]
+        retention = self.retention
+        calls = [
+            commit_call(self.keys, u, self.compact_after, self.count_stats, retention=retention)
+            for u in updates
+        ]
         return execute(self.client, requests.commit([u.session_id for u in updates], calls))
 
     def load(
@@ -173,25 +184,25 @@ class RedisProjectionStore:
         return parse_timeline(raw, session_id, since)
 
     def drop(self, session_id: str) -> None:
-        """Delete one session's projection, and its entries in the waiting index and counts."""
-        p = partition_for(session_id, self.partitions)
-        k = self.keys
-        call = (
-            "EVALSHA",
-            scripts.DROP.sha,
-            13,
-            *k.session(session_id).all(),
-            k.waiting(p),
-            k.waiting_cards(p),
-            k.waiting_counts(p),
-            k.fleet_counts(p),
-            *k.session(session_id).history,
-            session_id,
-            k.waiting_reason_prefix(p),
-        )
+        """Delete one session's projection, its entries in the waiting index and counts, its
+        retention entry and its tombstone (a rebuild of it follows: `replay --session`)."""
+        call = drop_command(self.keys, session_id, partition_for(session_id, self.partitions))
         execute(
             self.client, requests.Request([call], lambda _: None, f"dropping {session_id} failed")
         )
+
+    def expired(self, session_id: str) -> Expired | None:
+        """The session's tombstone if its projection expired (None: projected, or unknown)."""
+        p = partition_for(session_id, self.partitions)
+        return execute(self.client, requests.expired(self.keys, session_id, p))
+
+    def expire_due(self, now: datetime, limit: int = EXPIRE_BATCH) -> list[str]:
+        """Drop the ended sessions of every partition whose retention deadline is at or before
+        `now` (up to `limit` per partition), leaving tombstones; the ids dropped."""
+        now_ms = floor_ms(now)
+        request = requests.retention_due(self.keys, range(self.partitions), now_ms, limit)
+        due = execute(self.client, request)
+        return execute(self.client, requests.expire(self.keys, due, now_ms)) if due else []
 
     def clear(self) -> None:
         """Delete every key under this store's prefix."""
@@ -215,6 +226,7 @@ class AsyncRedisProjectionStore:
     client: aioredis.Redis
     keys: Keys = field(default_factory=Keys)
     compact_after: int | None = None
+    retention: Retention | None = None  # ended sessions' TTL, indexed by commits (None: none)
 
     async def folded(
         self, session_ids: Sequence[str], *, event_ids: bool = True
@@ -240,7 +252,7 @@ class AsyncRedisProjectionStore:
             if at:
                 await asyncio.sleep(0)
             calls += [
-                commit_call(self.keys, u, self.compact_after)
+                commit_call(self.keys, u, self.compact_after, retention=self.retention)
                 for u in updates[at : at + COMMIT_GROUP]
             ]
         sids = [u.session_id for u in updates]
@@ -255,3 +267,19 @@ class AsyncRedisProjectionStore:
         the standalone scheduler polls a window ahead.
         """
         return await execute_async(self.client, requests.due_work(self.keys, partitions, until_ms))
+
+    async def expire_due(
+        self, partitions: Iterable[int], now: datetime, limit: int = EXPIRE_BATCH
+    ) -> list[str]:
+        """Drop the ended sessions of these partitions whose retention deadline is at or before
+        `now` (up to `limit` per partition, two round trips), leaving tombstones; the ids dropped.
+
+        Each drop checks its deadline again inside the script: a session restored meanwhile, or
+        expired by another worker's sweep (a rebalance), is left as it is.
+        """
+        now_ms = floor_ms(now)
+        request = requests.retention_due(self.keys, partitions, now_ms, limit)
+        due = await execute_async(self.client, request)
+        if not due:
+            return []
+        return await execute_async(self.client, requests.expire(self.keys, due, now_ms))

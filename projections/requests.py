@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import redis
@@ -30,11 +31,11 @@ from projections.codec import (
     turn_to_json,
     unpack_event_ids,
 )
-from projections.indexes import index_changes
+from projections.indexes import ceil_ms, index_changes
 from projections.keys import Keys
 from projections.layout import ELSEWHERE, WHOLE
 from schemas import events as ev
-from schemas.errors import ProjectionError
+from schemas.errors import ConfigurationError, ProjectionError
 from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
 from session_model.ports import CommitResult
@@ -150,9 +151,137 @@ def read(
     return Request(commands, parse, "reading projections failed")
 
 
+# -- retention ---------------------------------------------------------------------------------
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EXPIRE_BATCH = 500  # due sessions a sweep drops per partition and round trip
+
+
+def floor_ms(moment: datetime) -> int:
+    """Epoch milliseconds, rounded down: "now" never passes a deadline it has not reached."""
+    return ceil_ms(moment) - (1 if moment.microsecond % 1000 else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long an ended session's projection is kept: `ttl_ms` after its last event, and at
+    least until `floor_ms` (epoch ms; a restore's, so a restored session is not dropped at once).
+
+    Time is declared, not derived: the commit path has no clock. The deadline comes from the
+    events themselves (the latest `occurred_at` from the ending on, the writers' clock), so a
+    rebuild in any batches indexes the same deadline; the sweep compares it with its own clock,
+    as the scheduler compares a question's declared deadline with its own.
+    """
+
+    ttl_ms: int
+    floor_ms: int = 0
+
+    @classmethod
+    def after(cls, ttl_s: float | None) -> Retention | None:
+        """The retention of a TTL setting in seconds (None: keep for ever; ConfigurationError
+        unless it is positive)."""
+        if ttl_s is None:
+            return None
+        if not ttl_s > 0:
+            raise ConfigurationError(f"MILPA_PROJECTION_TTL_S={ttl_s!r}: expected seconds > 0")
+        return cls(max(1, round(ttl_s * 1000)))
+
+    def restored(self, at: datetime) -> Retention:
+        """This retention for a session restored at `at`: kept at least one TTL from then."""
+        return Retention(self.ttl_ms, ceil_ms(at) + self.ttl_ms)
+
+    def deadline_ms(self, update: SessionUpdate) -> int | None:
+        """When the update's session may be dropped, or None while it has not ended."""
+        if not update.state.ended:
+            return None
+        last = max(s.event.occurred_at for s in update.steps if s.state.ended)
+        return max(ceil_ms(last) + self.ttl_ms, self.floor_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A session's tombstone: its projection was dropped at `at`, last applied at `mark`."""
+
+    session_id: str
+    at: datetime
+    mark: Position
+
+
+def parse_expired(raw: bytes | str | None, session_id: str) -> Expired | None:
+    """A stored tombstone (`<expired ms> <mark>`), or None."""
+    if raw is None:
+        return None
+    ms, mark = text(raw).split(" ", 1)
+    at = _EPOCH + timedelta(milliseconds=int(ms))
+    return Expired(session_id, at, Position.parse(mark))
+
+
+def expired(keys: Keys, session_id: str, partition: int) -> Request[Expired | None]:
+    """The session's tombstone, if its projection expired."""
+    command = ("HGET", keys.expired(partition), session_id)
+    return Request(
+        [command],
+        lambda replies: parse_expired(replies[0], session_id),
+        f"reading the tombstone of {session_id} failed",
+    )
+
+
+def drop_command(
+    keys: Keys, session_id: str, partition: int, now_ms: int | None = None
+) -> tuple[Any, ...]:
+    """The drop script's call for one session (lua/drop.lua).
+
+    Without `now_ms`: forget it, its retention entry and tombstone too (a rebuild follows).
+    With it: expire it if its retention deadline is at or before `now_ms`, leaving a tombstone.
+    """
+    k = keys.session(session_id)
+    return (
+        "EVALSHA",
+        scripts.DROP.sha,
+        15,
+        *k.all(),
+        keys.waiting(partition),
+        keys.waiting_cards(partition),
+        keys.waiting_counts(partition),
+        keys.fleet_counts(partition),
+        *k.history,
+        *keys.retention_keys(partition),
+        session_id,
+        keys.waiting_reason_prefix(partition),
+        "" if now_ms is None else now_ms,
+    )
+
+
+def retention_due(
+    keys: Keys, partitions: Iterable[int], now_ms: int, limit: int = EXPIRE_BATCH
+) -> Request[dict[str, int]]:
+    """Sessions whose retention deadline is at or before `now_ms` -> their partition (up to
+    `limit` per partition, earliest first)."""
+    owned = sorted(partitions)
+    commands = [
+        ("ZRANGEBYSCORE", keys.retention(p), "-inf", now_ms, "LIMIT", 0, limit) for p in owned
+    ]
+
+    def parse(replies: list[Any]) -> dict[str, int]:
+        return {text(m): p for p, members in zip(owned, replies, strict=True) for m in members}
+
+    return Request(commands, parse, "reading the retention index failed")
+
+
+def expire(keys: Keys, due: dict[str, int], now_ms: int) -> Request[list[str]]:
+    """Drop these due sessions (each only if still due), leaving tombstones; those dropped."""
+    sids = list(due)
+    commands = [drop_command(keys, sid, due[sid], now_ms) for sid in sids]
+
+    def parse(replies: list[Any]) -> list[str]:
+        return [sid for sid, r in zip(sids, replies, strict=True) if r == 1]
+
+    return Request(commands, parse, "expiring projections failed")
+
+
 # -- committing updates ------------------------------------------------------------------------
 
-_FIXED_KEYS = 15  # a session's keys before its counter hashes (see lua/commit.lua)
+_FIXED_KEYS = 17  # a session's keys before its counter hashes (see lua/commit.lua)
 
 
 def id_groups(update: SessionUpdate) -> tuple[bytes, list[bytes]]:
@@ -187,7 +316,12 @@ def history_args(update: SessionUpdate, first_key: int) -> list[str | int | byte
 
 
 def commit_call(
-    keys: Keys, update: SessionUpdate, compact_after: int | None, count: bool = True
+    keys: Keys,
+    update: SessionUpdate,
+    compact_after: int | None,
+    count: bool = True,
+    *,
+    retention: Retention | None = None,
 ) -> Call:
     """The KEYS and ARGV of one session's commit (state, appends, indexes, counters)."""
     sid = update.session_id
@@ -199,7 +333,13 @@ def commit_call(
     changes = index_changes(update, keys, compact_after)
     counters = changes.counters if count else ()
     entry = index_entry(update, changes.deadline_ms)
-    script_keys = [*k.all(), *keys.partition_keys(partition), *k.history]
+    retain = None if retention is None else retention.deadline_ms(update)
+    script_keys = [
+        *k.all(),
+        *keys.partition_keys(partition),
+        *k.history,
+        *keys.retention_keys(partition),
+    ]
     counter_args: list[str | int | bytes] = []
     for key, field_, increment in counters:
         if key not in script_keys[_FIXED_KEYS:]:
@@ -227,6 +367,7 @@ def commit_call(
         entry.card,
         entry.score,
         keys.waiting_reason_prefix(partition),
+        "" if retain is None else retain,
         *history_args(update, len(k.all()) + len(keys.partition_keys(partition)) + 1),
     ]
     return script_keys, args
@@ -253,10 +394,12 @@ def commit(session_ids: Sequence[str], calls: Sequence[Call]) -> Request[CommitR
     commands = [("EVALSHA", sha, len(ks), *ks, *args) for ks, args in grouped(calls)]
 
     def parse(replies: list[Any]) -> CommitResult:
-        flags = [flag for group in replies for flag in group]  # one list per group, 1 = applied
+        # One list per group: 1 = applied, 0 = conflict, 2 = the session's projection expired
+        # (nothing written: its events stay in Kafka until `replay --session` restores it).
+        flags = [flag for group in replies for flag in group]
         pairs = list(zip(session_ids, flags, strict=True))
         return CommitResult(
-            tuple(sid for sid, r in pairs if r == 1), tuple(sid for sid, r in pairs if r != 1)
+            tuple(sid for sid, r in pairs if r != 0), tuple(sid for sid, r in pairs if r == 0)
         )
 
     return Request(commands, parse, "committing projections failed")

@@ -53,6 +53,12 @@ class UnknownSessionError(InvalidCall):
     code = "unknown_session"
 
 
+class SessionExpiredError(UnknownSessionError):
+    """The session ended and its projection expired (retention); its events are still in Kafka."""
+
+    code = "session_expired"
+
+
 class SessionAlreadyStartedError(InvalidCall):
     """`start` was called for a session id that already exists."""
 

@@ -2,7 +2,8 @@
 -- KEYS: per session, in order: state hash, turns list, timeline list, event-id list, deadlines
 --       zset, compaction-due set, then its partition's waiting zset, waiting cards hash, waiting
 --       counts hash and fleet counts hash, then its history lists (calls, observations,
---       executions, decisions, rejections), then one key per counter hash.
+--       executions, decisions, rejections), then its partition's retention zset and tombstones
+--       hash, then one key per counter hash.
 -- ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
 --       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
 --       compaction due ("1"/"0"), the summary ("" = unchanged, else "=" and the text; field m
@@ -11,11 +12,15 @@
 --       turns..., n_tl, entries..., n_counters, (key index among the session's KEYS, field,
 --       increment)..., then the fleet entry (lua/index.lua), the waiting card ("" = not
 --       waiting), its score and the prefix of the partition's per-reason zsets (same hash tag as
---       the waiting zset), then n_hist, (key index among the session's KEYS, n, entries...)...
+--       the waiting zset), the retention deadline ms ("" = none: not ended, or no TTL), then
+--       n_hist, (key index among the session's KEYS, n, entries...)...
 -- Event ids (session_model/dedupe.py): while the session is compact they are inline and all in
 -- the first dedupe chunk; once spread, the id list holds one element per chunk, the last
 -- @KEPT_GROUPS@ only.
--- Returns one 1 (applied) or 0 (conflict: nothing written) per session, in order. The counters of
+-- A session without a mark that has a tombstone expired (retention): nothing is written for it
+-- (its events stay in Kafka; `replay --session` deletes the tombstone and rebuilds it whole).
+-- Returns one 1 (applied), 0 (conflict: nothing written) or 2 (expired: nothing written) per
+-- session, in order. The counters of
 -- the sessions applied are summed and written once per (key, field) at the end.
 local acc = {}  -- counter key -> field -> increment, over the sessions applied
 
@@ -96,6 +101,7 @@ local function commit(ko, ao)
 
   local got = redis.call('HMGET', H, 'mark', 'n', 'f')
   if (got[1] or '') ~= ARGV[ao + 1] then return 0 end
+  if not got[1] and redis.call('HEXISTS', KEYS[ko + 17], ARGV[ao + 5]) == 1 then return 2 end
   local sc, ic, tc = header(got[2])
   local set, del = {'mark', ARGV[ao + 2]}, {}
 
@@ -212,7 +218,12 @@ local function commit(ko, ao)
   if #del > 0 then redis.call('HDEL', H, unpack(del)) end
   redis.call('HSET', H, unpack(set))
   if n_turns > 0 then push(KEYS[ko + 2], ARGV, turns_at, n_turns) end
-  push_history(ko, counters_at + 1 + n_counters * 3 + 4)
+  local retain_at = counters_at + 1 + n_counters * 3 + 4
+  push_history(ko, retain_at + 1)
+  if ARGV[retain_at] ~= '' then
+    -- GT: a later event of the ended session, or a restore's floor, only ever extends it.
+    redis.call('ZADD', KEYS[ko + 16], 'GT', ARGV[retain_at], sid)
+  end
   if ARGV[ao + 6] == '' then
     redis.call('ZREM', KEYS[ko + 5], sid)
   else

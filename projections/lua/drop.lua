@@ -1,13 +1,30 @@
 -- Drop one session's projection, and take it out of its partition's waiting index and fleet
 -- counts (a rebuild of the session then counts it once). KEYS: its state hash, turns list,
 -- timeline list, event-id list, then its partition's waiting zset, cards hash, waiting counts
--- and fleet counts, then its five history lists. ARGV: session id, the prefix of the partition's
--- per-reason zsets.
-local sid, rprefix = ARGV[1], ARGV[2]
-local was = redis.call('HGET', KEYS[1], 'f')
+-- and fleet counts, then its five history lists, then its partition's retention zset and
+-- tombstones hash. ARGV: session id, the prefix of the partition's per-reason zsets, now ms.
+-- Without now ("", a rebuild follows): drop it and forget its retention entry and tombstone;
+-- returns how many keys were unlinked. With now (the retention sweep): only if its retention
+-- deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`; returns 1 if
+-- it was dropped, else 0 (restored meanwhile, or expired by another sweep already).
+local sid, rprefix, now = ARGV[1], ARGV[2], ARGV[3]
+if now ~= '' then
+  local due = redis.call('ZSCORE', KEYS[14], sid)
+  if not due or tonumber(due) > tonumber(now) then return 0 end
+end
+local got = redis.call('HMGET', KEYS[1], 'f', 'mark')
+local was = got[1]
 if was then
   decrement(KEYS[8], status_mode(was))
   local reason = waiting_reason(was)
   if reason then unwait(KEYS[5], KEYS[6], KEYS[7], rprefix, sid, reason) end
 end
-return redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], unpack(KEYS, 9, 13))
+redis.call('ZREM', KEYS[14], sid)
+local unlinked = redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], unpack(KEYS, 9, 13))
+if now == '' then
+  redis.call('HDEL', KEYS[15], sid)
+  return unlinked
+end
+if not got[2] then return 0 end  -- nothing was projected: nothing expired
+redis.call('HSET', KEYS[15], sid, now .. ' ' .. got[2])
+return 1
