@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import json
@@ -30,9 +31,16 @@ from processors.replay import replay
 from producers.acls import Principals, apply_acls
 from producers.store import SessionStore
 from producers.topics import ensure_topics, group_members
-from schemas.errors import InvalidCall, WorkersRunningError
+from projections.requests import Retention
+from schemas.errors import (
+    InvalidCall,
+    SessionExpiredError,
+    UnknownSessionError,
+    WorkersRunningError,
+)
 from session_model.deadlines import format_instant
 from session_model.principal import Principal
+from session_model.session import Session
 from session_model.signing import Signer
 
 err = Console(stderr=True)
@@ -179,7 +187,9 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
             "rebuild can fold new events onto an emptied state (a worker killed without a clean "
             "stop stays listed until its session times out; --force to rebuild anyway)"
         )
-    store = wiring.projection_store(ctx.settings)
+    # Rebuilt ended sessions are indexed for retention as the workers index them.
+    retention = Retention.after(ctx.settings.projection_ttl_s)
+    store = dataclasses.replace(wiring.projection_store(ctx.settings), retention=retention)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("replaying", total=None)
 
@@ -219,6 +229,21 @@ def _store(ctx: Ctx) -> SessionStore:
     return wiring.session_store(ctx.settings, producer="cli")
 
 
+def _load(ctx: Ctx, store: SessionStore, session_id: str) -> Session:
+    """The session; `SessionExpiredError` (how to restore it) when its projection expired."""
+    try:
+        return store.load(session_id)
+    except UnknownSessionError as e:
+        expired = wiring.projection_store(ctx.settings).expired(session_id)
+        if expired is None:
+            raise
+        raise SessionExpiredError(
+            f"session {session_id!r} ended and its projection expired at "
+            f"{format_instant(expired.at)} (retention); its history is in Kafka: restore it "
+            f"with `milpa-sessions replay --session {session_id}`"
+        ) from e
+
+
 @main.command("list")
 @pass_ctx
 def list_cmd(ctx: Ctx) -> None:
@@ -243,7 +268,7 @@ def list_cmd(ctx: Ctx) -> None:
 def show(ctx: Ctx, session_id: str) -> None:
     """One session: state, todos, decisions, rejections."""
     store = _store(ctx)
-    s = store.load(session_id)
+    s = _load(ctx, store, session_id)
     history = store.facts(session_id)
     data = session_summary(s)
     data["todos"] = [
@@ -268,7 +293,7 @@ def show(ctx: Ctx, session_id: str) -> None:
 @pass_ctx
 def window(ctx: Ctx, session_id: str) -> None:
     """What the model would be sent now."""
-    messages = _store(ctx).load(session_id).window()
+    messages = _load(ctx, _store(ctx), session_id).window()
     data = [{"role": m.role, "content": m.content} for m in messages]
 
     def render() -> None:

@@ -8,7 +8,9 @@ delivery plus the marks in Redis make redeliveries no-ops. Folding a batch overl
 the previous one (the commits stay in order); a rebalance waits for both before the worker drops
 its cache. With the scheduler enabled, the app starts the worker's timer process
 (`processors.timer_link`) and feeds it every committed batch's deadlines and each new assignment;
-compaction stays in the app's loop (`processors.scheduler`).
+compaction stays in the app's loop (`processors.scheduler`). With `MILPA_PROJECTION_TTL_S` the
+commits index ended sessions and a `RetentionSweep` in the app's loop drops the due ones of the
+partitions the worker owns (whether or not it runs the scheduler).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from faust.exceptions import ConsumerNotStarted
 from processors.batch_consumer import BatchApp
 from processors.metrics import Metrics
 from processors.ports import Consumed
-from processors.scheduler import Scheduler, SchedulerStats
+from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
 from processors.timer_feed import TimerFeed
@@ -36,6 +38,7 @@ from producers.kafka_access import KafkaAccess
 from projections.keys import Keys
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore
+from projections.requests import Retention
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys
@@ -116,13 +119,14 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     closings = ProducerSink(scheduling, settings.events_topic)
     timer = timer_link(settings)
     holder: dict[str, Any] = {"timer": timer}
+    retention = Retention.after(settings.projection_ttl_s)  # checked now, not in the loop
 
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
         if "worker" not in holder:
             client = async_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
             store = AsyncRedisProjectionStore(
-                client, Keys(settings.redis_prefix), settings.compactor_max_turns
+                client, Keys(settings.redis_prefix), settings.compactor_max_turns, retention
             )
             folder = BatchFolder(keys, settings.start_mode(), settings.cutover())
             w = ProjectionWorker(store, folder, deadletter, decisions, questions=questions)
@@ -134,6 +138,9 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                 w.listeners.append(feed.observe)
                 timer.restarted.append(feed.replay)
                 holder["feed"] = feed
+            if settings.projection_ttl_s is not None:
+                every = sweep_interval(settings.projection_ttl_s)
+                holder["sweep"] = RetentionSweep(store.expire_due, lambda: s.owned, every=every)
             holder["worker"], holder["scheduler"] = w, s
         result: ProjectionWorker = holder["worker"]
         return result
@@ -165,6 +172,14 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             if timer is not None:
                 await timer.start()
             await scheduler().run()
+
+    if retention is not None:
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def run_retention() -> None:
+            worker()
+            sweep: RetentionSweep = holder["sweep"]
+            await sweep.run()
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

@@ -43,6 +43,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -101,10 +102,16 @@ def replay(
     processes: int | None = None,
     start_mode: Mode = Mode.ASK,
     cutover: Cutover | None = None,
+    restored_at: datetime | None = None,
 ) -> ReplayReport:
     """Drop and rebuild every projection (or one session's) from the topic.
 
     `keys`, `start_mode` and `cutover` are the fold's trust inputs: the same as the workers'.
+
+    One session's rebuild also deletes its tombstone (an expired projection comes back whole)
+    and, under a retention, keeps it at least one TTL from `restored_at` (default: now), so the
+    next sweep does not drop it again at once. A full rebuild indexes every ended session at
+    its own deadline again.
 
     `processes`: how many processes rebuild partitions in parallel, at most one per partition;
     1 rebuilds in this process. By default one per CPU when this process runs no other thread
@@ -115,6 +122,9 @@ def replay(
         # The session's pauses and outcomes are already in the global counters: rebuilding its
         # projection must not count them a second time.
         store = dataclasses.replace(store, count_stats=False)
+        if store.retention is not None:
+            restored = store.retention.restored(restored_at or datetime.now(UTC))
+            store = dataclasses.replace(store, retention=restored)
     access = KafkaAccess.of(bootstrap)
     ends, partitions = _end_offsets(access, topic, session_id)
     store = dataclasses.replace(store, partitions=partitions)  # the waiting index's partitions
@@ -122,7 +132,7 @@ def replay(
     if session_id is None:
         store.clear()
     else:
-        store.drop(session_id)
+        store.drop(session_id)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover or Cutover())
     job = _Job(access, topic, store, folder, session_id, batch_size, Intake(codec, partitions))
     groups = _groups(sorted(ends), processes)

@@ -11,6 +11,9 @@ acks (a task awaits them, and puts back on the schedule whatever the broker refu
 schedulers emitting for the same question (a rebalance, a restart at the tick) are harmless: the
 event ids are derived from the question, so a second closing is a duplicate, and even with another
 id the fold ignores a second closing or an older compaction.
+
+`RetentionSweep` runs beside it in the worker's loop when a TTL is configured: it drops the
+projections of ended sessions whose retention deadline has passed, for the owned partitions.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from processors.histogram import LATENESS_MS_BUCKETS, Histogram
 from processors.ports import Sink
 from projections.indexes import ceil_ms
 from schemas.codec import EventCodec
+from schemas.errors import ProjectionError
 from schemas.events import Event
 from session_model.compaction import Compactor, compaction_due
 from session_model.projection import Folded, SessionUpdate
@@ -356,6 +360,67 @@ class Scheduler:
         self.stats.closings += len(closings)
         self.stats.compactions += len(compactions)
         self.stats.lateness.observe_many(acked_ms - d.timestamp() * 1000 for _, d, _ in closings)
+
+
+# (partitions, now) -> the ids of the ended sessions dropped (at most a batch per partition).
+Expire = Callable[[Iterable[int], datetime], Awaitable[list[str]]]
+
+
+class RetentionSweep:
+    """Drops the projections of ended sessions past their TTL, for the owned partitions.
+
+    The deadlines are declared, not derived here: the commit script indexes each ended session
+    at its last event's `occurred_at` (the writers' clock) plus the TTL, so every worker and a
+    rebuild agree on them; this sweep only compares them with its own clock (`clock`, passed in:
+    tests drive it with a clock of their own, no TTL is waited for). A projection kept a sweep
+    interval longer than its TTL is harmless; one dropped early would not be, and a writer whose
+    clock runs fast can only make its sessions last longer. Each drop re-checks its deadline in
+    the script (lua/drop.lua), so a second worker's sweep after a rebalance drops nothing twice,
+    and removes the session from its partition's waiting index and fleet counts in the same call.
+    """
+
+    def __init__(
+        self,
+        expire: Expire,
+        owned: Callable[[], Iterable[int]],
+        *,
+        every: float = 60.0,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self._expire = expire
+        self._owned = owned
+        self.every = every
+        self._clock = clock
+        self.expired = 0  # projections dropped so far
+
+    async def sweep(self, now: datetime | None = None) -> list[str]:
+        """Drop everything due at `now` (default: the clock's), batch after batch; the ids."""
+        at = self._clock() if now is None else now
+        dropped: list[str] = []
+        while partitions := sorted(self._owned()):
+            batch = await self._expire(partitions, at)
+            if not batch:
+                break
+            dropped += batch
+            self.expired += len(batch)
+            await asyncio.sleep(0)  # a long backlog never holds the loop from folding
+        return dropped
+
+    async def run(self) -> None:
+        """Forever: sweep, then sleep `every` seconds (a Redis failure waits for the next)."""
+        while True:
+            try:
+                dropped = await self.sweep()
+                if dropped:
+                    log.info("retention: %d ended session(s) expired", len(dropped))
+            except ProjectionError as e:
+                log.error("retention sweep failed, trying again in %.0fs: %s", self.every, e)
+            await asyncio.sleep(self.every)
+
+
+def sweep_interval(ttl_s: float) -> float:
+    """Seconds between retention sweeps for a TTL: a tenth of it, between 1 s and a minute."""
+    return min(60.0, max(1.0, ttl_s / 10))
 
 
 def _epoch_ms(moment: datetime) -> int:

@@ -7,15 +7,32 @@ clock it passes in (no real TTL is waited for), and restores one with `replay --
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
+from processors.scheduler import RetentionSweep
+from producers.kafka_log import KafkaEventLog
+from projections.indexes import ceil_ms
 from projections.keys import Keys
-from projections.redis_store import RedisProjectionStore
+from projections.redis_client import async_client
+from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from schemas import events as ev
+from schemas.events import Event
+from session_model.fold import fold
+from session_model.partitioning import partition_for
+from session_model.signing import TrustedKeys
 from tests.contract_retention import RetentionContract
+from tests.integration.conftest import with_keys
+from tests.integration.expected import assert_projection_matches, expected_projections
 
 pytestmark = pytest.mark.integration
 
@@ -35,3 +52,103 @@ def projection_store(secured: Settings) -> Iterator[RedisProjectionStore]:
 class TestRedisRetention(RetentionContract):
     """Every retention contract test against `RedisProjectionStore` (the commit and drop
     scripts keep the retention index, the tombstones, the waiting index and fleet counts)."""
+
+
+# -- end to end: a worker indexes, a sweep expires, `show` says so, `replay --session` restores --
+
+TTL_S = 3600.0
+
+
+def _event(sid: str, n: int, type_: str, payload: dict[str, Any], at: datetime) -> Event:
+    return Event(f"{sid}-e{n}", sid, type_, at, "it-agent", payload)
+
+
+def _run(settings: Settings, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env=settings.to_env())
+    return result.exit_code, result.output
+
+
+def _sweep(settings: Settings, now: datetime) -> list[str]:
+    """The worker's sweep (`RetentionSweep` on the asyncio store), at a clock of the test's."""
+
+    async def run() -> list[str]:
+        client = async_client(settings.redis_url, auth=settings.redis_auth())
+        try:
+            store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+            owned = range(settings.partitions)
+            return await RetentionSweep(store.expire_due, lambda: owned).sweep(now)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_an_ended_session_expires_shows_how_to_restore_and_comes_back_whole(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    ttl = with_keys(settings, projection_ttl_s=TTL_S)
+    start_worker(ttl)
+    now = datetime.now(UTC)
+    now = now.replace(microsecond=now.microsecond // 1000 * 1000)  # what the wire carries
+    done, live = "ret-done", "ret-live"
+    events = [
+        _event(done, 1, ev.STARTED, {"goal": "ship the report", "mode": "ask"}, now),
+        _event(done, 2, ev.TURN, {"role": "user", "content": "write it"}, now),
+        _event(done, 3, ev.TOOL_CALLED, {"tool": "make", "result": "ok"}, now),
+        _event(done, 4, ev.ENDED, {"because": "shipped"}, now),
+        _event(live, 1, ev.STARTED, {"goal": "wait for a human", "mode": "ask"}, now),
+    ]
+    positions = [kafka_log.append(e) for e in events]
+    asked = kafka_log.append(
+        _event(
+            live,
+            2,
+            ev.QUESTION_ASKED,
+            {"question_id": "q1", "question": "deploy?", "reason": "permission"},
+            now,
+        )
+    )
+    assert projections.load(done, at_least=positions[3], timeout=60) is not None
+    assert projections.load(live, at_least=asked, timeout=60) is not None
+    assert projections.fleet() == {("ended", "ask"): 1, ("waiting", "ask"): 1}
+    p = partition_for(done, settings.partitions)
+    retention = projections.keys.retention(p)
+    deadline_ms = int(projections.client.zscore(retention, done))
+    assert deadline_ms == ceil_ms(now) + int(TTL_S * 1000)  # the ending's occurred_at + TTL
+
+    assert _sweep(settings, now + timedelta(seconds=TTL_S / 2)) == []
+    assert _sweep(settings, now + timedelta(seconds=2 * TTL_S)) == [done]
+
+    assert projections.client.exists(*projections.keys.session(done).every()) == 0
+    assert projections.client.zscore(retention, done) is None
+    assert projections.ids() == [live]
+    assert projections.fleet() == {("waiting", "ask"): 1}
+    assert projections.waiting_by_reason() == {"permission": 1}
+    assert [w.session_id for w in projections.waiting().items] == [live]
+    tombstone = projections.expired(done)
+    assert tombstone is not None and tombstone.mark == positions[3]
+
+    code, out = _run(ttl, "show", done)
+    assert code == 2
+    (line,) = out.strip().splitlines()
+    assert line.startswith(f"error: session '{done}' ended and its projection expired at ")
+    assert line.endswith(f"restore it with `milpa-sessions replay --session {done}`")
+    code, out = _run(ttl, "show", "ret-never")
+    assert (code, out.strip()) == (2, "error: no session 'ret-never'")
+
+    restoring = datetime.now(UTC)
+    code, out = _run(ttl, "replay", "--session", done, "--force")
+    assert code == 0, out
+    assert projections.expired(done) is None
+    assert_projection_matches(projections, expected_projections(events[:4], TrustedKeys.none()))
+    assert projections.load(done) == fold(done, events[:4])
+    assert projections.fleet() == {("ended", "ask"): 1, ("waiting", "ask"): 1}
+    assert projections.waiting_by_reason() == {"permission": 1}
+    # Kept a TTL from the restore: the next sweep leaves it.
+    assert int(projections.client.zscore(retention, done)) >= ceil_ms(restoring) + int(TTL_S * 1000)
+    assert _sweep(settings, restoring + timedelta(seconds=TTL_S / 2)) == []
+    code, out = _run(ttl, "--json", "show", done)
+    assert code == 0 and json.loads(out)["status"] == "ended"
