@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from deploy.harness import wait_for
 from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from processors.scheduler import RetentionSweep
@@ -152,3 +153,19 @@ def test_an_ended_session_expires_shows_how_to_restore_and_comes_back_whole(
     assert _sweep(settings, restoring + timedelta(seconds=TTL_S / 2)) == []
     code, out = _run(ttl, "--json", "show", done)
     assert code == 0 and json.loads(out)["status"] == "ended"
+
+
+def test_the_workers_own_sweep_expires_an_ended_session(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    """The worker runs the sweep in its loop for its partitions (TTL 1 s: a sweep a second)."""
+    start_worker(with_keys(settings, projection_ttl_s=1.0))
+    long_ago = datetime.now(UTC) - timedelta(minutes=5)
+    sid = "ret-swept"
+    kafka_log.append(_event(sid, 1, ev.STARTED, {"goal": "g", "mode": "ask"}, long_ago))
+    kafka_log.append(_event(sid, 2, ev.ENDED, {"because": "done"}, long_ago))
+    wait_for(lambda: projections.expired(sid) is not None, timeout=60)
+    assert projections.load(sid) is None and projections.fleet() == {}
