@@ -8,8 +8,8 @@ before the clock starts: right after the event that makes one due, the `compacte
 scheduler would append (its id derived from the session and `through`, as the scheduler derives
 it), so the fold meets them where a scheduler with no lag would have put them. Over a topic filled
 ahead, the worker's own scheduler could only append its compactions at the partitions' ends, after
-the sessions it compacts; it still runs, finds them done, and what it appends anyway (a duplicate
-of one already in the topic when a batch ends between the event and its compaction) is counted.
+the sessions it compacts; it still runs, and what it appends anyway (copies of compactions already
+in the topic: same id) is folded like any record and counted in the figure's params.
 """
 
 from __future__ import annotations
