@@ -76,10 +76,13 @@ def rate(count: float, seconds: float) -> float | None:
 
 @dataclass(frozen=True)
 class Target:
-    """A target such as `>= 15000` (events/s) or `<= 40` (ms)."""
+    """A target such as `>= 15000` (events/s) or `<= 40` (ms); with `of_ratio`, a bound on the
+    figure's ratio to its baseline measured in the same run (`ratio >= 10`), which travels
+    between machines of different speed."""
 
     op: str
     bound: float
+    of_ratio: bool = False
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
@@ -101,7 +104,7 @@ class Target:
         return _OPS[self.op](value, self.bound)
 
     def __str__(self) -> str:
-        return f"{self.op} {_number(self.bound)}"
+        return ("ratio " if self.of_ratio else "") + f"{self.op} {_number(self.bound)}"
 
 
 @dataclass
@@ -123,8 +126,11 @@ class Figure:
 
     @property
     def met(self) -> bool | None:
-        """Whether the target is met; None without a target or without a value."""
-        return None if self.target is None else self.target.met(self.value)
+        """Whether the target is met (by the value, or by the ratio for a ratio target); None
+        without a target or without a value."""
+        if self.target is None:
+            return None
+        return self.target.met(self.ratio if self.target.of_ratio else self.value)
 
     def record(self) -> dict[str, Any]:
         """The JSON object: figure, value, unit, baseline, ratio, target, met, params."""

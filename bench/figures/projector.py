@@ -250,7 +250,6 @@ def projector(run: Run) -> None:
         one.per_process,
         "events/s",
         baseline=naive.per_process,
-        target=TARGETS["projector_per_worker"],
         params={
             **one.params,
             "baseline": "bench/naive_projector.py: commit script per event, awaited",
@@ -272,7 +271,6 @@ def projector(run: Run) -> None:
         two.per_process,
         "events/s",
         baseline=one.per_process,
-        target=TARGETS["projector_per_worker"],
         params=two.params,
     )
     run.put(

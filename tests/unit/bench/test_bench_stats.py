@@ -274,3 +274,11 @@ def test_parse_counter_reads_the_total_suffix_and_misses_as_none() -> None:
     text = "# HELP milpa_records x\n# TYPE milpa_records counter\nmilpa_records_total 47500.0\n"
     assert parse_counter(text, "milpa_records") == 47500
     assert parse_counter(text, "milpa_batches") is None
+
+
+def test_a_ratio_target_is_met_by_the_ratio_to_the_baseline() -> None:
+    target = Target(">=", 10, of_ratio=True)
+    assert str(target).startswith("ratio >= 10")
+    assert Figure("f", 20_000, "events/s", baseline=1_000, target=target).met is True
+    assert Figure("f", 20_000, "events/s", baseline=4_000, target=target).met is False
+    assert Figure("f", 20_000, "events/s", target=target).met is None  # no baseline, no ratio
