@@ -26,6 +26,7 @@ def calibration(run: Run) -> None:
             folder.fold({}, records[at : at + 4_000])
         best = min(best, time.perf_counter() - t)
     rate = len(records) / best
+    run.calibration = rate
     run.log(f"calibration: the pure fold runs {rate:,.0f} events/s on one core here")
     run.put(
         "cpu_calibration_fold_events_per_s",

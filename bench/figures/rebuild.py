@@ -53,12 +53,15 @@ def rebuild(run: Run) -> None:
         "rebuild_events_per_s",
         rate(report.records, elapsed),
         "events/s",
+        baseline=run.calibration,
         target=TARGETS["replay"],
         params={
             "records": report.records,
             "folded": folded,
             "sessions": report.applied_sessions,
             "seconds": elapsed,
+            "baseline": "this run's CPU calibration (the pure fold on one core, events/s): the "
+            "ratio travels between machines of different single-core speed",
             "what": "processors.replay.replay(...) called in the harness process (which forks "
             "the rebuild processes), timed from the call (consumer connect included) to its "
             "return",
