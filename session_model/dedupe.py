@@ -27,11 +27,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from schemas.frozen import fast_init
+
 CHUNK: Final = 64
 KEPT: Final = 4  # full chunks kept behind the current one
 HORIZON: Final = CHUNK * KEPT  # a retry within this many events of its original is recognised
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RecentIds:
     """The ids of a session's last events: the current chunk and up to `KEPT` full ones."""
@@ -40,9 +43,14 @@ class RecentIds:
     older: tuple[frozenset[str], ...] = ()
 
     def __contains__(self, event_id: object) -> bool:
-        if event_id in self.current:
-            return True
-        return any(event_id in chunk for chunk in self.older)
+        return event_id in self.current or self.in_older(event_id)
+
+    def in_older(self, event_id: object) -> bool:
+        """Whether the id is in one of the full chunks behind the current one."""
+        for chunk in self.older:  # noqa: SIM110 - a loop, not a generator, per event  # noqa: SIM110 - a loop, not a generator, per event
+            if event_id in chunk:
+                return True
+        return False
 
     def __len__(self) -> int:
         return len(self.current) + sum(len(chunk) for chunk in self.older)

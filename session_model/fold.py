@@ -158,7 +158,7 @@ def step(state: Session, event: Event, keys: Trust = _NO_AUTHORITY) -> Step:
     auth = _authority(keys)
     event_id = event.event_id
     event_ids = state.event_ids
-    if event_id in event_ids:
+    if event_id in event_ids.current or (event_ids.older and event_ids.in_older(event_id)):
         return Step(state, event, _DUPLICATE)
     seq = state.seq + 1
     event_type = event.type
