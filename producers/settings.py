@@ -34,6 +34,9 @@ class StackSettings:
     deadletter_topic: str = "sessions.deadletter"
     partitions: int = 6
     replication_factor: int = 1
+    # min.insync.replicas of every topic `topics create` makes (None: the brokers' default): how
+    # many replicas must hold a write before the broker acknowledges it to an acks=all producer.
+    min_insync_replicas: int | None = None
     consumer_group: str = "milpa-projector"  # the workers' group (replay checks it is empty)
     # Directory of the `*.pem` public keys whose answers count as verified (writer and fold).
     trusted_keys_dir: Path | None = None
@@ -93,6 +96,16 @@ class StackSettings:
                 "expected ask, acknowledge or auto"
             )
         return mode
+
+    def topic_min_insync(self) -> int | None:
+        """`min_insync_replicas`, within 1..replication_factor (ConfigurationError otherwise)."""
+        n = self.min_insync_replicas
+        if n is not None and not 1 <= n <= self.replication_factor:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}MIN_INSYNC_REPLICAS={n}: must be between 1 and "
+                f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor})"
+            )
+        return n
 
     def cutover(self) -> Cutover:
         """`authority_cutover` as a cut-over (ConfigurationError if it does not parse)."""

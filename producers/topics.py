@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
@@ -33,12 +33,16 @@ def topic_specs(settings: StackSettings) -> list[TopicSpec]:
     """The events topic (the record: unlimited retention), decisions, questions, dead letters."""
     keep_forever = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
     rf = settings.replication_factor
-    return [
+    specs = [
         TopicSpec(settings.events_topic, settings.partitions, rf, keep_forever),
         TopicSpec(settings.decisions_topic, settings.partitions, rf, keep_forever),
         TopicSpec(settings.questions_topic, settings.partitions, rf, keep_forever),
         TopicSpec(settings.deadletter_topic, 1, rf, keep_forever),
     ]
+    isr = settings.topic_min_insync()  # every topic: an acks=all write is on `isr` replicas
+    if isr is not None:
+        specs = [replace(s, config={**s.config, "min.insync.replicas": str(isr)}) for s in specs]
+    return specs
 
 
 def admin_client(settings: StackSettings, timeout_ms: int | None = None) -> KafkaAdminClient:
