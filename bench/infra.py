@@ -42,6 +42,7 @@ def figure_settings(stack: Stack, tag: str, name: str, **changes: Any) -> Settin
         decisions_topic=f"{base}-decisions",
         questions_topic=f"{base}-questions",
         deadletter_topic=f"{base}-deadletter",
+        snapshots_topic=f"{base}-snapshots",
         consumer_group=f"{base}-group",
     )
     return replace(s, **changes)

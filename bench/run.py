@@ -56,6 +56,7 @@ PROTECTED = {
     "decisions_topic",
     "questions_topic",
     "deadletter_topic",
+    "snapshots_topic",
     "consumer_group",
     "metrics_port",
 }

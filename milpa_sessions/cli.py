@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import json
@@ -31,7 +30,6 @@ from processors.replay import replay
 from producers.acls import Principals, apply_acls
 from producers.store import SessionStore
 from producers.topics import ensure_topics, group_members
-from projections.requests import Retention
 from schemas.errors import (
     InvalidCall,
     SessionExpiredError,
@@ -176,9 +174,16 @@ def acls_apply(ctx: Ctx, agent: str, worker: str, operator: str) -> None:
 @main.command("replay")
 @click.option("--session", "session_id", help="Rebuild one session only.")
 @click.option("--force", is_flag=True, help="Rebuild even while workers of the group are running.")
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Fold the whole log, ignoring snapshots (and so rebuild every history list too; "
+    "--session always does).",
+)
 @pass_ctx
-def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
-    """Drop and rebuild projections from the topic (refused while workers are running)."""
+def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool) -> None:
+    """Drop and rebuild projections from the snapshots and the topic (refused while workers are
+    running). After a full rebuild, snapshots every session so the next one starts from them."""
     running = [] if force else group_members(ctx.settings)
     if running:
         raise WorkersRunningError(
@@ -187,9 +192,9 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
             "rebuild can fold new events onto an emptied state (a worker killed without a clean "
             "stop stays listed until its session times out; --force to rebuild anyway)"
         )
-    # Rebuilt ended sessions are indexed for retention as the workers index them.
-    retention = Retention.after(ctx.settings.projection_ttl_s)
-    store = dataclasses.replace(wiring.projection_store(ctx.settings), retention=retention)
+    settings = ctx.settings
+    snapshots = settings.snapshot_interval_s > 0
+    store = wiring.projection_store_for_rebuild(settings)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("replaying", total=None)
 
@@ -197,29 +202,45 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool) -> None:
             bar.update(task, completed=done, total=total)
 
         report = replay(
-            ctx.settings.kafka_access(),
-            ctx.settings.events_topic,
+            settings.kafka_access(),
+            settings.events_topic,
             store,
-            wiring.trusted_keys(ctx.settings),
+            wiring.trusted_keys(settings),
             session_id=session_id,
             progress=progress,
-            start_mode=ctx.settings.start_mode(),
-            cutover=ctx.settings.cutover(),
+            start_mode=settings.start_mode(),
+            cutover=settings.cutover(),
+            # One session (a restore after retention) comes back whole, history and all.
+            snapshots_topic=(
+                settings.snapshots_topic if snapshots and not full and session_id is None else None
+            ),
         )
+    taken = 0
+    if snapshots and session_id is None:
+        taken = wiring.take_snapshots(settings, report.applied_through())
     data = {
         "records": report.records,
         "sessions": report.applied_sessions,
         "refused": dict(report.refused),
+        "restored_from_snapshots": report.restored,
+        "snapshots_ignored": dict(report.ignored),
+        "offsets_skipped": report.skipped,
+        "snapshots_taken": taken,
     }
     refused = ", ".join(f"{n} {code}" for code, n in sorted(report.refused.items()))
-    _emit(
-        ctx,
-        data,
-        lambda: out.print(
+    ignored = ", ".join(f"{n} {why}" for why, n in sorted(report.ignored.items()))
+
+    def say() -> None:
+        out.print(
             f"replayed {report.records} records into {report.applied_sessions} sessions"
-            f" ({report.refused_total} refused{': ' + refused if refused else ''})"
-        ),
-    )
+            f" ({report.refused_total} refused{': ' + refused if refused else ''});"
+            f" {report.restored} restored from snapshots, {report.skipped} records before the"
+            f" checkpoints not read; {taken} snapshots taken"
+        )
+        if ignored:
+            err.print(f"warning: snapshots ignored ({ignored}): their sessions were folded whole")
+
+    _emit(ctx, data, say)
 
 
 # -- reading -------------------------------------------------------------------------------------

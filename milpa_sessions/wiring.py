@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import redis
@@ -13,14 +15,17 @@ from console.app import ConsoleDeps
 from processors.feed import follow_questions
 from processors.running import wait_for
 from processors.settings import WorkerSettings
+from processors.sinks import LazyProducer, PartitionedSink
+from processors.snapshots import snapshot_partitions
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import StackSettings, WriterSettings
 from producers.store import SessionStore
 from producers.topics import ensure_topics
 from projections.analytics import Analytics
 from projections.keys import Keys
-from projections.redis_client import redacted, sync_client
-from projections.redis_store import RedisProjectionStore
+from projections.redis_client import async_client, redacted, sync_client
+from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from projections.requests import Retention
 from schemas.errors import ConfigurationError, ProjectionError
 from session_model.signing import Signer, TrustedKeys
 
@@ -51,6 +56,36 @@ def projection_store(settings: StackSettings) -> RedisProjectionStore:
         auth=settings.redis_auth(),
         partitions=settings.partitions,
     )
+
+
+def projection_store_for_rebuild(settings: StackSettings) -> RedisProjectionStore:
+    """The projection store a rebuild writes: tracking sessions for snapshots when they are
+    taken (as the workers' commits do) and indexing ended sessions for retention."""
+    return dataclasses.replace(
+        projection_store(settings),
+        retention=Retention.after(settings.projection_ttl_s),
+        track=settings.snapshot_interval_s > 0,
+    )
+
+
+def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
+    """Snapshot every session of these partitions, applied through these offsets (after a
+    rebuild, with no worker running), and write their checkpoints; the snapshots written."""
+
+    async def run() -> int:
+        client = async_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
+        store = AsyncRedisProjectionStore(
+            client, Keys(settings.redis_prefix), settings.compactor_max_turns, track=True
+        )
+        producer = LazyProducer(settings.kafka_access())
+        try:
+            sink = PartitionedSink(producer, settings.snapshots_topic)
+            return await snapshot_partitions(store, sink, applied)
+        finally:
+            await producer.stop()
+            await client.aclose()
+
+    return asyncio.run(run())
 
 
 def session_store(settings: WriterSettings, *, producer: str | None = None) -> SessionStore:

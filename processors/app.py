@@ -29,7 +29,8 @@ from processors.metrics import Metrics
 from processors.ports import Consumed
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
-from processors.sinks import LazyProducer, ProducerSink
+from processors.sinks import LazyProducer, PartitionedSink, ProducerSink
+from processors.snapshots import Snapshotter
 from processors.timer_feed import TimerFeed
 from processors.timer_link import TimerLink, combined
 from processors.timer_process import TimerConfig
@@ -120,13 +121,21 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     timer = timer_link(settings)
     holder: dict[str, Any] = {"timer": timer}
     retention = Retention.after(settings.projection_ttl_s)  # checked now, not in the loop
+    snapshotting = settings.snapshot_interval_s > 0
+    # Snapshots have a producer of their own: a round's records do not queue before decisions.
+    snapshot_output = LazyProducer(settings.kafka_access()) if snapshotting else None
+    folding = asyncio.Lock()  # created lazily by asyncio on first use, inside the app's loop
 
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
         if "worker" not in holder:
             client = async_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
             store = AsyncRedisProjectionStore(
-                client, Keys(settings.redis_prefix), settings.compactor_max_turns, retention
+                client,
+                Keys(settings.redis_prefix),
+                settings.compactor_max_turns,
+                retention,
+                track=snapshotting,
             )
             folder = BatchFolder(keys, settings.start_mode(), settings.cutover())
             w = ProjectionWorker(store, folder, deadletter, decisions, questions=questions)
@@ -141,6 +150,18 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             if settings.projection_ttl_s is not None:
                 every = sweep_interval(settings.projection_ttl_s)
                 holder["sweep"] = RetentionSweep(store.expire_due, lambda: s.owned, every=every)
+            if snapshot_output is not None:
+                snapshots = Snapshotter(
+                    store,
+                    PartitionedSink(snapshot_output, settings.snapshots_topic),
+                    lambda: s.owned,
+                    w.stats.last_offsets.get,
+                    interval_s=settings.snapshot_interval_s,
+                    every_events=settings.snapshot_every,
+                    guard=folding,
+                )
+                w.listeners.append(snapshots.observe)
+                holder["snapshots"] = snapshots
             holder["worker"], holder["scheduler"] = w, s
         result: ProjectionWorker = holder["worker"]
         return result
@@ -154,8 +175,6 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         return {
             tp.partition for tp in app.consumer.assignment() if tp.topic == events.get_topic_name()
         }
-
-    folding = asyncio.Lock()  # created lazily by asyncio on first use, inside the app's loop
 
     async def project(raws: Sequence[Consumed]) -> Awaitable[Any]:
         # Fold now; the consumer commits (the returned phase) while it fetches the next batch.
@@ -181,6 +200,14 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             sweep: RetentionSweep = holder["sweep"]
             await sweep.run()
 
+    if snapshot_output is not None:
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def run_snapshots() -> None:
+            worker()
+            snapshotter: Snapshotter = holder["snapshots"]
+            await snapshotter.run()
+
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # The batches in flight finish (Redis, decisions) before the cache is dropped.
@@ -197,6 +224,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                 await feed.stop()
             await timer.stop()
         await scheduling.stop()
+        if snapshot_output is not None:
+            await snapshot_output.stop()
         try:
             # The batch being committed publishes its decisions first, if it can in time (with
             # Redis or the broker down it would retry for ever): unacknowledged, it is redelivered

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import logging
 import multiprocessing
 import os
 import queue
@@ -52,6 +53,9 @@ from aiokafka.errors import KafkaError
 from producers.kafka_access import KafkaAccess
 from projections.projector import Projector
 from projections.redis_store import RedisProjectionStore
+from projections.requests import Restored
+from projections.snapshots import Plan
+from projections.snapshots import plan as plan_rebuild
 from schemas.codec import EventCodec
 from schemas.errors import BackendError, LogError, MilpaError
 from session_model.authority import Cutover
@@ -62,6 +66,7 @@ from session_model.projection import BatchFolder, Record
 from session_model.signing import TrustedKeys
 
 Progress = Callable[[int, int], None]
+log = logging.getLogger("milpa_sessions.replay")
 
 # Sessions whose state a rebuild process keeps between batches; beyond it the older half is
 # dropped (a dropped session that shows up again is read back from Redis).
@@ -70,6 +75,7 @@ CACHE_LIMIT: Final = 200_000
 _AHEAD: Final = 4
 _ASSIGNMENT_TIMEOUT_S: Final = 30.0
 _POLL_S: Final = 0.2  # how often the parent looks for a rebuild process that died silently
+_RESTORE_BATCH: Final = 500  # sessions restored from snapshots per round trip
 
 RawRecord = tuple[int, int, bytes | None, bytes | None]
 """partition, offset, key, value."""
@@ -77,11 +83,24 @@ RawRecord = tuple[int, int, bytes | None, bytes | None]
 
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
-    """What a rebuild read and applied, and what it refused (by refusal code)."""
+    """What a rebuild read and applied, and what it refused (by refusal code).
+
+    `restored`: sessions started from their snapshots; `ignored`: snapshot records it could not
+    use, by reason (`projections.snapshots`), each one a warning; `skipped`: events before
+    the partitions' checkpoints it did not read.
+    """
 
     records: int
     applied_sessions: int
     refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    restored: int = 0
+    ignored: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    skipped: int = 0
+    ends: Mapping[int, int] = dataclasses.field(default_factory=dict)  # partition -> end read
+
+    def applied_through(self) -> dict[int, int]:
+        """partition -> the last offset the rebuild applied (what its snapshots can vouch for)."""
+        return {p: end - 1 for p, end in self.ends.items()}
 
     @property
     def refused_total(self) -> int:
@@ -103,10 +122,16 @@ def replay(
     start_mode: Mode = Mode.ASK,
     cutover: Cutover | None = None,
     restored_at: datetime | None = None,
+    snapshots_topic: str | None = None,
 ) -> ReplayReport:
     """Drop and rebuild every projection (or one session's) from the topic.
 
     `keys`, `start_mode` and `cutover` are the fold's trust inputs: the same as the workers'.
+
+    With `snapshots_topic`, each session starts from its latest usable snapshot and each
+    partition is read from after its checkpoint (`projections.snapshots`); without (`replay
+    --full`), or where a snapshot or checkpoint is missing, unreadable or of another layout,
+    from offset 0. Unusable snapshots are counted in the report and logged.
 
     One session's rebuild also deletes its tombstone (an expired projection comes back whole)
     and, under a retention, keeps it at least one TTL from `restored_at` (default: now), so the
@@ -128,17 +153,53 @@ def replay(
     access = KafkaAccess.of(bootstrap)
     ends, partitions = _end_offsets(access, topic, session_id)
     store = dataclasses.replace(store, partitions=partitions)  # the waiting index's partitions
-    total = sum(ends.values())
+    plan = Plan(starts=dict.fromkeys(ends, 0))
+    if snapshots_topic is not None:
+        plan = _snapshot_plan(access, snapshots_topic, sorted(ends), codec, session_id)
+        for line in plan.messages:
+            log.warning("snapshot ignored (the log is folded instead): %s", line)
+    starts = {p: min(plan.starts.get(p, 0), end) for p, end in ends.items()}
+    total = sum(end - starts[p] for p, end in ends.items())
     if session_id is None:
         store.clear()
     else:
         store.drop(session_id)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover or Cutover())
-    job = _Job(access, topic, store, folder, session_id, batch_size, Intake(codec, partitions))
+    intake = Intake(codec, partitions)
+    job = _Job(access, topic, store, folder, session_id, batch_size, intake, starts, plan.sessions)
     groups = _groups(sorted(ends), processes)
     if len(groups) <= 1:
-        return job.run(ends, None if progress is None else lambda read: progress(read, total))
-    return _in_processes(job, [{p: ends[p] for p in g} for g in groups], total, progress)
+        report = job.run(ends, None if progress is None else lambda read: progress(read, total))
+    else:
+        report = _in_processes(job, [{p: ends[p] for p in g} for g in groups], total, progress)
+    return dataclasses.replace(report, ignored=dict(plan.ignored), skipped=sum(starts.values()))
+
+
+def _snapshot_plan(
+    access: KafkaAccess,
+    topic: str,
+    partitions: Sequence[int],
+    codec: EventCodec,
+    session_id: str | None,
+) -> Plan:
+    """The rebuild's plan from the snapshots topic (read whole, up to its end offsets now)."""
+    try:
+        ends, _ = _end_offsets(access, topic, None)
+    except LogError as e:
+        if "does not exist" not in str(e):
+            raise
+        return Plan(starts=dict.fromkeys(partitions, 0))  # never snapshotted: the whole log
+    if session_id is not None:  # its snapshot is in its own partition's number
+        mine = partitions[0] if partitions else None
+        ends = {p: end for p, end in ends.items() if p == mine}
+    records: list[tuple[int, bytes | None, bytes | None]] = []
+    if not ends:  # nothing snapshotted yet
+        return plan_rebuild(records, partitions, codec, session_id)
+    with _Fetcher(access, topic, ends, 2000) as fetcher:
+        for batch in fetcher.batches():
+            records.extend((p, key, value) for p, _, key, value in batch)
+    # A partition's records in log order (the fetcher keeps each partition's order).
+    return plan_rebuild(records, partitions, codec, session_id)
 
 
 def _groups(partitions: Sequence[int], processes: int | None) -> list[list[int]]:
@@ -166,6 +227,8 @@ class _Job:
     session_id: str | None
     batch_size: int
     intake: Intake
+    starts: Mapping[int, int] = dataclasses.field(default_factory=dict)  # first offset to read
+    restored: Mapping[int, Mapping[str, Restored]] = dataclasses.field(default_factory=dict)
 
     def run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
         """Rebuild these partitions up to these offsets, in this process."""
@@ -179,12 +242,14 @@ class _Job:
     def _run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
         # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
         projector = Projector(self.store, self.folder, cache=True, cache_limit=CACHE_LIMIT)
+        restored = self._restore(ends, projector)
         wanted = None if self.session_id is None else self.session_id.encode()
         admit = self.intake.admit
         read = 0
         refused: Counter[str] = Counter()
         applied: set[str] = set()
-        fetcher = _Fetcher(self.bootstrap, self.topic, ends, self.batch_size)
+        starts = {p: self.starts.get(p, 0) for p in ends}
+        fetcher = _Fetcher(self.bootstrap, self.topic, ends, self.batch_size, starts)
         with fetcher:
             for batch in fetcher.batches():
                 records: list[Record] = []
@@ -202,7 +267,25 @@ class _Job:
                 if progress is not None:
                     progress(read)
         refused.update(projector.refused)
-        return ReplayReport(read, len(applied), dict(refused))
+        applied.update(restored)
+        return ReplayReport(read, len(applied), dict(refused), restored=len(restored))
+
+    def _restore(self, ends: Mapping[int, int], projector: Projector) -> list[str]:
+        """Write the snapshots of these partitions' sessions and start the fold from them."""
+        sessions = [r for p in ends for r in self.restored.get(p, {}).values()]
+        done: list[str] = []
+        for at in range(0, len(sessions), _RESTORE_BATCH):
+            chunk = sessions[at : at + _RESTORE_BATCH]
+            result = self.store.restore(chunk)
+            if result.conflicts:
+                raise BackendError(
+                    f"restoring snapshots: {len(result.conflicts)} session(s) already had a "
+                    f"projection (e.g. {result.conflicts[0]}): is a worker running?"
+                )
+            for r in chunk:
+                projector.cycle.cache[r.folded.state.id] = r.folded
+                done.append(r.folded.state.id)
+        return done
 
 
 def _in_processes(
@@ -253,6 +336,7 @@ def _in_processes(
             sum(r.records for r in reports.values()),
             sum(r.applied_sessions for r in reports.values()),
             dict(refused),
+            restored=sum(r.restored for r in reports.values()),
         )
     finally:
         reported = len(reports) == len(children)
@@ -380,10 +464,18 @@ class _Fetcher:
     `_AHEAD` batches ahead. Kafka failures come out of `batches()` as `LogError`.
     """
 
-    def __init__(self, bootstrap: KafkaAccess, topic: str, ends: dict[int, int], batch_size: int):
+    def __init__(
+        self,
+        bootstrap: KafkaAccess,
+        topic: str,
+        ends: dict[int, int],
+        batch_size: int,
+        starts: Mapping[int, int] | None = None,
+    ):
         self.bootstrap = bootstrap
         self.topic = topic
         self.ends = {TopicPartition(topic, p): end for p, end in ends.items()}
+        self.starts = {TopicPartition(topic, p): at for p, at in (starts or {}).items() if at > 0}
         self.batch_size = batch_size
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=_AHEAD)
         self._stop = threading.Event()
@@ -430,6 +522,9 @@ class _Fetcher:
         async with _consumer(self.bootstrap) as consumer:
             consumer.assign(list(self.ends))
             await consumer.seek_to_beginning(*self.ends)
+            for tp, at in self.starts.items():  # after a checkpoint: what is before is covered
+                if tp in self.ends:
+                    consumer.seek(tp, at)
             remaining = {
                 tp: end for tp, end in self.ends.items() if await consumer.position(tp) < end
             }

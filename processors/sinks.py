@@ -103,3 +103,29 @@ class ProducerSink:
         for result in results:
             if isinstance(result, BaseException):
                 raise LogError(f"publishing to {self.topic} failed: {result}") from result
+
+
+class PartitionedSink:
+    """Publishes to explicit partitions of one topic through a `LazyProducer` (the snapshots:
+    a session's snapshot and its partition's checkpoint go to its events partition's number)."""
+
+    def __init__(self, producer: LazyProducer, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+
+    async def publish_to(self, records: Sequence[tuple[int, bytes, bytes]]) -> None:
+        """Queue all (partition, key, value), then wait for every acknowledgement."""
+        if not records:
+            return
+        producer = await self.producer.started()
+        pending: list[asyncio.Future[object]] = []
+        try:
+            for partition, key, value in records:
+                pending.append(
+                    await producer.send(self.topic, value=value, key=key, partition=partition)
+                )
+        finally:
+            results = await asyncio.gather(*pending, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise LogError(f"publishing to {self.topic} failed: {result}") from result

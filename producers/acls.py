@@ -1,10 +1,12 @@
 """The ACLs of a secured cluster: what each kind of principal may do to the project's topics.
 
 - an agent (a writer of session events) may only write the events topic;
-- the worker reads the events topic in its consumer group, writes decisions, dead letters and the
-  scheduler's events, and owns the topics and groups prefixed by its group (Faust's own);
+- the worker reads the events topic in its consumer group, writes decisions, dead letters,
+  snapshots and the scheduler's events, and owns the topics and groups prefixed by its group
+  (Faust's own);
 - an operator writes events (grants, answers), reads decisions and dead letters, rebuilds
-  (`replay` reads the events topic) and may describe the workers' group (replay's guard).
+  (`replay` reads the snapshots and the events topic) and may describe the workers' group
+  (replay's guard).
 
 Applied with an administrator's credentials (`milpa-sessions acls apply`); idempotent.
 """
@@ -49,11 +51,12 @@ class Principals:
 
 def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
     """Per principal (`User:<name>`), what it is allowed."""
-    events, decisions, questions, dead = (
+    events, decisions, questions, dead, snapshots = (
         settings.events_topic,
         settings.decisions_topic,
         settings.questions_topic,
         settings.deadletter_topic,
+        settings.snapshots_topic,
     )
     group = settings.consumer_group
     roles: list[tuple[str, list[Grant]]] = [
@@ -65,6 +68,7 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
                 (_TOPIC, decisions, _LITERAL, (_WRITE, _DESCRIBE)),
                 (_TOPIC, questions, _LITERAL, (_WRITE, _DESCRIBE)),
                 (_TOPIC, dead, _LITERAL, (_WRITE, _DESCRIBE)),
+                (_TOPIC, snapshots, _LITERAL, (_WRITE, _DESCRIBE)),
                 (_TOPIC, f"{group}-", _PREFIXED, (_CREATE, _READ, _WRITE, _DESCRIBE)),
                 (_GROUP, group, _PREFIXED, (_READ, _DESCRIBE)),
             ],
@@ -76,6 +80,7 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
                 (_TOPIC, decisions, _LITERAL, (_READ, _DESCRIBE)),
                 (_TOPIC, questions, _LITERAL, (_READ, _DESCRIBE)),  # the console's live feed
                 (_TOPIC, dead, _LITERAL, (_READ, _DESCRIBE)),  # to inspect what was refused
+                (_TOPIC, snapshots, _LITERAL, (_READ, _DESCRIBE)),  # `replay` starts from them
                 (_GROUP, group, _LITERAL, (_DESCRIBE,)),
                 (_GROUP, "milpa-", _PREFIXED, (_READ, _DESCRIBE)),
             ],

@@ -32,6 +32,7 @@ class StackSettings:
     decisions_topic: str = "sessions.decisions"
     questions_topic: str = "sessions.questions"
     deadletter_topic: str = "sessions.deadletter"
+    snapshots_topic: str = "sessions.snapshots"  # compacted: each session's latest snapshot
     partitions: int = 6
     replication_factor: int = 1
     # min.insync.replicas of every topic `topics create` makes (None: the brokers' default): how
@@ -53,6 +54,12 @@ class StackSettings:
     # Its events stay in Kafka; `milpa-sessions replay --session ID` brings it back (README,
     # "Retention"). The workers' commits index ended sessions and their loops drop the due ones.
     projection_ttl_s: float | None = None
+    # Snapshots of the sessions' hot state (`processors/snapshots.py`): a worker's round of a
+    # partition every snapshot_interval_s seconds, or once snapshot_every events of it were
+    # applied since its last round; 0 takes none (commits then track nothing for them, and
+    # `replay` folds the whole log). Every process that commits projections must agree on it.
+    snapshot_interval_s: float = 300.0
+    snapshot_every: int = 100_000
     # Kafka security: the protocol (PLAINTEXT, or SASL_SSL with SCRAM on a secured cluster), the
     # user, a file holding its password, and the CA that signed the brokers' certificates.
     kafka_security_protocol: str = "PLAINTEXT"

@@ -29,8 +29,19 @@ class TopicSpec:
     config: dict[str, str]
 
 
+# Only the latest record of a key is kept: each session's latest snapshot. A snapshot is a few
+# KB to a few hundred (a session's window of turns and its state).
+_COMPACTED = {
+    "cleanup.policy": "compact",
+    "retention.ms": "-1",
+    "max.message.bytes": str(8 * 1024 * 1024),
+    "min.cleanable.dirty.ratio": "0.5",
+}
+
+
 def topic_specs(settings: StackSettings) -> list[TopicSpec]:
-    """The events topic (the record: unlimited retention), decisions, questions, dead letters."""
+    """The events topic (the record: unlimited retention), decisions, questions, dead letters,
+    and the snapshots (compacted: each session's latest, and each partition's checkpoint)."""
     keep_forever = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
     rf = settings.replication_factor
     specs = [
@@ -38,6 +49,8 @@ def topic_specs(settings: StackSettings) -> list[TopicSpec]:
         TopicSpec(settings.decisions_topic, settings.partitions, rf, keep_forever),
         TopicSpec(settings.questions_topic, settings.partitions, rf, keep_forever),
         TopicSpec(settings.deadletter_topic, 1, rf, keep_forever),
+        # As many partitions as the events topic: a partition's snapshots go to its number.
+        TopicSpec(settings.snapshots_topic, settings.partitions, rf, _COMPACTED),
     ]
     isr = settings.topic_min_insync()  # every topic: an acks=all write is on `isr` replicas
     if isr is not None:

@@ -26,6 +26,7 @@ class SessionKeys:
     timeline: str  # list: timeline entries, once too many for the state hash
     event_ids: str  # list: the recent event ids by chunk (`session_model.dedupe`), once spread
     history: tuple[str, ...]  # lists: every call, observation, execution, decision, rejection
+    counters: str  # hash: what the session added to the fleet's counters (`Keys.counter_field`)
 
     def all(self) -> tuple[str, str, str, str]:
         """The keys in the order the Lua scripts take them (the history lists after them)."""
@@ -33,7 +34,7 @@ class SessionKeys:
 
     def every(self) -> tuple[str, ...]:
         """Every key of the session."""
-        return (*self.all(), *self.history)
+        return (*self.all(), *self.history, self.counters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class Keys:
             f"{tag}:timeline",
             f"{tag}:ids",
             tuple(f"{tag}:h:{kind}" for kind in HISTORY_KINDS),
+            f"{tag}:counters",
         )
 
     def state_pattern(self) -> str:
@@ -118,6 +120,11 @@ class Keys:
         drop scripts take them (after a session's history lists)."""
         return (self.retention(partition), self.expired(partition))
 
+    def unsnapshotted(self, partition: int) -> str:
+        """Sorted set per partition: session id -> the first offset of it applied since its latest
+        snapshot (`processors.snapshots`; kept only while snapshots are taken)."""
+        return f"{self.prefix}:{{w:{partition}}}:unsnapshotted"
+
     def partition_keys(self, partition: int) -> tuple[str, ...]:
         """A partition's index keys in the order the commit script takes them (after a
         session's own): deadlines, compaction due, waiting, cards, waiting counts, fleet counts.
@@ -131,6 +138,16 @@ class Keys:
     def stat_hour(self, name: str, hour: str) -> str:
         """A counter hash for one UTC hour (`YYYYMMDDHH`), for `--since` queries."""
         return f"{self.prefix}:stats:{name}:h:{hour}"
+
+    def counter_field(self, stat_key: str, field: str) -> str:
+        """A session's own record of one counter (`<counter hash, less the prefix>\t<field>`),
+        the field of its counters hash and of its snapshot's counters."""
+        return f"{stat_key[len(self.prefix) + 7 :]}\t{field}"
+
+    def counter_of(self, counter_field: str) -> tuple[str, str]:
+        """The counter hash and field a session's counter field names (`counter_field`)."""
+        name, _, field = counter_field.partition("\t")
+        return f"{self.prefix}:stats:{name}", field
 
     def pattern(self) -> str:
         """A SCAN pattern matching every key under this prefix."""

@@ -26,6 +26,8 @@ from projections.requests import (
     COMMIT_GROUP,
     EXPIRE_BATCH,
     Expired,
+    RawState,
+    Restored,
     Retention,
     commit_call,
     drop_command,
@@ -33,6 +35,7 @@ from projections.requests import (
     execute_async,
     floor_ms,
     parse_timeline,
+    restore_call,
     text,
 )
 from schemas.errors import NotYetVisibleError, ProjectionError
@@ -62,6 +65,7 @@ class RedisProjectionStore:
     count_stats: bool = True
     partitions: int = 6  # the events topic's: the waiting index is kept per partition
     retention: Retention | None = None  # ended sessions' TTL, indexed by commits (None: none)
+    track: bool = False  # note committed sessions for the next snapshot (snapshots are taken)
 
     @classmethod
     def from_url(
@@ -103,10 +107,31 @@ class RedisProjectionStore:
             return CommitResult()
         retention = self.retention
         calls = [
-            commit_call(self.keys, u, self.compact_after, self.count_stats, retention=retention)
+            commit_call(
+                self.keys,
+                u,
+                self.compact_after,
+                self.count_stats,
+                retention=retention,
+                track=self.track,
+            )
             for u in updates
         ]
         return execute(self.client, requests.commit([u.session_id for u in updates], calls))
+
+    def restore(self, sessions: Sequence[Restored]) -> CommitResult:
+        """Write sessions from their snapshots, in one pipelined round trip (a session that
+        already has a mark is refused: `conflicts`)."""
+        if not sessions:
+            return CommitResult()
+        calls = [
+            restore_call(
+                self.keys, r, self.compact_after, self.count_stats, retention=self.retention
+            )
+            for r in sessions
+        ]
+        sids = [r.folded.state.id for r in sessions]
+        return execute(self.client, requests.commit(sids, calls))
 
     def load(
         self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
@@ -227,6 +252,7 @@ class AsyncRedisProjectionStore:
     keys: Keys = field(default_factory=Keys)
     compact_after: int | None = None
     retention: Retention | None = None  # ended sessions' TTL, indexed by commits (None: none)
+    track: bool = False  # note committed sessions for the next snapshot (snapshots are taken)
 
     async def folded(
         self, session_ids: Sequence[str], *, event_ids: bool = True
@@ -252,7 +278,9 @@ class AsyncRedisProjectionStore:
             if at:
                 await asyncio.sleep(0)
             calls += [
-                commit_call(self.keys, u, self.compact_after, retention=self.retention)
+                commit_call(
+                    self.keys, u, self.compact_after, retention=self.retention, track=self.track
+                )
                 for u in updates[at : at + COMMIT_GROUP]
             ]
         sids = [u.session_id for u in updates]
@@ -283,3 +311,23 @@ class AsyncRedisProjectionStore:
         if not due:
             return []
         return await execute_async(self.client, requests.expire(self.keys, due, now_ms))
+
+    async def unsnapshotted(
+        self, partition: int, limit: int = requests.SNAPSHOT_PAGE
+    ) -> list[tuple[str, int]]:
+        """Sessions of a partition applied since their latest snapshot, with the first offset
+        applied since, lowest first (up to `limit`)."""
+        return await execute_async(self.client, requests.unsnapshotted(self.keys, partition, limit))
+
+    async def raw_states(self, partition: int, session_ids: Sequence[str]) -> dict[str, RawState]:
+        """The stored state of these sessions of a partition as a snapshot holds it (one round
+        trip)."""
+        request = requests.raw_states(self.keys, partition, session_ids)
+        return await execute_async(self.client, request)
+
+    async def snapped(
+        self, partition: int, covered: Sequence[tuple[str, Position | None]]
+    ) -> int | None:
+        """Take sessions whose snapshots were acknowledged out of the partition's unsnapshotted
+        index; the lowest first offset left in it (None: none)."""
+        return await execute_async(self.client, requests.snapped(self.keys, partition, covered))

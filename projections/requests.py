@@ -8,7 +8,7 @@ the server lost them (a restart, `SCRIPT FLUSH`) and wrap driver errors in `Proj
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -40,6 +40,7 @@ from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
+from session_model.session import HistoryRecord
 from session_model.timeline import TimelineEntry
 
 T = TypeVar("T")
@@ -238,7 +239,7 @@ def drop_command(
     return (
         "EVALSHA",
         scripts.DROP.sha,
-        15,
+        17,
         *k.all(),
         keys.waiting(partition),
         keys.waiting_cards(partition),
@@ -246,6 +247,8 @@ def drop_command(
         keys.fleet_counts(partition),
         *k.history,
         *keys.retention_keys(partition),
+        k.counters,
+        keys.unsnapshotted(partition),
         session_id,
         keys.waiting_reason_prefix(partition),
         "" if now_ms is None else now_ms,
@@ -281,7 +284,7 @@ def expire(keys: Keys, due: dict[str, int], now_ms: int) -> Request[list[str]]:
 
 # -- committing updates ------------------------------------------------------------------------
 
-_FIXED_KEYS = 17  # a session's keys before its counter hashes (see lua/commit.lua)
+_FIXED_KEYS = 19  # a session's keys before its counter hashes (see lua/commit.lua)
 
 
 def id_groups(update: SessionUpdate) -> tuple[bytes, list[bytes]]:
@@ -303,10 +306,10 @@ def _summary(update: SessionUpdate) -> str:
     return ""
 
 
-def history_args(update: SessionUpdate, first_key: int) -> list[str | int | bytes]:
+def history_args(facts: Sequence[HistoryRecord], first_key: int) -> list[str | int | bytes]:
     """The history appends of an update: n, then (key index, count, entries...) per list."""
     lists: dict[int, list[bytes]] = {}
-    for fact in update.facts:
+    for fact in facts:
         kind, raw = fact_to_json(fact)
         lists.setdefault(kind, []).append(raw)
     out: list[str | int | bytes] = [len(lists)]
@@ -322,38 +325,149 @@ def commit_call(
     count: bool = True,
     *,
     retention: Retention | None = None,
+    track: bool = False,
 ) -> Call:
-    """The KEYS and ARGV of one session's commit (state, appends, indexes, counters)."""
+    """The KEYS and ARGV of one session's commit (state, appends, indexes, counters).
+
+    `count`: add its counters to the fleet's; `track` (snapshots are taken): to the session's
+    own too, and note the session in its partition's unsnapshotted index.
+    """
+    head, groups = id_groups(update)
+    changes = index_changes(update, keys, compact_after)
+    first = update.first if update.first is not None else update.mark.offset
+    return _call(
+        keys,
+        update,
+        deadline_ms=changes.deadline_ms,
+        compaction=changes.compaction_due,
+        summary=_summary(update),
+        ids=(head, groups),
+        turns=[turn_to_json(t) for t in update.turns],
+        timeline=[entry_to_json(e, update.session_id) for e in update.timeline],
+        counters=changes.counters,
+        fleet_wide=count,
+        own=track,
+        retain=None if retention is None else retention.deadline_ms(update),
+        track=first if track else None,
+        history=update.facts,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """A session as its snapshot holds it: the folded state, its dedupe window as stored (packed
+    chunks, the current one last) and its counters (`Keys.counter_field` -> count)."""
+
+    folded: Folded
+    event_ids: tuple[bytes, ...]
+    counters: Mapping[str, int]
+    taken_at_ms: int = 0
+    retain_until_ms: int | None = None  # its retention deadline when the snapshot was taken
+
+    @property
+    def mark(self) -> Position:
+        """The last position folded into it."""
+        mark = self.folded.mark
+        if mark is None:
+            raise ValueError(f"{self.folded.state.id}: a snapshot without a mark")
+        return mark
+
+
+def restore_call(
+    keys: Keys,
+    snapshot: Restored,
+    compact_after: int | None,
+    count: bool = True,
+    *,
+    retention: Retention | None = None,
+) -> Call:
+    """The commit script's call that writes a session from its snapshot (no mark stored yet):
+    its state, window and dedupe window, its indexes, and its counters (the fleet's too with
+    `count`). Its history before the snapshot stays in Kafka only."""
+    state = snapshot.folded.state
+    update = SessionUpdate(state.id, None, snapshot.mark, state, ())
+    changes = index_changes(update, keys, compact_after)
+    counters = [(*keys.counter_of(f), n) for f, n in snapshot.counters.items()]
+    return _call(
+        keys,
+        update,
+        deadline_ms=changes.deadline_ms,
+        compaction=changes.compaction_due,
+        summary="" if state.summary is None else "=" + state.summary,
+        ids=(b"", list(snapshot.event_ids)),
+        turns=[turn_to_json(t) for t in state.turns],
+        timeline=[],
+        counters=counters,
+        fleet_wide=count,
+        own=True,
+        retain=_restored_retention(snapshot, retention),
+        track=None,
+        history=(),
+    )
+
+
+def _restored_retention(snapshot: Restored, retention: Retention | None) -> int | None:
+    """A restored ended session's retention deadline: the one indexed when the snapshot was
+    taken, or one TTL after the snapshot (the events that would date it are not read)."""
+    if retention is None or not snapshot.folded.state.ended:
+        return None
+    deadline = snapshot.retain_until_ms
+    if deadline is None:
+        deadline = snapshot.taken_at_ms + retention.ttl_ms
+    return max(deadline, retention.floor_ms)
+
+
+def _call(
+    keys: Keys,
+    update: SessionUpdate,
+    *,
+    deadline_ms: int | None,
+    compaction: bool,
+    summary: str,
+    ids: tuple[bytes, list[bytes]],
+    turns: list[bytes],
+    timeline: list[bytes],
+    counters: Sequence[tuple[str, str, int]],
+    fleet_wide: bool,
+    own: bool,
+    retain: int | None,
+    track: int | None,
+    history: Sequence[HistoryRecord],
+) -> Call:
     sid = update.session_id
     k = keys.session(sid)
     partition = update.mark.partition
-    turns = [turn_to_json(t) for t in update.turns]
-    timeline = [entry_to_json(e, sid) for e in update.timeline]
-    head, groups = id_groups(update)
-    changes = index_changes(update, keys, compact_after)
-    counters = changes.counters if count else ()
-    entry = index_entry(update, changes.deadline_ms)
-    retain = None if retention is None else retention.deadline_ms(update)
+    head, groups = ids
+    entry = index_entry(update, deadline_ms)
     script_keys = [
         *k.all(),
         *keys.partition_keys(partition),
         *k.history,
         *keys.retention_keys(partition),
+        k.counters,
+        keys.unsnapshotted(partition),
     ]
     counter_args: list[str | int | bytes] = []
     for key, field_, increment in counters:
         if key not in script_keys[_FIXED_KEYS:]:
             script_keys.append(key)
-        counter_args.extend((script_keys.index(key, _FIXED_KEYS) + 1, field_, increment))
+        counter_args.extend(
+            (
+                script_keys.index(key, _FIXED_KEYS) + 1,
+                field_,
+                increment,
+                keys.counter_field(key, field_),
+            )
+        )
     args: list[str | int | bytes] = [
         "" if update.base is None else str(update.base),
         str(update.mark),
         session_to_blob(update.state),
         len(update.state.turns),
         sid,
-        "" if changes.deadline_ms is None else changes.deadline_ms,
-        "1" if changes.compaction_due else "0",
-        _summary(update),
+        "" if deadline_ms is None else deadline_ms,
+        "1" if compaction else "0",
+        summary,
         head,
         len(groups),
         *groups,
@@ -368,7 +482,10 @@ def commit_call(
         entry.score,
         keys.waiting_reason_prefix(partition),
         "" if retain is None else retain,
-        *history_args(update, len(k.all()) + len(keys.partition_keys(partition)) + 1),
+        "1" if fleet_wide else "0",
+        "1" if own else "0",
+        "" if track is None else track,
+        *history_args(history, len(k.all()) + len(keys.partition_keys(partition)) + 1),
     ]
     return script_keys, args
 
@@ -454,3 +571,82 @@ def parse_timeline(raw: Any, session_id: str, since: int) -> list[TimelineEntry]
 def text(value: bytes | str) -> str:
     """A reply as text."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+
+SNAPSHOT_PAGE = 500  # unsnapshotted sessions a snapshot round reads per partition and round trip
+
+RawState = tuple[Any, ...]
+"""The read script's reply for one session, and its counters hash (`projections.snapshots`)."""
+
+
+def unsnapshotted(
+    keys: Keys, partition: int, limit: int = SNAPSHOT_PAGE
+) -> Request[list[tuple[str, int]]]:
+    """The sessions of a partition applied since their latest snapshot, and the first offset
+    of each since then, lowest first (up to `limit`)."""
+
+    def parse(replies: list[Any]) -> list[tuple[str, int]]:
+        got = replies[0]
+        if got and isinstance(got[0], (list, tuple)):  # redis-py pairs them (its callback)
+            return [(text(m), int(float(score))) for m, score in got]
+        flat = iter(got)
+        return [(text(m), int(float(score))) for m, score in zip(flat, flat, strict=True)]
+
+    return Request(
+        [("ZRANGE", keys.unsnapshotted(partition), 0, limit - 1, "WITHSCORES")],
+        parse,
+        "reading the unsnapshotted sessions failed",
+    )
+
+
+def raw_states(
+    keys: Keys, partition: int, session_ids: Sequence[str]
+) -> Request[dict[str, RawState]]:
+    """What a snapshot of each session (of one partition) holds, as stored: the read script's
+    reply (state, mark, turns, packed id chunks, summary), its counters hash and its retention
+    deadline; sessions without a state of this layout are left out."""
+    sha = scripts.READ.sha
+    groups = read_groups(keys, session_ids)
+    commands: list[tuple[Any, ...]] = [("EVALSHA", sha, len(ks), *ks, "1") for ks in groups]
+    n = len(session_ids)
+    commands += [("HGETALL", keys.session(sid).counters) for sid in session_ids]
+    commands += [("ZSCORE", keys.retention(partition), sid) for sid in session_ids]
+
+    def parse(replies: list[Any]) -> dict[str, RawState]:
+        raws = [raw for group in replies[: len(groups)] for raw in group]
+        counters = replies[len(groups) : len(groups) + n]
+        retained = replies[len(groups) + n :]
+        out: dict[str, RawState] = {}
+        for sid, raw, mine, until in zip(session_ids, raws, counters, retained, strict=True):
+            if raw and raw[0]:
+                out[sid] = (*raw, mine, None if until is None else int(float(until)))
+        return out
+
+    return Request(commands, parse, "reading sessions to snapshot failed")
+
+
+def snapped(
+    keys: Keys, partition: int, covered: Sequence[tuple[str, Position | None]]
+) -> Request[int | None]:
+    """Take the sessions whose snapshots were acknowledged out of the partition's unsnapshotted
+    index (lua/snapped.lua); returns the lowest first offset left in it (None: none)."""
+    args: list[Any] = []
+    for sid, mark in covered:  # None: the session has no state to snapshot
+        args += (sid, "", -1) if mark is None else (sid, str(mark), mark.offset + 1)
+    session_keys = [keys.session(sid).state for sid, _ in covered]
+    command = (
+        "EVALSHA",
+        scripts.SNAPPED.sha,
+        1 + len(session_keys),
+        keys.unsnapshotted(partition),
+        *session_keys,
+        *args,
+    )
+
+    def parse(replies: list[Any]) -> int | None:
+        low = replies[0]
+        return None if low is None else int(float(text(low)))
+
+    return Request([command], parse, "marking sessions snapshotted failed")

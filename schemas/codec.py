@@ -57,6 +57,8 @@ __all__ = [
     "MARKER",
     "PAYLOAD_SCHEMAS",
     "QUESTION_CHANGE_SCHEMA",
+    "SNAPSHOT_CHECKPOINT_SCHEMA",
+    "SNAPSHOT_SCHEMA",
     "Directory",
     "EventCodec",
     "RegisteredSchema",
@@ -80,6 +82,12 @@ DECISION_SCHEMA: Final = "milpa.sessions.Decision"
 
 QUESTION_CHANGE_SCHEMA: Final = "milpa.sessions.QuestionChange"
 """Full name of the record published to `sessions.questions`."""
+
+SNAPSHOT_SCHEMA: Final = "milpa.sessions.Snapshot"
+"""Full name of a session's snapshot on `sessions.snapshots`."""
+
+SNAPSHOT_CHECKPOINT_SCHEMA: Final = "milpa.sessions.SnapshotCheckpoint"
+"""Full name of a partition's snapshot checkpoint on `sessions.snapshots`."""
 
 _ENVELOPE_FIELDS: Final = (
     "event_id",
@@ -617,6 +625,8 @@ class EventCodec:
         self._envelope = self._registry._write_plan(ENVELOPE_SCHEMA)
         self._decision = self._registry._write_plan(DECISION_SCHEMA)
         self._question_change = self._registry._write_plan(QUESTION_CHANGE_SCHEMA)
+        self._snapshot = self._registry._write_plan(SNAPSHOT_SCHEMA)
+        self._checkpoint = self._registry._write_plan(SNAPSHOT_CHECKPOINT_SCHEMA)
         self._payloads = {t: self._registry._write_plan(n) for t, n in PAYLOAD_SCHEMAS.items()}
         self._plans = self._registry._read_plans  # fingerprint -> plan: one lookup per record
         # The current envelope, read straight into the Event's fields.
@@ -729,6 +739,22 @@ class EventCodec:
     def decode_question_change(self, data: bytes) -> dict[str, Any]:
         """Decode a QuestionChange record."""
         return self._read(data, QUESTION_CHANGE_SCHEMA, "question change")[1]
+
+    def encode_snapshot(self, snapshot: Mapping[str, Any]) -> bytes:
+        """Encode a Snapshot record (EncodeError if it does not fit its schema)."""
+        return self._write(self._snapshot, snapshot, "snapshot")
+
+    def decode_snapshot(self, data: bytes) -> dict[str, Any]:
+        """Decode a Snapshot record (CorruptRecordError, UnknownFingerprintError)."""
+        return self._read(data, SNAPSHOT_SCHEMA, "snapshot")[1]
+
+    def encode_checkpoint(self, checkpoint: Mapping[str, Any]) -> bytes:
+        """Encode a SnapshotCheckpoint record."""
+        return self._write(self._checkpoint, checkpoint, "snapshot checkpoint")
+
+    def decode_checkpoint(self, data: bytes) -> dict[str, Any]:
+        """Decode a SnapshotCheckpoint record."""
+        return self._read(data, SNAPSHOT_CHECKPOINT_SCHEMA, "snapshot checkpoint")[1]
 
     def _write(self, plan: _WritePlan, value: Any, what: str) -> bytes:
         try:

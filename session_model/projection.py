@@ -74,6 +74,7 @@ class SessionUpdate:
     mark: Position
     state: Session
     steps: tuple[Step, ...]
+    first: int | None = None  # the offset of its first step (None: not known)
 
     @property
     def turns(self) -> tuple[Turn, ...]:
@@ -130,8 +131,9 @@ class BatchFolder:
         keys = Authority(self.keys, self.start_mode)
         legacy = Authority(self.keys, self.start_mode, legacy=True)
         is_legacy = self.cutover.is_legacy if self.cutover.before else None
-        # Per session touched: [state, mark, base mark, steps]; one lookup per record, and no
-        # `Folded` per record (only the batch's last state of each session becomes one).
+        # Per session touched: [state, mark, base mark, steps, first offset]; one lookup per
+        # record, and no `Folded` per record (only the batch's last state of each session
+        # becomes one).
         current: dict[str, list[Any]] = {}
         for record in records:
             event = record.event
@@ -140,9 +142,9 @@ class BatchFolder:
             if entry is None:
                 folded = known.get(sid)
                 if folded is None:
-                    entry = [Session(sid), None, None, []]
+                    entry = [Session(sid), None, None, [], None]
                 else:
-                    entry = [folded.state, folded.mark, folded.mark, []]
+                    entry = [folded.state, folded.mark, folded.mark, [], None]
                 current[sid] = entry
             mark = entry[1]
             position = record.position
@@ -154,10 +156,13 @@ class BatchFolder:
             result = step(entry[0], event, trust)
             entry[0] = result.state
             entry[1] = position
-            entry[3].append(result)
+            steps = entry[3]
+            if not steps:
+                entry[4] = position.offset
+            steps.append(result)
         return tuple(
-            SessionUpdate(sid, base, mark, state, tuple(steps))
-            for sid, (state, mark, base, steps) in current.items()
+            SessionUpdate(sid, base, mark, state, tuple(steps), first)
+            for sid, (state, mark, base, steps, first) in current.items()
             if mark is not None and steps
         )
 
@@ -214,5 +219,10 @@ def joined(first: SessionUpdate, later: SessionUpdate) -> SessionUpdate:
             f"{later.session_id}@{later.base} does not follow {first.session_id}@{first.mark}"
         )
     return SessionUpdate(
-        first.session_id, first.base, later.mark, later.state, first.steps + later.steps
+        first.session_id,
+        first.base,
+        later.mark,
+        later.state,
+        first.steps + later.steps,
+        first.first if first.first is not None else later.first,
     )

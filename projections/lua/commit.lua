@@ -3,17 +3,21 @@
 --       zset, compaction-due set, then its partition's waiting zset, waiting cards hash, waiting
 --       counts hash and fleet counts hash, then its history lists (calls, observations,
 --       executions, decisions, rejections), then its partition's retention zset and tombstones
---       hash, then one key per counter hash.
+--       hash, its own counters hash, its partition's unsnapshotted zset, then one key per
+--       counter hash.
 -- ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
 --       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
 --       compaction due ("1"/"0"), the summary ("" = unchanged, else "=" and the text; field m
 --       of the state hash), the new event ids (packed) of the dedupe chunk the stored ids
 --       end in ("head"), n_groups, the new ids of each later chunk (packed)..., n_turns,
 --       turns..., n_tl, entries..., n_counters, (key index among the session's KEYS, field,
---       increment)..., then the fleet entry (lua/index.lua), the waiting card ("" = not
---       waiting), its score and the prefix of the partition's per-reason zsets (same hash tag as
---       the waiting zset), the retention deadline ms ("" = none: not ended, or no TTL), then
---       n_hist, (key index among the session's KEYS, n, entries...)...
+--       increment, the session's own field for it)..., then the fleet entry (lua/index.lua),
+--       the waiting card ("" = not waiting), its score and the prefix of the partition's
+--       per-reason zsets (same hash tag as the waiting zset), the retention deadline ms ("" =
+--       none: not ended, or no TTL), "1" to add the counters to the fleet's, "1" to add them to
+--       the session's own (its counters hash: while snapshots are taken), the first offset
+--       applied ("" = not tracked: snapshots are not taken),
+--       then n_hist, (key index among the session's KEYS, n, entries...)...
 -- Event ids (session_model/dedupe.py): while the session is compact they are inline and all in
 -- the first dedupe chunk; once spread, the id list holds one element per chunk, the last
 -- @KEPT_GROUPS@ only.
@@ -210,7 +214,7 @@ local function commit(ko, ao)
   set[#set + 1] = count(sc) .. count(ic) .. count(tc) .. window
   local sid = ARGV[ao + 5]
   local n_counters = tonumber(ARGV[counters_at])
-  local entry = waiting(ko, sid, counters_at + 1 + n_counters * 3, got[3])
+  local entry = waiting(ko, sid, counters_at + 1 + n_counters * 4, got[3])
   if entry then
     set[#set + 1] = 'f'
     set[#set + 1] = entry
@@ -218,8 +222,12 @@ local function commit(ko, ao)
   if #del > 0 then redis.call('HDEL', H, unpack(del)) end
   redis.call('HSET', H, unpack(set))
   if n_turns > 0 then push(KEYS[ko + 2], ARGV, turns_at, n_turns) end
-  local retain_at = counters_at + 1 + n_counters * 3 + 4
-  push_history(ko, retain_at + 1)
+  local retain_at = counters_at + 1 + n_counters * 4 + 4
+  push_history(ko, retain_at + 4)
+  if ARGV[retain_at + 3] ~= '' then
+    -- NX: the first offset applied since the session's latest snapshot stays until the next one.
+    redis.call('ZADD', KEYS[ko + 19], 'NX', ARGV[retain_at + 3], sid)
+  end
   if ARGV[retain_at] ~= '' then
     -- GT: a later event of the ended session, or a restore's floor, only ever extends it.
     redis.call('ZADD', KEYS[ko + 16], 'GT', ARGV[retain_at], sid)
@@ -234,16 +242,22 @@ local function commit(ko, ao)
   else
     redis.call('SREM', KEYS[ko + 6], sid)
   end
+  local fleet_wide, mine, own = ARGV[retain_at + 1] == '1', ARGV[retain_at + 2] == '1', {}
   for c = 1, n_counters do
-    local base = counters_at + (c - 1) * 3
-    local key, f = KEYS[ko + tonumber(ARGV[base + 1])], ARGV[base + 2]
-    local fields = acc[key]
-    if not fields then
-      fields = {}
-      acc[key] = fields
+    local base = counters_at + (c - 1) * 4
+    local n = tonumber(ARGV[base + 3])
+    if mine then own[ARGV[base + 4]] = (own[ARGV[base + 4]] or 0) + n end
+    if fleet_wide then
+      local key, f = KEYS[ko + tonumber(ARGV[base + 1])], ARGV[base + 2]
+      local fields = acc[key]
+      if not fields then
+        fields = {}
+        acc[key] = fields
+      end
+      fields[f] = (fields[f] or 0) + n
     end
-    fields[f] = (fields[f] or 0) + tonumber(ARGV[base + 3])
   end
+  for f, n in pairs(own) do redis.call('HINCRBY', KEYS[ko + 18], f, n) end
   return 1
 end
 

@@ -125,6 +125,7 @@ def settings(secured: Settings) -> Iterator[Settings]:
         decisions_topic=f"it-{tag}-decisions",
         questions_topic=f"it-{tag}-questions",
         deadletter_topic=f"it-{tag}-deadletter",
+        snapshots_topic=f"it-{tag}-snapshots",
         consumer_group=f"it-{tag}-projector",
         partitions=6,
         read_timeout=60.0,

@@ -230,7 +230,7 @@ def _differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 
 def _replay(settings: Settings, session_id: str | None = None) -> Any:
-    store = wiring.projection_store(settings)  # the store the `replay` command uses
+    store = wiring.projection_store_for_rebuild(settings)  # the store the `replay` command uses
     try:
         return replay(
             settings.kafka_access(),

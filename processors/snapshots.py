@@ -1,0 +1,195 @@
+"""The worker's snapshots: each owned partition's changed sessions to `sessions.snapshots`.
+
+A round of a partition (every `interval_s`, or sooner once `every_events` events of it were
+applied since its last round): read the sessions its unsnapshotted index names (what commits
+noted since their latest snapshot), publish each one's stored state, and once every snapshot is
+acknowledged take them out of the index (`projections/lua/snapped.lua`: a session committed again
+meanwhile stays, from the offset after its snapshot). Then the partition's checkpoint: the
+offset through which every applied event is in a snapshot — one below the lowest offset left in
+the index, and never beyond what this worker had applied when the round began (a batch being
+committed may have applied part of its sessions only). A rebuild starts the partition after it
+(`projections.snapshots`).
+
+Why from Redis and not the worker's cache: the index is written by the same script call as the
+commit, so a worker that crashed, or a partition that moved, leaves nothing unaccounted for; the
+next owner's round snapshots what the last one did not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from projections.requests import RawState
+from projections.snapshots import checkpoint_key, checkpoint_record, snapshot_record
+from schemas.codec import EventCodec
+from schemas.errors import MilpaError
+from session_model.projection import Position, SessionUpdate
+
+log = logging.getLogger("milpa_sessions.snapshots")
+
+
+class SnapshotStore(Protocol):
+    """What a round reads and marks in the projection store."""
+
+    async def unsnapshotted(self, partition: int, limit: int = ...) -> list[tuple[str, int]]: ...
+
+    async def raw_states(
+        self, partition: int, session_ids: Sequence[str]
+    ) -> dict[str, RawState]: ...
+
+    async def snapped(
+        self, partition: int, covered: Sequence[tuple[str, Position | None]]
+    ) -> int | None: ...
+
+
+class PartitionSink(Protocol):
+    """Publishes records to given partitions of the snapshots topic, acknowledged."""
+
+    async def publish_to(self, records: Sequence[tuple[int, bytes, bytes]]) -> None: ...
+
+
+@dataclass
+class SnapshotStats:
+    """Running totals (exported as metrics)."""
+
+    rounds: int = 0
+    snapshots: int = 0
+    checkpoints: int = 0
+    failures: int = 0
+    bytes: int = 0
+    checkpoint_lag: dict[int, int] = field(default_factory=dict)  # partition -> applied - covered
+
+
+@dataclass
+class Snapshotter:
+    """Takes snapshot rounds of the owned partitions, on time or after enough events."""
+
+    store: SnapshotStore
+    sink: PartitionSink
+    owned: Callable[[], set[int]]
+    applied: Callable[[int], int | None]  # partition -> the last offset applied (None: unknown)
+    interval_s: float = 300.0
+    every_events: int = 100_000
+    page: int = 500
+    codec: EventCodec = field(default_factory=EventCodec)
+    clock: Callable[[], float] = time.monotonic
+    now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+    guard: asyncio.Lock | None = None  # held during a round (the worker's folding lock)
+    stats: SnapshotStats = field(default_factory=SnapshotStats)
+    _since: Counter[int] = field(default_factory=Counter)  # events applied since the last round
+    _last: dict[int, float] = field(default_factory=dict)  # partition -> when its round ran
+
+    def observe(self, updates: Sequence[SessionUpdate]) -> None:
+        """Count the events a commit applied, per partition (a worker listener)."""
+        for u in updates:
+            self._since[u.mark.partition] += len(u.steps)
+
+    def due(self, partition: int) -> bool:
+        """Whether the partition's round is due now."""
+        last = self._last.setdefault(partition, self.clock())
+        return self._since[partition] >= self.every_events or self.clock() - last >= self.interval_s
+
+    async def run(self) -> None:
+        """Take rounds for ever (a worker task); a failed round is tried again next time."""
+        tick = max(0.05, min(1.0, self.interval_s / 10))
+        while True:
+            await asyncio.sleep(tick)
+            for p in sorted(self.owned()):
+                if self.due(p):
+                    await self.round_safely(p)
+
+    async def round_safely(self, partition: int) -> None:
+        """A round that logs and counts its failure instead of raising it."""
+        try:
+            await self.round(partition)
+        except MilpaError as e:
+            self.stats.failures += 1
+            log.error("snapshots of partition %d failed, trying again: %s", partition, e)
+        except Exception:  # a snapshot is an optimisation: it never stops the folding
+            self.stats.failures += 1
+            log.exception("snapshots of partition %d failed, trying again", partition)
+
+    async def round(self, partition: int) -> int:
+        """Snapshot the partition's changed sessions, then write its checkpoint; the number of
+        snapshots written."""
+        if self.guard is None:
+            return await self._round(partition)
+        async with self.guard:
+            if partition not in self.owned():
+                return 0  # revoked while it waited
+            return await self._round(partition)
+
+    async def _round(self, partition: int) -> int:
+        applied = self.applied(partition)  # before the index is read: a lower bound
+        self._last[partition] = self.clock()
+        self._since[partition] = 0
+        if applied is None:
+            # Nothing applied here yet (just assigned, or revoked: the worker forgets what it
+            # applied then). A round now could race the partition's next owner and publish an
+            # older snapshot after its newer one; the next round after a batch is safe.
+            return 0
+        seen: set[str] = set()
+        written = 0
+        low: int | None = None
+        while True:
+            pending = await self.store.unsnapshotted(partition, self.page)
+            fresh = [sid for sid, _ in pending if sid not in seen]
+            if not pending:
+                low = None
+                break
+            if not fresh:
+                low = pending[0][1]
+                break
+            seen.update(fresh)
+            raws = await self.store.raw_states(partition, fresh)
+            taken = self.now_ms()
+            records: list[tuple[int, bytes, bytes]] = []
+            covered: list[tuple[str, Position]] = []
+            for sid in fresh:
+                raw = raws.get(sid)
+                if raw is None:
+                    continue  # dropped meanwhile, or of another layout: nothing to cover
+                record = snapshot_record(sid, raw, taken)
+                value = self.codec.encode_snapshot(record)
+                records.append((partition, sid.encode(), value))
+                covered.append((sid, Position(record["partition"], record["offset"])))
+                self.stats.bytes += len(value)
+            await self.sink.publish_to(records)
+            written += len(records)
+            gone: list[tuple[str, Position | None]] = [
+                (sid, None) for sid in fresh if sid not in raws
+            ]
+            low = await self.store.snapped(partition, [*covered, *gone])
+            if low is None:
+                break
+        self.stats.rounds += 1
+        self.stats.snapshots += written
+        through = applied if low is None else min(applied, low - 1)
+        checkpoint = checkpoint_record(partition, through, self.now_ms())
+        await self.sink.publish_to(
+            [(partition, checkpoint_key(partition), self.codec.encode_checkpoint(checkpoint))]
+        )
+        self.stats.checkpoints += 1
+        self.stats.checkpoint_lag[partition] = applied - through
+        return written
+
+
+async def snapshot_partitions(
+    store: SnapshotStore,
+    sink: PartitionSink,
+    applied: Mapping[int, int],
+    codec: EventCodec | None = None,
+) -> int:
+    """One round of each of these partitions, applied through the given offsets (a rebuild
+    that has just applied them, with no worker running); the snapshots written."""
+    taker = Snapshotter(store, sink, lambda: set(applied), applied.get, codec=codec or EventCodec())
+    written = 0
+    for p in sorted(applied):
+        written += await taker.round(p)
+    return written

@@ -1,0 +1,211 @@
+"""Snapshots of sessions' hot state on `sessions.snapshots`, and what a rebuild makes of them.
+
+The topic is compacted and keyed by session id: per session its latest `Snapshot` (the state as
+the projection stored it after one of its offsets, its window, its dedupe window and what it
+added to the fleet's counters), and per partition its latest `SnapshotCheckpoint` under the key
+`CHECKPOINT_KEY + partition`. A checkpoint at offset C promises that every event of its partition
+at or below C that a worker applied is covered by its session's latest snapshot; it is written
+only after those snapshots were acknowledged (`processors.snapshots`). So a rebuild of the
+partition restores every snapshot, and folds the log from C + 1 on, skipping each session's
+records at or below its snapshot's mark.
+
+What a snapshot does not hold is what only grows: the history lists (every call, observation,
+execution, decision and rejection), the turns before the window and the timeline before it. A
+session rebuilt from its snapshot has those from the snapshot on; `replay --full` (or `replay
+--session X --full`) folds them from the whole log.
+
+Unusable snapshots are counted, never fatal (`Plan.ignored`, by reason): an undecodable record
+(`corrupt`), another layout (`layout`: after an upgrade the log is folded whole), or a state that
+does not read (`unreadable`). A session whose snapshot is unusable, and a partition without a
+usable checkpoint, are folded from offset 0.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from projections.codec import STATE_VERSION
+from projections.requests import RawState, Restored, parse_read, text
+from schemas.codec import EventCodec
+from schemas.errors import MilpaError
+from session_model.projection import Position
+
+CHECKPOINT_KEY: Final = b"\x00checkpoint:"
+CORRUPT: Final = "corrupt"
+LAYOUT: Final = "layout"
+UNREADABLE: Final = "unreadable"
+
+
+def checkpoint_key(partition: int) -> bytes:
+    """The key of a partition's checkpoint record."""
+    return CHECKPOINT_KEY + str(partition).encode()
+
+
+def snapshot_record(session_id: str, raw: RawState, taken_at_ms: int) -> dict[str, Any]:
+    """The Snapshot record of a session's stored state (`requests.raw_states`)."""
+    state, mark, turns, groups, summary, counters, retain_until = raw
+    position = Position.parse(text(mark))
+    return {
+        "session_id": session_id,
+        "partition": position.partition,
+        "offset": position.offset,
+        "layout": state[0] if state else -1,
+        "taken_at_ms": taken_at_ms,
+        "state": bytes(state),
+        "turns": [bytes(t) for t in turns],
+        "event_ids": [bytes(g) for g in groups],
+        "summary": None if summary is None else text(summary),
+        "retain_until_ms": retain_until,
+        "counters": [{"name": text(k), "count": int(v)} for k, v in _pairs(counters)],
+    }
+
+
+def checkpoint_record(partition: int, offset: int, taken_at_ms: int) -> dict[str, Any]:
+    """The SnapshotCheckpoint record of a partition covered through `offset`."""
+    return {
+        "partition": partition,
+        "offset": offset,
+        "layout": STATE_VERSION,
+        "taken_at_ms": taken_at_ms,
+    }
+
+
+def restored(record: Mapping[str, Any]) -> Restored:
+    """The session a Snapshot record holds (`UnusableSnapshot` with the reason if none)."""
+    sid = record["session_id"]
+    if record["layout"] != STATE_VERSION:
+        raise UnusableSnapshot(LAYOUT, f"{sid}: layout {record['layout']}, not {STATE_VERSION}")
+    mark = f"{record['partition']}:{record['offset']}"
+    raw = [record["state"], mark, record["turns"], record["event_ids"], record["summary"]]
+    try:
+        folded = parse_read(raw, sid)
+    except (MilpaError, ValueError, TypeError, KeyError, IndexError) as e:
+        raise UnusableSnapshot(UNREADABLE, f"{sid}: {type(e).__name__}: {e}") from e
+    if folded is None:
+        raise UnusableSnapshot(UNREADABLE, f"{sid}: no state")
+    return Restored(
+        folded,
+        tuple(record["event_ids"]),
+        {c["name"]: c["count"] for c in record["counters"]},
+        record["taken_at_ms"],
+        record.get("retain_until_ms"),
+    )
+
+
+class UnusableSnapshot(Exception):  # noqa: N818 - internal: a counted reason, never raised out
+    """A snapshot a rebuild cannot start from, and why (`reason`: one of the codes above)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class Plan:
+    """Where a rebuild starts: per partition its start offset and the sessions it restores."""
+
+    starts: dict[int, int] = field(default_factory=dict)  # partition -> first offset to read
+    sessions: dict[int, dict[str, Restored]] = field(default_factory=dict)
+    ignored: Counter[str] = field(default_factory=Counter)  # unusable records, by reason
+    messages: list[str] = field(default_factory=list)  # one line per ignored record (a few)
+
+    def restored_count(self) -> int:
+        """Sessions restored from snapshots."""
+        return sum(len(s) for s in self.sessions.values())
+
+    def ignore(self, reason: str, message: str) -> None:
+        """Count an unusable record (its message kept for the first few)."""
+        self.ignored[reason] += 1
+        if len(self.messages) < 20:
+            self.messages.append(message)
+
+
+def plan(
+    records: Iterable[tuple[int, bytes | None, bytes | None]],
+    partitions: Iterable[int],
+    codec: EventCodec,
+    session_id: str | None = None,
+) -> Plan:
+    """The rebuild plan from the snapshot topic's records (partition, key, value), in log order.
+
+    A later record of a key replaces an earlier one (the topic is compacted); a snapshot with a
+    lower mark than one already seen does not (a stale owner's late write). With `session_id`,
+    only that session's snapshot counts and its partition starts right after it.
+    """
+    wanted = set(partitions)
+    checkpoints: dict[int, int] = {}
+    bad_checkpoints: set[int] = set()
+    latest: dict[str, tuple[int, Mapping[str, Any] | None]] = {}  # sid -> (partition, record)
+    out = Plan()
+    for partition, key, value in records:
+        if key is None:
+            continue
+        if key.startswith(CHECKPOINT_KEY):
+            if session_id is not None or value is None:
+                continue
+            try:
+                got = codec.decode_checkpoint(value)
+            except MilpaError as e:
+                out.ignore(CORRUPT, f"checkpoint of partition {partition}: {e}")
+                bad_checkpoints.add(partition)
+                continue
+            if got["layout"] != STATE_VERSION:
+                out.ignore(LAYOUT, f"checkpoint of partition {partition}: layout {got['layout']}")
+                bad_checkpoints.add(partition)
+                continue
+            checkpoints[got["partition"]] = got["offset"]
+            bad_checkpoints.discard(got["partition"])
+            continue
+        sid = key.decode("utf-8", "replace")
+        if session_id is not None and sid != session_id:
+            continue
+        if value is None:  # a tombstone: no snapshot
+            latest.pop(sid, None)
+            continue
+        try:
+            record = codec.decode_snapshot(value)
+        except MilpaError as e:
+            latest[sid] = (partition, None)
+            out.ignore(CORRUPT, f"snapshot of {sid}: {e}")
+            continue
+        if record["session_id"] != sid:
+            latest[sid] = (partition, None)
+            out.ignore(UNREADABLE, f"snapshot under key {sid!r} is of {record['session_id']!r}")
+            continue
+        seen = latest.get(sid)
+        if seen is not None and seen[1] is not None and seen[1]["offset"] > record["offset"]:
+            continue
+        latest[sid] = (record["partition"], record)
+    full: set[int] = set()  # partitions a session must be folded from 0 in
+    for sid, (partition, found) in latest.items():
+        if found is None:
+            full.add(partition)
+            continue
+        if partition not in wanted:
+            continue
+        try:
+            session = restored(found)
+        except UnusableSnapshot as e:
+            out.ignore(e.reason, str(e))
+            full.add(partition)
+            continue
+        out.sessions.setdefault(partition, {})[sid] = session
+    for p in sorted(wanted):
+        if session_id is not None:
+            mine = out.sessions.get(p, {}).get(session_id)
+            out.starts[p] = 0 if mine is None or p in full else mine.mark.offset + 1
+        elif p in full or p in bad_checkpoints or p not in checkpoints:
+            out.starts[p] = 0
+        else:
+            out.starts[p] = checkpoints[p] + 1
+    return out
+
+
+def _pairs(counters: Any) -> Iterable[tuple[Any, Any]]:
+    if isinstance(counters, dict):
+        return counters.items()
+    flat = iter(counters or ())
+    return zip(flat, flat, strict=True)

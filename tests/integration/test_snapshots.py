@@ -1,0 +1,228 @@
+"""Snapshots on the real stack: the worker writes them, `replay` starts from them.
+
+A rebuild from snapshots must give every session the state, indexes and counters a full rebuild
+gives (its history lists from the snapshot on only: `projections.snapshots`), and survive a
+worker killed while snapshotting and a corrupt or foreign snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from milpa_sessions import wiring
+from milpa_sessions.settings import Settings
+from processors.replay import ReplayReport, replay
+from producers.kafka_log import KafkaEventLog
+from projections.codec import STATE_VERSION
+from projections.redis_store import RedisProjectionStore
+from projections.snapshots import CHECKPOINT_KEY, plan
+from schemas.codec import EventCodec
+from session_model.partitioning import partition_for
+from session_model.signing import TrustedKeys
+from tests.integration.conftest import with_keys
+from tests.integration.expected import expected_projections
+from tests.integration.test_scale_and_crash import (
+    FAST_GROUP_ENV,
+    assert_equals_the_fold,
+    dump,
+    generate,
+    reached,
+    send_all,
+    stats,
+    wait_for_all,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def snapshot_records(settings: Settings) -> list[tuple[int, bytes | None, bytes | None]]:
+    """Every record of the snapshots topic now: (partition, key, value), in log order."""
+    consumer = KafkaConsumer(**settings.kafka_access().kafka_python(), enable_auto_commit=False)
+    try:
+        parts = [
+            TopicPartition(settings.snapshots_topic, p)
+            for p in consumer.partitions_for_topic(settings.snapshots_topic) or ()
+        ]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        ends = consumer.end_offsets(parts)
+        out: list[tuple[int, bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + 30
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            assert time.monotonic() < deadline, "could not read the snapshots topic"
+            for tp, messages in consumer.poll(timeout_ms=500).items():
+                out.extend((tp.partition, m.key, m.value) for m in messages if m.offset < ends[tp])
+        return out
+    finally:
+        consumer.close()
+
+
+def checkpoints(settings: Settings) -> dict[int, int]:
+    """partition -> the offset its latest checkpoint covers."""
+    codec = EventCodec()
+    out: dict[int, int] = {}
+    for partition, key, value in snapshot_records(settings):
+        if key is not None and key.startswith(CHECKPOINT_KEY) and value is not None:
+            out[partition] = codec.decode_checkpoint(value)["offset"]
+    return out
+
+
+def rebuild(settings: Settings, *, snapshots: bool = True) -> ReplayReport:
+    """`replay` as the command runs it (its store), from the snapshots or the whole log."""
+    store = wiring.projection_store_for_rebuild(settings)
+    try:
+        return replay(
+            settings.kafka_access(),
+            settings.events_topic,
+            store,
+            TrustedKeys.none(),
+            snapshots_topic=settings.snapshots_topic if snapshots else None,
+        )
+    finally:
+        store.client.close()
+
+
+def fleet_wide(store: RedisProjectionStore) -> dict[str, Any]:
+    """Every key that is not one session's own (counters, indexes, waiting questions), but the
+    unsnapshotted index (a restored session is covered by its snapshot: not in it)."""
+    return {
+        k: v for k, v in dump(store).items() if "{s:" not in k and not k.endswith(":unsnapshotted")
+    }
+
+
+def assert_states_equal_the_fold(store: RedisProjectionStore, expected: dict[str, Any]) -> None:
+    """Every session's state (what `load` returns, window and dedupe window included)."""
+    differ = [sid for sid, exp in expected.items() if store.load(sid) != exp.state]
+    assert not differ, f"{len(differ)} of {len(expected)} states differ: {differ[:5]}"
+
+
+def wait_for_checkpoints(
+    settings: Settings, partitions: int, timeout: float = 60
+) -> dict[int, int]:
+    """Wait until every partition has a checkpoint past offset 0."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = checkpoints(settings)
+        if len(found) == partitions and all(c > 0 for c in found.values()):
+            return found
+        assert time.monotonic() < deadline, f"checkpoints: {found}"
+        time.sleep(0.3)
+
+
+def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_cover(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    taking = with_keys(settings, snapshot_interval_s=0.3, snapshot_every=200)
+    worker = start_worker(taking)
+    sids, events = generate(600, prefix="n", group=100)
+    expected = expected_projections(events, TrustedKeys.none())
+    cut = len(events) * 2 // 3
+    first = send_all(kafka_log, events[:cut])
+    wait_for_all(projections, first, timeout=60, why="the first part", workers=(worker,))
+    covered = wait_for_checkpoints(settings, settings.partitions)
+    last = send_all(kafka_log, events[cut:])
+    wait_for_all(projections, {**first, **last}, timeout=60, why="the rest", workers=(worker,))
+    worker.stop()
+    incremental = fleet_wide(projections)
+    assert any(k.endswith(":stats:pauses") for k in incremental)
+
+    projections.clear()
+    report = rebuild(settings)
+    assert report.ignored == {}
+    assert report.restored > 0 and report.skipped >= sum(c + 1 for c in covered.values())
+    assert report.records < len(events), "the rebuild read the whole log"
+    assert report.applied_sessions == len(sids)
+    assert_states_equal_the_fold(projections, expected)
+    assert fleet_wide(projections) == incremental  # counters, waiting index, fleet counts
+    # The history lists hold what came after the snapshot: the newest entries are the fold's.
+    for sid in sids[::60]:
+        history, exp = projections.history(sid), expected[sid].history
+        assert history == exp[len(exp) - len(history) :], sid
+
+    # A corrupt snapshot and one of another layout are ignored, counted, and their sessions
+    # folded from the log (their partitions from offset 0): the result is the same.
+    codec = EventCodec()
+    bad, foreign = sids[3], sids[7]
+    record = next(
+        codec.decode_snapshot(v)
+        for _, k, v in snapshot_records(settings)
+        if k == foreign.encode() and v is not None
+    )
+    producer = KafkaProducer(**settings.kafka_access().kafka_python(), acks="all")
+    try:
+        for sid, value in (
+            (bad, b"\xc3\x01 not a snapshot"),
+            (foreign, codec.encode_snapshot({**record, "layout": STATE_VERSION + 1})),
+        ):
+            partition = partition_for(sid, settings.partitions)
+            producer.send(settings.snapshots_topic, value, sid.encode(), partition=partition)
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=10)
+    projections.clear()
+    report = rebuild(settings)
+    assert report.ignored == {"corrupt": 1, "layout": 1}
+    assert_states_equal_the_fold(projections, expected)
+    assert fleet_wide(projections) == incremental
+    assert projections.history(bad) == expected[bad].history  # folded whole
+
+    # And the whole log, ignoring snapshots: every history list too.
+    projections.clear()
+    report = rebuild(settings, snapshots=False)
+    assert (report.records, report.restored, report.skipped) == (len(events), 0, 0)
+    assert_equals_the_fold(projections, expected)
+    assert fleet_wide(projections) == incremental
+
+
+def test_a_worker_killed_while_snapshotting_leaves_snapshots_a_rebuild_can_start_from(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in FAST_GROUP_ENV.items():
+        monkeypatch.setenv(name, value)
+    sids, events = generate(2000, prefix="q", group=100)
+    last = send_all(kafka_log, events)
+    expected = expected_projections(events, TrustedKeys.none())
+    # Rounds all the time (every 50 events of a partition), so the kill lands in or near one.
+    taking = with_keys(settings, snapshot_interval_s=0.05, snapshot_every=50)
+    worker = start_worker(with_keys(taking, commit_interval=60.0, commit_every=1_000_000))
+    deadline = time.monotonic() + 60
+    while reached(projections, last) < len(sids) // 3:
+        assert worker.alive(), worker.log()[-3000:]
+        assert time.monotonic() < deadline, "the worker did not get a third of the way"
+        time.sleep(0.02)
+    assert checkpoints(settings), "no checkpoint before the kill"
+    worker.kill9()
+    assert reached(projections, last) < len(sids), "the worker finished before it was killed"
+    restarted = start_worker(taking)
+    wait_for_all(projections, last, timeout=90, why="after the restart", workers=(restarted,))
+    restarted.stop()
+    pauses_live = stats(projections, "pauses")
+
+    projections.clear()
+    report = rebuild(settings)
+    assert report.ignored == {}
+    assert report.restored > 0 and report.skipped > 0
+    assert_states_equal_the_fold(projections, expected)
+    pauses: dict[str, int] = {}
+    for exp in expected.values():
+        for reason, n in exp.state.pauses.items():
+            pauses[reason] = pauses.get(reason, 0) + n
+    assert stats(projections, "pauses") == pauses == pauses_live  # nothing counted twice
+
+
+def test_the_rebuild_plan_of_the_topic_names_every_session_once(settings: Settings) -> None:
+    """Nothing snapshotted yet: every partition from offset 0, nothing restored."""
+    got = plan(snapshot_records(settings), range(settings.partitions), EventCodec())
+    assert got.starts == dict.fromkeys(range(settings.partitions), 0)
+    assert got.restored_count() == 0 and not got.ignored

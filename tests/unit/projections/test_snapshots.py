@@ -1,0 +1,138 @@
+"""Snapshot records and the rebuild plan (`projections.snapshots`), without I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+from projections.codec import STATE_VERSION, pack_event_ids, session_to_blob, turn_to_json
+from projections.snapshots import (
+    CORRUPT,
+    LAYOUT,
+    UNREADABLE,
+    checkpoint_key,
+    checkpoint_record,
+    plan,
+    restored,
+    snapshot_record,
+)
+from schemas.codec import EventCodec
+from session_model.fold import fold
+from session_model.projection import Position
+from session_model.session import Session
+from tests.unit.session_model.test_properties import SID, event_sequences
+
+CODEC = EventCodec()
+
+
+def _raw(s: Session, mark: str, counters: dict[bytes, bytes] | None = None) -> tuple[Any, ...]:
+    """What `requests.raw_states` returns for a stored session."""
+    chunks = [*s.event_ids.older, s.event_ids.current] if len(s.event_ids) else []
+    return (
+        session_to_blob(s),
+        mark.encode(),
+        [turn_to_json(t) for t in s.turns],
+        [pack_event_ids(sorted(c)) for c in chunks],
+        None if s.summary is None else s.summary.encode(),
+        counters or {},
+        None,
+    )
+
+
+def _snapshot(sid: str, offset: int, partition: int = 0, **changes: Any) -> bytes:
+    record = snapshot_record(
+        sid, _raw(fold(sid, []).evolve(started=True), f"{partition}:{offset}"), 7
+    )
+    return CODEC.encode_snapshot({**record, **changes})
+
+
+def _checkpoint(partition: int, offset: int, **changes: Any) -> bytes:
+    return CODEC.encode_checkpoint({**checkpoint_record(partition, offset, 9), **changes})
+
+
+@settings(max_examples=60, deadline=None)
+@given(event_sequences())
+def test_any_folded_session_survives_a_snapshot_unchanged(events: list) -> None:
+    state = fold(SID, events)
+    counters = {b"pauses\tpermission": b"2", b"events\tfolded": b"31"}
+    record = snapshot_record(SID, _raw(state, "3:41", counters), 1_700_000_000_000)
+    back = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record)))
+    assert back.folded.state == state
+    assert back.mark == Position(3, 41)
+    assert back.counters == {"pauses\tpermission": 2, "events\tfolded": 31}
+    assert back.taken_at_ms == 1_700_000_000_000
+
+
+def test_a_snapshot_of_another_layout_or_session_is_unusable() -> None:
+    record = CODEC.decode_snapshot(_snapshot("a", 5))
+    with pytest.raises(Exception) as raised:
+        restored({**record, "layout": STATE_VERSION + 1})
+    assert getattr(raised.value, "reason", None) == LAYOUT
+    got = plan([(0, b"b", CODEC.encode_snapshot(record))], [0], CODEC)  # under another key
+    assert got.ignored == {UNREADABLE: 1} and got.starts == {0: 0}
+    with pytest.raises(Exception) as raised:
+        restored({**record, "state": bytes([STATE_VERSION]) + b"[not json"})
+    assert getattr(raised.value, "reason", None) == UNREADABLE
+
+
+def test_a_partition_starts_after_its_latest_checkpoint_and_restores_its_sessions() -> None:
+    records = [
+        (0, b"a", _snapshot("a", 3)),
+        (0, checkpoint_key(0), _checkpoint(0, 4)),
+        (0, b"a", _snapshot("a", 9)),
+        (0, checkpoint_key(0), _checkpoint(0, 10)),
+        (1, b"b", _snapshot("b", 2, partition=1)),
+        (1, checkpoint_key(1), _checkpoint(1, 6)),
+    ]
+    got = plan(records, [0, 1, 2], CODEC)
+    assert got.starts == {0: 11, 1: 7, 2: 0}  # partition 2: no checkpoint, the whole log
+    assert {p: {s: r.mark.offset for s, r in m.items()} for p, m in got.sessions.items()} == {
+        0: {"a": 9},
+        1: {"b": 2},
+    }
+    assert not got.ignored
+
+
+def test_a_late_older_snapshot_does_not_replace_a_newer_one() -> None:
+    records = [(0, b"a", _snapshot("a", 9)), (0, b"a", _snapshot("a", 4))]
+    assert plan(records, [0], CODEC).sessions[0]["a"].mark.offset == 9
+
+
+def test_unusable_records_are_counted_and_their_partition_is_folded_from_zero() -> None:
+    records = [
+        (0, b"a", _snapshot("a", 3)),
+        (0, b"c", b"\xc3\x01 garbage"),
+        (0, checkpoint_key(0), _checkpoint(0, 4)),
+        (1, b"b", _snapshot("b", 2, partition=1, layout=STATE_VERSION + 1)),
+        (1, checkpoint_key(1), _checkpoint(1, 6)),
+        (2, checkpoint_key(2), _checkpoint(2, 6, layout=STATE_VERSION + 1)),
+        (3, checkpoint_key(3), b"junk"),
+    ]
+    got = plan(records, [0, 1, 2, 3], CODEC)
+    assert got.ignored == {CORRUPT: 2, LAYOUT: 2}
+    assert got.starts == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert set(got.sessions[0]) == {"a"}  # still restored: its records are skipped by its mark
+    assert len(got.messages) == 4
+
+
+def test_a_tombstone_forgets_a_snapshot() -> None:
+    records = [
+        (0, b"a", _snapshot("a", 3)),
+        (0, b"a", None),
+        (0, checkpoint_key(0), _checkpoint(0, 4)),
+    ]
+    got = plan(records, [0], CODEC)
+    assert got.restored_count() == 0 and got.starts == {0: 5}
+
+
+def test_one_session_starts_after_its_own_snapshot() -> None:
+    records = [
+        (0, b"a", _snapshot("a", 3)),
+        (0, b"z", _snapshot("z", 8)),
+        (0, checkpoint_key(0), _checkpoint(0, 9)),
+    ]
+    got = plan(records, [0], CODEC, session_id="a")
+    assert got.starts == {0: 4} and set(got.sessions[0]) == {"a"}
+    assert plan(records, [0], CODEC, session_id="nobody").starts == {0: 0}
