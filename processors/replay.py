@@ -172,7 +172,9 @@ def replay(
         report = job.run(ends, None if progress is None else lambda read: progress(read, total))
     else:
         report = _in_processes(job, [{p: ends[p] for p in g} for g in groups], total, progress)
-    return dataclasses.replace(report, ignored=dict(plan.ignored), skipped=sum(starts.values()))
+    return dataclasses.replace(
+        report, ignored=dict(plan.ignored), skipped=sum(starts.values()), ends=dict(ends)
+    )
 
 
 def _snapshot_plan(

@@ -136,28 +136,16 @@ def plan(
     only that session's snapshot counts and its partition starts right after it.
     """
     wanted = set(partitions)
-    checkpoints: dict[int, int] = {}
-    bad_checkpoints: set[int] = set()
-    latest: dict[str, tuple[int, Mapping[str, Any] | None]] = {}  # sid -> (partition, record)
+    # The latest record of each key decides (an unusable one is counted only if it is the latest).
+    checkpoints: dict[int, int | UnusableSnapshot] = {}
+    latest: dict[str, tuple[int, Mapping[str, Any] | UnusableSnapshot]] = {}
     out = Plan()
     for partition, key, value in records:
         if key is None:
             continue
         if key.startswith(CHECKPOINT_KEY):
-            if session_id is not None or value is None:
-                continue
-            try:
-                got = codec.decode_checkpoint(value)
-            except MilpaError as e:
-                out.ignore(CORRUPT, f"checkpoint of partition {partition}: {e}")
-                bad_checkpoints.add(partition)
-                continue
-            if got["layout"] != STATE_VERSION:
-                out.ignore(LAYOUT, f"checkpoint of partition {partition}: layout {got['layout']}")
-                bad_checkpoints.add(partition)
-                continue
-            checkpoints[got["partition"]] = got["offset"]
-            bad_checkpoints.discard(got["partition"])
+            if session_id is None and value is not None:
+                checkpoints[partition] = _checkpoint(codec, partition, value)
             continue
         sid = key.decode("utf-8", "replace")
         if session_id is not None and sid != session_id:
@@ -168,40 +156,60 @@ def plan(
         try:
             record = codec.decode_snapshot(value)
         except MilpaError as e:
-            latest[sid] = (partition, None)
-            out.ignore(CORRUPT, f"snapshot of {sid}: {e}")
+            latest[sid] = (partition, UnusableSnapshot(CORRUPT, f"snapshot of {sid}: {e}"))
             continue
         if record["session_id"] != sid:
-            latest[sid] = (partition, None)
-            out.ignore(UNREADABLE, f"snapshot under key {sid!r} is of {record['session_id']!r}")
+            why = f"snapshot under key {sid!r} is of {record['session_id']!r}"
+            latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why))
             continue
         seen = latest.get(sid)
-        if seen is not None and seen[1] is not None and seen[1]["offset"] > record["offset"]:
-            continue
+        if (
+            seen is not None
+            and isinstance(seen[1], Mapping)
+            and seen[1]["offset"] > record["offset"]
+        ):
+            continue  # a stale owner's late write: the newer one stands
         latest[sid] = (record["partition"], record)
     full: set[int] = set()  # partitions a session must be folded from 0 in
     for sid, (partition, found) in latest.items():
-        if found is None:
-            full.add(partition)
-            continue
-        if partition not in wanted:
-            continue
         try:
+            if isinstance(found, UnusableSnapshot):
+                raise found
             session = restored(found)
         except UnusableSnapshot as e:
             out.ignore(e.reason, str(e))
             full.add(partition)
             continue
-        out.sessions.setdefault(partition, {})[sid] = session
+        if partition in wanted:
+            out.sessions.setdefault(partition, {})[sid] = session
+    covered: dict[int, int] = {}
+    for p, got in checkpoints.items():
+        if isinstance(got, UnusableSnapshot):
+            out.ignore(got.reason, str(got))
+        else:
+            covered[p] = got
     for p in sorted(wanted):
         if session_id is not None:
             mine = out.sessions.get(p, {}).get(session_id)
             out.starts[p] = 0 if mine is None or p in full else mine.mark.offset + 1
-        elif p in full or p in bad_checkpoints or p not in checkpoints:
+        elif p in full or p not in covered:
             out.starts[p] = 0
         else:
-            out.starts[p] = checkpoints[p] + 1
+            out.starts[p] = covered[p] + 1
     return out
+
+
+def _checkpoint(codec: EventCodec, partition: int, value: bytes) -> int | UnusableSnapshot:
+    """The offset a checkpoint record covers, or why it cannot be used."""
+    try:
+        got = codec.decode_checkpoint(value)
+    except MilpaError as e:
+        return UnusableSnapshot(CORRUPT, f"checkpoint of partition {partition}: {e}")
+    if got["layout"] != STATE_VERSION or got["partition"] != partition:
+        why = f"checkpoint of partition {partition}: layout {got['layout']}, of {got['partition']}"
+        return UnusableSnapshot(LAYOUT, why)
+    offset: int = got["offset"]
+    return offset
 
 
 def _pairs(counters: Any) -> Iterable[tuple[Any, Any]]:

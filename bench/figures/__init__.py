@@ -22,6 +22,7 @@ from bench.figures.producer import producer
 from bench.figures.projector import projector
 from bench.figures.projector_long import projector_long
 from bench.figures.rebuild import rebuild
+from bench.figures.rebuild_snapshots import rebuild_snapshots
 
 # Measured first in every run, whatever `--only` says (see bench/run.py).
 CALIBRATION = "calibration"
@@ -30,6 +31,7 @@ FIGURES: dict[str, Callable[[Run], None]] = {
     "producer": producer,
     "projector": projector,
     "replay": rebuild,
+    "replay_snapshots": rebuild_snapshots,
     "e2e": e2e,
     "expiry": expiry,
     "memory": memory,

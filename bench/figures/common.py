@@ -44,6 +44,7 @@ TARGETS = {
     "live_p99": Target("<=", 2, of_ratio=True),  # vs reading the questions topic directly
     "projector_vs_peer": Target(">=", 1.5),
     "projector_long_vs_short": Target("<=", 1.3),  # short-session / long-session events/s (#15)
+    "rebuild_snapshots": Target(">=", 5),  # full rebuild's seconds / from snapshots' (#15)
 }
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
 
@@ -80,6 +81,9 @@ class Sizes:
     projector_long_sessions: int = 200
     projector_long_events: int = 5_000
     projector_long_rounds: int = 2
+    # The rebuild from snapshots (#15): a topic of this many long sessions of this many events.
+    snapshot_rebuild_sessions: int = 400
+    snapshot_rebuild_events: int = 5_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -103,6 +107,8 @@ class Sizes:
             projector_long_sessions=40,
             projector_long_events=2_500,
             projector_long_rounds=1,
+            snapshot_rebuild_sessions=40,
+            snapshot_rebuild_events=2_500,
         )
 
 

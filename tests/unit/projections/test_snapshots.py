@@ -136,3 +136,14 @@ def test_one_session_starts_after_its_own_snapshot() -> None:
     got = plan(records, [0], CODEC, session_id="a")
     assert got.starts == {0: 4} and set(got.sessions[0]) == {"a"}
     assert plan(records, [0], CODEC, session_id="nobody").starts == {0: 0}
+
+
+def test_an_unusable_record_replaced_by_a_usable_one_is_not_counted() -> None:
+    records = [
+        (0, b"a", b"\xc3\x01 garbage"),
+        (0, checkpoint_key(0), b"junk"),
+        (0, b"a", _snapshot("a", 3)),
+        (0, checkpoint_key(0), _checkpoint(0, 4)),
+    ]
+    got = plan(records, [0], CODEC)
+    assert not got.ignored and got.starts == {0: 5} and set(got.sessions[0]) == {"a"}
