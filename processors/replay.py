@@ -1,4 +1,8 @@
-"""Rebuilding projections from the topic: the same fold, the same store, from offset zero.
+"""Rebuilding projections from the topic: the same fold, the same store, from the snapshots.
+
+With a snapshots topic, each session starts from its latest usable snapshot and each partition is
+read from after its checkpoint (`projections.snapshots`); without one (`replay --full`), or where
+a snapshot or a checkpoint cannot be used, from offset zero.
 
 It applies exactly the records the live worker applies: both admit records through
 `session_model.intake.Intake` (same refusals, same codes; a rebuild counts what it refuses and never
