@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +20,11 @@ from projections.snapshots import (
     snapshot_record,
 )
 from schemas.codec import EventCodec
-from session_model.fold import fold
+from session_model.authority import Authority
+from session_model.fold import fold, step
 from session_model.projection import Position
 from session_model.session import Session
+from tests.unit.builders import fresh_ids, started, tool, trusted, turn
 from tests.unit.session_model.test_properties import SID, event_sequences
 
 CODEC = EventCodec()
@@ -147,3 +150,55 @@ def test_an_unusable_record_replaced_by_a_usable_one_is_not_counted() -> None:
     ]
     got = plan(records, [0], CODEC)
     assert not got.ignored and got.starts == {0: 5} and set(got.sessions[0]) == {"a"}
+
+
+# -- a fold resumed from a snapshot equals the whole fold ------------------------------------------
+
+GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
+
+
+def _resumed(sid: str, events: list[Any], cut: int, keys: Any) -> Session:
+    """Fold `events[:cut]`, snapshot it (through Avro), restore it, fold the rest onto it."""
+    before = fold(sid, events[:cut], keys)
+    record = snapshot_record(sid, _raw(before, f"0:{cut}"), 1)
+    state = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record))).folded.state
+    auth = Authority(keys)
+    for event in events[cut:]:
+        state = step(state, event, auth).state
+    return state
+
+
+@pytest.mark.parametrize("version", sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()))
+def test_every_golden_log_resumed_from_a_snapshot_at_any_event_equals_its_whole_fold(
+    version: str,
+) -> None:
+    events = sorted(
+        (CODEC.decode(p.read_bytes()) for p in (GOLDEN / version).glob("session.*.bin")),
+        key=lambda e: e.event_id,
+    )
+    assert len(events) >= 10
+    keys = trusted()
+    sid = events[0].session_id
+    whole = fold(sid, events, keys)
+    assert whole.seq > 0
+    for cut in range(len(events) + 1):
+        assert _resumed(sid, events, cut, keys) == whole, f"{version}: cut after {cut} events"
+
+
+def test_a_long_generated_session_resumed_from_snapshots_equals_its_whole_fold() -> None:
+    fresh_ids()
+    events: list[Any] = [started("a week of builds")]
+    for i in range(1, 3000):
+        if i % 2:
+            artifact = {"artifact": f"file:m{i % 37}.py"} if i % 3 == 0 else {}
+            events.append(
+                tool(("pytest", "make", "git")[i % 3], f"step {i}", i % 8 == 1, extra=artifact)
+            )
+        else:
+            events.append(turn("assistant", f"thinking about step {i}"))
+        if i % 500 == 0:
+            events.append(events[-40])  # a late retry of an event: still recognised after a restore
+    keys = trusted()
+    whole = fold("s1", events, keys)
+    for cut in (1, 64, 65, 257, 1000, 2345, len(events)):
+        assert _resumed("s1", events, cut, keys) == whole, f"cut after {cut}"
