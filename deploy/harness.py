@@ -25,6 +25,8 @@ from typing import Any
 
 import redis
 from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+from kafka.errors import KafkaError
 
 from deploy.stack import DEFAULT_STATE_DIR, read_pid
 
@@ -139,6 +141,34 @@ def ensure_stack(log: Callable[[str], None]) -> Stack:
             f"the stack is not reachable after `up` (env file {stack_dir()}/stack.env)"
         )
     return found
+
+
+def stack_dir_env(state: Path) -> dict[str, str]:
+    """This environment, with `state` as deploy/stack.py's state directory and no fixed ports (a
+    stack of a test's own beside the shared one)."""
+    env = {**os.environ, "MILPA_STACK_DIR": str(state)}
+    for name in ("MILPA_KAFKA_PORT", "MILPA_KAFKA_CONTROLLER_PORT", "MILPA_REDIS_PORT"):
+        env.pop(name, None)
+    return env
+
+
+def kill_broker(state: Path, node: int) -> None:
+    """SIGKILL broker `node` of the cluster `stack.py up --brokers 3` started in `state`."""
+    stack_command("kill-broker", str(node), env=stack_dir_env(state), timeout=60)
+
+
+def start_broker(state: Path, node: int, timeout: float = 180.0) -> None:
+    """Start broker `node` of that cluster again on its data; returns once it is ready."""
+    stack_command("start-broker", str(node), env=stack_dir_env(state), timeout=timeout)
+
+
+def kill_redis_master(state: Path, node: int | None = None) -> int:
+    """SIGKILL a master of the Redis cluster `up --redis-cluster` started in `state` (node
+    `node`, or the first master); returns the index of the node killed."""
+    done = stack_command(
+        "kill-redis-master", *([str(node)] if node else []), env=stack_dir_env(state), timeout=60
+    )
+    return int(done.stdout.split(":", 1)[0].rsplit("-", 1)[1])
 
 
 def server_versions(stack: Stack) -> dict[str, str]:
@@ -378,6 +408,78 @@ def read_topic(bootstrap: Client, topic: str, timeout: float = 60.0) -> Iterator
                 yield from batch
     finally:
         consumer.close()
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """One partition as the cluster describes it now: its leader (-1: none), replicas and ISR."""
+
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+def _answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def partition_states(
+    bootstrap: str, topic: str, timeout: float = 20.0
+) -> dict[int, PartitionState]:
+    """partition → leader, replicas and in-sync replicas of `topic`.
+
+    Asked of the brokers of the `bootstrap` list that accept connections, in turn, until one
+    answers within `timeout`: while a killed broker is still in the cluster's metadata,
+    kafka-python's admin may send its request there and fail instead of trying another.
+    """
+    described: dict[str, Any] | None = None
+    error: Exception | None = None
+    deadline = time.monotonic() + timeout
+    while described is None:
+        for address in (a for a in bootstrap.split(",") if _answers(a)):
+            try:
+                admin = KafkaAdminClient(
+                    bootstrap_servers=[address],
+                    request_timeout_ms=5000,
+                    bootstrap_timeout_ms=5000,
+                )
+            except KafkaError as e:
+                error = e
+                continue
+            try:
+                (described,) = admin.describe_topics([topic])
+                break
+            except KafkaError as e:
+                error = e
+            finally:
+                admin.close()
+        if described is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no broker of {bootstrap} described {topic}: {error}")
+            time.sleep(0.2)
+    return {
+        p["partition_index"]: PartitionState(
+            int(p["leader_id"]), tuple(p["replica_nodes"]), tuple(p["isr_nodes"])
+        )
+        for p in described["partitions"]
+    }
+
+
+def topic_config(bootstrap: Client, topic: str) -> dict[str, tuple[str, str]]:
+    """name → (value, source) of every configuration of `topic` (source: DYNAMIC_TOPIC_CONFIG
+    when set on the topic, DEFAULT_CONFIG or a broker's when inherited)."""
+    admin = KafkaAdminClient(**_options(bootstrap))
+    try:
+        reply = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    finally:
+        admin.close()
+    configs = reply["topic"][topic]
+    return {name: (str(c["value"]), str(c["config_source"])) for name, c in configs.items()}
 
 
 def _scan(client: redis.Redis, pattern: str, size: int = 5000) -> Iterator[list[bytes]]:
