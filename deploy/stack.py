@@ -963,6 +963,8 @@ def _redis_node_cmd(redis_bin: str, node: RedisNode, port: int, bus_port: int) -
         str(bus_port),
         "--cluster-node-timeout",
         str(REDIS_CLUSTER_NODE_TIMEOUT_MS),
+        "--repl-diskless-sync-delay",  # a replica syncs at once (Redis waits 5 s by default)
+        "0",
         "--save",
         "",
         "--appendonly",
