@@ -44,7 +44,7 @@ from deploy.harness import (
 )
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
-from producers.topics import ensure_topics
+from producers.topics import ensure_topics, topic_specs
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas.codec import EventCodec
@@ -135,6 +135,7 @@ def on_cluster(secured: Settings, cluster: Cluster) -> Settings:
         decisions_topic=f"itf-{tag}-decisions",
         questions_topic=f"itf-{tag}-questions",
         deadletter_topic=f"itf-{tag}-deadletter",
+        snapshots_topic=f"itf-{tag}-snapshots",
         consumer_group=f"itf-{tag}-projector",
         partitions=6,
         read_timeout=60.0,
@@ -230,7 +231,7 @@ def test_a_broker_killed_mid_stream_and_restarted_loses_and_doubles_nothing(
     on_cluster: Settings, store: RedisProjectionStore, cluster: Cluster, start_worker: Any
 ) -> None:
     s, bootstrap = on_cluster, cluster.bootstrap
-    for name in (s.events_topic, s.decisions_topic, s.questions_topic, s.deadletter_topic):
+    for name in (spec.name for spec in topic_specs(s)):
         wait_for(  # a topic just created may not be in every broker's metadata yet
             functools.partial(_made_replicated, bootstrap, name),
             timeout=15,
