@@ -278,6 +278,7 @@ def _group_caught_up(settings: Settings) -> bool:
     return all(committed.get(p, 0) >= end for p, end in ends.items() if end > 0)
 
 
+@pytest.mark.fault_load
 def test_counters_are_not_counted_twice_after_a_kill_nine_or_a_full_redelivery(  # noqa: PLR0917
     settings: Settings,
     kafka_log: KafkaEventLog,

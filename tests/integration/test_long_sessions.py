@@ -83,6 +83,7 @@ def _hot_bytes(store: RedisProjectionStore, sid: str) -> int:
     return sum(int(store.client.memory_usage(key, samples=0) or 0) for key in k.all()[::3])
 
 
+@pytest.mark.fault_load
 def test_a_hundred_thousand_event_session_through_a_worker_equals_the_fold(
     settings: Settings,
     kafka_log: KafkaEventLog,

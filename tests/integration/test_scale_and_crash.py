@@ -384,6 +384,7 @@ def test_generator_covers_every_kind_of_event_and_some_rejections() -> None:
     assert all(exp.state.started for exp in expected.values())
 
 
+@pytest.mark.fault_load
 def test_two_thousand_sessions_over_six_partitions_with_two_workers_equal_the_fold(
     settings: Settings,
     kafka_log: KafkaEventLog,
@@ -471,6 +472,7 @@ def highest_marks(store: RedisProjectionStore, sids: Sequence[str]) -> dict[int,
     return out
 
 
+@pytest.mark.fault_load
 def test_kill_minus_nine_mid_stream_and_restart_still_equals_the_fold_and_counts_nothing_twice(
     settings: Settings,
     kafka_log: KafkaEventLog,

@@ -128,6 +128,7 @@ def test_deadlines_close_while_the_worker_is_busy_folding_other_sessions(
     assert producers == {"milpa-scheduler"}
 
 
+@pytest.mark.fault_load
 def test_a_rebalance_moves_which_partitions_each_workers_timer_closes(
     settings: Settings,
     kafka_log: KafkaEventLog,

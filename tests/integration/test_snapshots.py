@@ -192,6 +192,7 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
     assert fleet_wide(projections) == incremental
 
 
+@pytest.mark.fault_load
 def test_a_worker_killed_while_snapshotting_leaves_snapshots_a_rebuild_can_start_from(
     settings: Settings,
     kafka_log: KafkaEventLog,
