@@ -26,7 +26,6 @@ class SessionKeys:
     timeline: str  # list: timeline entries, once too many for the state hash
     event_ids: str  # list: the recent event ids by chunk (`session_model.dedupe`), once spread
     history: tuple[str, ...]  # lists: every call, observation, execution, decision, rejection
-    counters: str  # hash: what the session added to the fleet's counters (`Keys.counter_field`)
 
     def all(self) -> tuple[str, str, str, str]:
         """The keys in the order the Lua scripts take them (the history lists after them)."""
@@ -34,7 +33,7 @@ class SessionKeys:
 
     def every(self) -> tuple[str, ...]:
         """Every key of the session."""
-        return (*self.all(), *self.history, self.counters)
+        return (*self.all(), *self.history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +51,6 @@ class Keys:
             f"{tag}:timeline",
             f"{tag}:ids",
             tuple(f"{tag}:h:{kind}" for kind in HISTORY_KINDS),
-            f"{tag}:counters",
         )
 
     def state_pattern(self) -> str:
@@ -141,7 +139,7 @@ class Keys:
 
     def counter_field(self, stat_key: str, field: str) -> str:
         """A session's own record of one counter (`<counter hash, less the prefix>\t<field>`),
-        the field of its counters hash and of its snapshot's counters."""
+        its state hash's field `c:` + this, and its snapshot's counter name."""
         return f"{stat_key[len(self.prefix) + 7 :]}\t{field}"
 
     def counter_of(self, counter_field: str) -> tuple[str, str]:

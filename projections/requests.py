@@ -239,7 +239,7 @@ def drop_command(
     return (
         "EVALSHA",
         scripts.DROP.sha,
-        17,
+        16,
         *k.all(),
         keys.waiting(partition),
         keys.waiting_cards(partition),
@@ -247,7 +247,6 @@ def drop_command(
         keys.fleet_counts(partition),
         *k.history,
         *keys.retention_keys(partition),
-        k.counters,
         keys.unsnapshotted(partition),
         session_id,
         keys.waiting_reason_prefix(partition),
@@ -284,7 +283,7 @@ def expire(keys: Keys, due: dict[str, int], now_ms: int) -> Request[list[str]]:
 
 # -- committing updates ------------------------------------------------------------------------
 
-_FIXED_KEYS = 19  # a session's keys before its counter hashes (see lua/commit.lua)
+_FIXED_KEYS = 18  # a session's keys before its counter hashes (see lua/commit.lua)
 
 
 def id_groups(update: SessionUpdate) -> tuple[bytes, list[bytes]]:
@@ -444,7 +443,6 @@ def _call(
         *keys.partition_keys(partition),
         *k.history,
         *keys.retention_keys(partition),
-        k.counters,
         keys.unsnapshotted(partition),
     ]
     counter_args: list[str | int | bytes] = []
@@ -578,7 +576,8 @@ def text(value: bytes | str) -> str:
 SNAPSHOT_PAGE = 500  # unsnapshotted sessions a snapshot round reads per partition and round trip
 
 RawState = tuple[Any, ...]
-"""The read script's reply for one session, and its counters hash (`projections.snapshots`)."""
+"""The read script's reply for one session, its own counters and its retention deadline
+(`projections.snapshots`)."""
 
 
 def unsnapshotted(
@@ -605,13 +604,14 @@ def raw_states(
     keys: Keys, partition: int, session_ids: Sequence[str]
 ) -> Request[dict[str, RawState]]:
     """What a snapshot of each session (of one partition) holds, as stored: the read script's
-    reply (state, mark, turns, packed id chunks, summary), its counters hash and its retention
-    deadline; sessions without a state of this layout are left out."""
+    reply (state, mark, turns, packed id chunks, summary), its own counters (the `c:` fields of
+    its state hash) and its retention deadline; sessions without a state of this layout are
+    left out."""
     sha = scripts.READ.sha
     groups = read_groups(keys, session_ids)
     commands: list[tuple[Any, ...]] = [("EVALSHA", sha, len(ks), *ks, "1") for ks in groups]
     n = len(session_ids)
-    commands += [("HGETALL", keys.session(sid).counters) for sid in session_ids]
+    commands += [("HGETALL", keys.session(sid).state) for sid in session_ids]
     commands += [("ZSCORE", keys.retention(partition), sid) for sid in session_ids]
 
     def parse(replies: list[Any]) -> dict[str, RawState]:
@@ -619,8 +619,9 @@ def raw_states(
         counters = replies[len(groups) : len(groups) + n]
         retained = replies[len(groups) + n :]
         out: dict[str, RawState] = {}
-        for sid, raw, mine, until in zip(session_ids, raws, counters, retained, strict=True):
+        for sid, raw, fields, until in zip(session_ids, raws, counters, retained, strict=True):
             if raw and raw[0]:
+                mine = {text(f)[2:]: v for f, v in fields.items() if f.startswith(b"c:")}
                 out[sid] = (*raw, mine, None if until is None else int(float(until)))
         return out
 

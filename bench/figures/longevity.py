@@ -44,7 +44,12 @@ def long_session(run: Run) -> None:
     infra.register_prefix(settings, run.cleanup)
     client = run.redis()
     keys = Keys(settings.redis_prefix)
-    store = RedisProjectionStore(client, keys, compact_after=settings.compactor_max_turns)
+    store = RedisProjectionStore(
+        client,
+        keys,
+        compact_after=settings.compactor_max_turns,
+        track=settings.snapshot_interval_s > 0,  # as the workers commit by default
+    )
     rounds: list[dict[int, float]] = []
     cpu = run.cpu({}, client)
     cpu.start()

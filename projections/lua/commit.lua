@@ -3,8 +3,7 @@
 --       zset, compaction-due set, then its partition's waiting zset, waiting cards hash, waiting
 --       counts hash and fleet counts hash, then its history lists (calls, observations,
 --       executions, decisions, rejections), then its partition's retention zset and tombstones
---       hash, its own counters hash, its partition's unsnapshotted zset, then one key per
---       counter hash.
+--       hash, its partition's unsnapshotted zset, then one key per counter hash.
 -- ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
 --       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
 --       compaction due ("1"/"0"), the summary ("" = unchanged, else "=" and the text; field m
@@ -15,7 +14,8 @@
 --       the waiting card ("" = not waiting), its score and the prefix of the partition's
 --       per-reason zsets (same hash tag as the waiting zset), the retention deadline ms ("" =
 --       none: not ended, or no TTL), "1" to add the counters to the fleet's, "1" to add them to
---       the session's own (its counters hash: while snapshots are taken), the first offset
+--       the session's own (fields `c:<counter>` of its state hash, while snapshots are taken:
+--       a field, not a key, so an idle session stays one small hash), the first offset
 --       applied ("" = not tracked: snapshots are not taken),
 --       then n_hist, (key index among the session's KEYS, n, entries...)...
 -- Event ids (session_model/dedupe.py): while the session is compact they are inline and all in
@@ -226,7 +226,7 @@ local function commit(ko, ao)
   push_history(ko, retain_at + 4)
   if ARGV[retain_at + 3] ~= '' then
     -- NX: the first offset applied since the session's latest snapshot stays until the next one.
-    redis.call('ZADD', KEYS[ko + 19], 'NX', ARGV[retain_at + 3], sid)
+    redis.call('ZADD', KEYS[ko + 18], 'NX', ARGV[retain_at + 3], sid)
   end
   if ARGV[retain_at] ~= '' then
     -- GT: a later event of the ended session, or a restore's floor, only ever extends it.
@@ -257,7 +257,7 @@ local function commit(ko, ao)
       fields[f] = (fields[f] or 0) + n
     end
   end
-  for f, n in pairs(own) do redis.call('HINCRBY', KEYS[ko + 18], f, n) end
+  for f, n in pairs(own) do redis.call('HINCRBY', H, 'c:' .. f, n) end
   return 1
 end
 

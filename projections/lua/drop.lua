@@ -2,7 +2,7 @@
 -- counts (a rebuild of the session then counts it once). KEYS: its state hash, turns list,
 -- timeline list, event-id list, then its partition's waiting zset, cards hash, waiting counts
 -- and fleet counts, then its five history lists, then its partition's retention zset and
--- tombstones hash, its counters hash and its partition's unsnapshotted zset. ARGV: session id, the prefix of the partition's per-reason zsets, now ms.
+-- tombstones hash and its partition's unsnapshotted zset. ARGV: session id, the prefix of the partition's per-reason zsets, now ms.
 -- Without now ("", a rebuild follows): drop it and forget its retention entry and tombstone;
 -- returns how many keys were unlinked. With now (the retention sweep): only if its retention
 -- deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`; returns 1 if
@@ -20,8 +20,8 @@ if was then
   if reason then unwait(KEYS[5], KEYS[6], KEYS[7], rprefix, sid, reason) end
 end
 redis.call('ZREM', KEYS[14], sid)
-redis.call('ZREM', KEYS[17], sid)
-local unlinked = redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[16], unpack(KEYS, 9, 13))
+redis.call('ZREM', KEYS[16], sid)
+local unlinked = redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], unpack(KEYS, 9, 13))
 if now == '' then
   redis.call('HDEL', KEYS[15], sid)
   return unlinked

@@ -125,7 +125,7 @@ def _busy(sid: str, n: int) -> list[Record]:
 def _raw(store: RedisProjectionStore, sid: str) -> dict[str, Any]:
     """Every key of one session, by kind of key, with its whole value."""
     c, out = store.client, {}
-    names = ("state", "turns", "timeline", "ids", *(f"h:{k}" for k in HISTORY_KINDS), "counters")
+    names = ("state", "turns", "timeline", "ids", *(f"h:{k}" for k in HISTORY_KINDS))
     for name, key in zip(names, store.keys.session(sid).every(), strict=True):
         kind = c.type(key).decode()
         if kind == "hash":
