@@ -32,6 +32,7 @@ from producers.store import SessionStore
 from producers.topics import ensure_topics, group_members
 from schemas.errors import (
     InvalidCall,
+    MilpaError,
     SessionExpiredError,
     UnknownSessionError,
     WorkersRunningError,
@@ -216,8 +217,12 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool) -> Non
             ),
         )
     taken = 0
+    snapshot_error = ""
     if snapshots and session_id is None:
-        taken = wiring.take_snapshots(settings, report.applied_through())
+        try:
+            taken = wiring.take_snapshots(settings, report.applied_through())
+        except MilpaError as e:  # the rebuild stands; the next rebuild folds the whole log
+            snapshot_error = str(e)
     data = {
         "records": report.records,
         "sessions": report.applied_sessions,
@@ -226,6 +231,7 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool) -> Non
         "snapshots_ignored": dict(report.ignored),
         "offsets_skipped": report.skipped,
         "snapshots_taken": taken,
+        "snapshot_error": snapshot_error or None,
     }
     refused = ", ".join(f"{n} {code}" for code, n in sorted(report.refused.items()))
     ignored = ", ".join(f"{n} {why}" for why, n in sorted(report.ignored.items()))
@@ -239,6 +245,8 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool) -> Non
         )
         if ignored:
             err.print(f"warning: snapshots ignored ({ignored}): their sessions were folded whole")
+        if snapshot_error:
+            err.print(f"warning: the rebuild stands, but snapshotting it failed: {snapshot_error}")
 
     _emit(ctx, data, say)
 

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Sequence
 
 import aiokafka
+from aiokafka.errors import KafkaError
 
 from processors.ports import OutRecord
 from producers.kafka_access import KafkaAccess
@@ -117,13 +118,15 @@ class PartitionedSink:
         """Queue all (partition, key, value), then wait for every acknowledgement."""
         if not records:
             return
-        producer = await self.producer.started()
         pending: list[asyncio.Future[object]] = []
         try:
+            producer = await self.producer.started()
             for partition, key, value in records:
                 pending.append(
                     await producer.send(self.topic, value=value, key=key, partition=partition)
                 )
+        except (KafkaError, AssertionError) as e:  # refused before it was queued (aiokafka)
+            raise LogError(f"publishing to {self.topic} failed: {e!r}") from e
         finally:
             results = await asyncio.gather(*pending, return_exceptions=True)
         for result in results:

@@ -80,7 +80,8 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
                 (_TOPIC, decisions, _LITERAL, (_READ, _DESCRIBE)),
                 (_TOPIC, questions, _LITERAL, (_READ, _DESCRIBE)),  # the console's live feed
                 (_TOPIC, dead, _LITERAL, (_READ, _DESCRIBE)),  # to inspect what was refused
-                (_TOPIC, snapshots, _LITERAL, (_READ, _DESCRIBE)),  # `replay` starts from them
+                # `replay` starts from them, and snapshots what it rebuilt
+                (_TOPIC, snapshots, _LITERAL, (_READ, _WRITE, _DESCRIBE)),
                 (_GROUP, group, _LITERAL, (_DESCRIBE,)),
                 (_GROUP, "milpa-", _PREFIXED, (_READ, _DESCRIBE)),
             ],

@@ -49,7 +49,9 @@ from session_model.session import (
 )
 from session_model.timeline import TimelineEntry
 
-STATE_VERSION = 4
+# 5: the sessions' own counters (`c:` fields) and the unsnapshotted index, which snapshots rely
+# on: projections of layout 4 lack them, so they are rebuilt (`replay --full`) on upgrade.
+STATE_VERSION = 5
 _HEADER = bytes([STATE_VERSION])
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)

@@ -144,7 +144,9 @@ def plan(
         if key is None:
             continue
         if key.startswith(CHECKPOINT_KEY):
-            if session_id is None and value is not None:
+            if session_id is None and value is None:
+                checkpoints.pop(partition, None)  # a tombstone: no checkpoint
+            elif session_id is None and value is not None:
                 checkpoints[partition] = _checkpoint(codec, partition, value)
             continue
         sid = key.decode("utf-8", "replace")

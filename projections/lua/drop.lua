@@ -11,6 +11,8 @@ local sid, rprefix, now = ARGV[1], ARGV[2], ARGV[3]
 if now ~= '' then
   local due = redis.call('ZSCORE', KEYS[14], sid)
   if not due or tonumber(due) > tonumber(now) then return 0 end
+  -- Not before its last state is in a snapshot: a rebuild from snapshots would miss it.
+  if redis.call('ZSCORE', KEYS[16], sid) then return 0 end
 end
 local got = redis.call('HMGET', KEYS[1], 'f', 'mark')
 local was = got[1]

@@ -8,6 +8,7 @@ clock it passes in (no real TTL is waited for), and restores one with `replay --
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -31,7 +32,8 @@ from schemas.events import Event
 from session_model.fold import fold
 from session_model.partitioning import partition_for
 from session_model.signing import TrustedKeys
-from tests.contract_retention import RetentionContract
+from tests.contract_projection import _project
+from tests.contract_retention import RETENTION, PartitionedLog, RetentionContract
 from tests.integration.conftest import with_keys
 from tests.integration.expected import assert_projection_matches, expected_projections
 
@@ -53,6 +55,27 @@ def projection_store(secured: Settings) -> Iterator[RedisProjectionStore]:
 class TestRedisRetention(RetentionContract):
     """Every retention contract test against `RedisProjectionStore` (the commit and drop
     scripts keep the retention index, the tombstones, the waiting index and fleet counts)."""
+
+
+def test_an_ended_session_is_not_expired_before_a_snapshot_round_took_its_last_state(
+    projection_store: RedisProjectionStore,
+) -> None:
+    """With snapshots taken, the sweep leaves an ended session in its partition's unsnapshotted
+    index (a rebuild from snapshots would miss its last events); once a round took it, it goes."""
+    store = dataclasses.replace(projection_store, track=True)
+    log = PartitionedLog()
+    log.started("done")
+    ending = log.ended("done")
+    store.retention = RETENTION
+    _project(store, log.records)
+    index = store.keys.unsnapshotted(ending.position.partition)
+    assert store.client.zscore(index, "done") == 0
+    later = ending.event.occurred_at + timedelta(days=1)
+    assert store.expire_due(later) == []
+    assert store.load("done") is not None
+    store.client.zrem(index, "done")  # what a round's `snapped` does once its snapshot is acked
+    assert store.expire_due(later) == ["done"]
+    assert store.load("done") is None and store.expired("done") is not None
 
 
 # -- end to end: a worker indexes, a sweep expires, `show` says so, `replay --session` restores --
@@ -91,7 +114,7 @@ def test_an_ended_session_expires_shows_how_to_restore_and_comes_back_whole(
     start_worker: Any,
 ) -> None:
     ttl = with_keys(settings, projection_ttl_s=TTL_S)
-    start_worker(ttl)
+    start_worker(with_keys(ttl, snapshot_interval_s=0.2))  # rounds take the ended session soon
     now = datetime.now(UTC)
     now = now.replace(microsecond=now.microsecond // 1000 * 1000)  # what the wire carries
     done, live = "ret-done", "ret-live"
@@ -121,6 +144,9 @@ def test_an_ended_session_expires_shows_how_to_restore_and_comes_back_whole(
     assert deadline_ms == ceil_ms(now) + int(TTL_S * 1000)  # the ending's occurred_at + TTL
 
     assert _sweep(settings, now + timedelta(seconds=TTL_S / 2)) == []
+    # Not before a snapshot round took its last state (then it leaves the unsnapshotted index).
+    index = projections.keys.unsnapshotted(p)
+    wait_for(lambda: projections.client.zscore(index, done) is None, timeout=30)
     assert _sweep(settings, now + timedelta(seconds=2 * TTL_S)) == [done]
 
     assert projections.client.exists(*projections.keys.session(done).every()) == 0
@@ -162,7 +188,7 @@ def test_the_workers_own_sweep_expires_an_ended_session(
     start_worker: Any,
 ) -> None:
     """The worker runs the sweep in its loop for its partitions (TTL 1 s: a sweep a second)."""
-    start_worker(with_keys(settings, projection_ttl_s=1.0))
+    start_worker(with_keys(settings, projection_ttl_s=1.0, snapshot_interval_s=0.2))
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
     sid = "ret-swept"
     kafka_log.append(_event(sid, 1, ev.STARTED, {"goal": "g", "mode": "ask"}, long_ago))

@@ -202,3 +202,12 @@ def test_a_long_generated_session_resumed_from_snapshots_equals_its_whole_fold()
     whole = fold("s1", events, keys)
     for cut in (1, 64, 65, 257, 1000, 2345, len(events)):
         assert _resumed("s1", events, cut, keys) == whole, f"cut after {cut}"
+
+
+def test_a_checkpoint_tombstone_forgets_the_checkpoint() -> None:
+    records = [
+        (0, b"a", _snapshot("a", 3)),
+        (0, checkpoint_key(0), _checkpoint(0, 4)),
+        (0, checkpoint_key(0), None),
+    ]
+    assert plan(records, [0], CODEC).starts == {0: 0}
