@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -76,12 +77,31 @@ def roles(settings: Settings, secure_stack: dict[str, Any]) -> dict[str, Setting
     return as_
 
 
+def _first_append(agent: Settings, timeout: float = 20.0) -> KafkaEventLog:
+    """The agent's events log once its first append is acknowledged.
+
+    The ACLs were just created: the broker applies them from its metadata log a moment later,
+    and until then the idempotent producer's InitProducerId is refused (a fatal error for that
+    producer), so a fresh producer tries again until the grant is in force.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        events = KafkaEventLog(agent.kafka_access(), agent.events_topic)
+        try:
+            events.append(started("allowed", session_id="sec-a"))
+            return events
+        except LogError as e:
+            events.close(timeout=5)
+            if "ClusterAuthorizationFailed" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def test_an_agent_may_write_events_and_nothing_else(roles: dict[str, Settings]) -> None:
     agent = roles["agent"]
-    events = KafkaEventLog(agent.kafka_access(), agent.events_topic)
+    events = _first_append(agent)
     decisions = KafkaEventLog(agent.kafka_access(), agent.decisions_topic)
     try:
-        events.append(started("allowed", session_id="sec-a"))
         with pytest.raises(LogError, match="TopicAuthorizationFailed"):
             decisions.append(started("a forged decision", session_id="sec-a"))
     finally:
