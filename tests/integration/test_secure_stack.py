@@ -77,12 +77,13 @@ def roles(settings: Settings, secure_stack: dict[str, Any]) -> dict[str, Setting
     return as_
 
 
-def _first_append(agent: Settings, timeout: float = 20.0) -> KafkaEventLog:
+def _first_append(agent: Settings, timeout: float = 30.0) -> KafkaEventLog:
     """The agent's events log once its first append is acknowledged.
 
-    The ACLs were just created: the broker applies them from its metadata log a moment later,
-    and until then the idempotent producer's InitProducerId is refused (a fatal error for that
-    producer), so a fresh producer tries again until the grant is in force.
+    The ACLs were just created: the broker applies them from its metadata log a moment later
+    (seconds on a loaded CI machine), and until then the idempotent producer's InitProducerId
+    or the produce itself is refused (fatal for that producer), so a fresh producer tries again
+    until the grant is in force. The refusal of what the agent may not do is checked after.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -92,7 +93,8 @@ def _first_append(agent: Settings, timeout: float = 20.0) -> KafkaEventLog:
             return events
         except LogError as e:
             events.close(timeout=5)
-            if "ClusterAuthorizationFailed" not in str(e) or time.monotonic() > deadline:
+            refused = "ClusterAuthorizationFailed" in str(e) or "TopicAuthorizationFailed" in str(e)
+            if not refused or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
 
