@@ -81,7 +81,7 @@ def run_once(chunks: Sequence[Sequence[Raw]], phases: Sequence[str]) -> dict[str
     """Seconds spent in each phase over the whole stream, from an empty cache."""
     codec = EventCodec()
     folder = BatchFolder(OPERATOR_KEYS)
-    keys = Keys("micro")
+    keys = Keys("micro", partitions=PARTITIONS)
     cache: dict[str, Folded] = {}
     spent = dict.fromkeys(phases, 0.0)
     args = "commit_args" in phases

@@ -20,7 +20,6 @@ from cryptography.hazmat.primitives import serialization
 from deploy.harness import Cleanup, Proc, Stack, free_port, start_python, unlink_matching
 from milpa_sessions.settings import Settings
 from producers.topics import delete_topics, describe_group, ensure_topics
-from projections.keys import Keys
 from session_model.signing import Signer
 
 # Faust reads these from the environment; a dead member must not hold a partition for a minute.
@@ -56,7 +55,7 @@ def create_topics(settings: Settings, cleanup: Cleanup) -> None:
 
 def register_prefix(settings: Settings, cleanup: Cleanup) -> None:
     """Clear the figure's Redis keys at cleanup."""
-    pattern = Keys(settings.redis_prefix).pattern()
+    pattern = settings.redis_keys().pattern()
     cleanup.push(
         f"clear redis prefix {settings.redis_prefix}",
         lambda: unlink_matching(settings.redis_url, pattern),

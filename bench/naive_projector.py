@@ -28,7 +28,6 @@ def create_app(settings: Any) -> Any:
 
     from processors.app import faust_options, raw_topic  # noqa: PLC0415
     from processors.worker import drive  # noqa: PLC0415
-    from projections.keys import Keys  # noqa: PLC0415
     from projections.redis_client import async_client  # noqa: PLC0415
     from projections.redis_store import AsyncRedisProjectionStore  # noqa: PLC0415
     from schemas.codec import EventCodec  # noqa: PLC0415
@@ -44,7 +43,7 @@ def create_app(settings: Any) -> Any:
     def store() -> AsyncRedisProjectionStore:
         if "store" not in holder:  # created inside the running loop
             client = async_client(settings.redis_url, settings.redis_timeout)
-            holder["store"] = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+            holder["store"] = AsyncRedisProjectionStore(client, settings.redis_keys())
         return holder["store"]
 
     @app.agent(topic, concurrency=1)

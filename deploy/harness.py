@@ -45,6 +45,7 @@ class Stack:
     source: str
     kafka_pid: int | None = None
     redis_pid: int | None = None
+    redis_cluster_url: str | None = None  # a node of the Redis Cluster (`up --redis-cluster`)
 
 
 def stack_dir() -> Path:
@@ -87,8 +88,14 @@ def _stack(values: Mapping[str, str], source: str, state: Path) -> Stack | None:
     bootstrap, url = values.get("MILPA_KAFKA_BOOTSTRAP"), values.get("MILPA_REDIS_URL")
     if not bootstrap or not url or not reachable(bootstrap, url):
         return None
+    cluster = values.get("MILPA_REDIS_CLUSTER_URLS", "").split(",")[0] or None
     return Stack(
-        bootstrap, url, source, read_pid(state / "kafka.pid"), read_pid(state / "redis.pid")
+        bootstrap,
+        url,
+        source,
+        read_pid(state / "kafka.pid"),
+        read_pid(state / "redis.pid"),
+        cluster,
     )
 
 

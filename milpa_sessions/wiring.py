@@ -22,8 +22,7 @@ from producers.settings import StackSettings, WriterSettings
 from producers.store import SessionStore
 from producers.topics import ensure_topics
 from projections.analytics import Analytics
-from projections.keys import Keys
-from projections.redis_client import async_client, redacted, sync_client
+from projections.redis_client import redacted
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from projections.requests import Retention
 from schemas.errors import ConfigurationError, ProjectionError
@@ -48,13 +47,11 @@ def signer(settings: WriterSettings) -> Signer | None:
 
 def projection_store(settings: StackSettings) -> RedisProjectionStore:
     """The Redis projection store under the configured key prefix."""
-    return RedisProjectionStore.from_url(
-        settings.redis_url,
-        Keys(settings.redis_prefix),
-        settings.compactor_max_turns,
-        timeout=settings.redis_timeout,
-        auth=settings.redis_auth(),
-        partitions=settings.partitions,
+    return RedisProjectionStore(
+        settings.redis_sync(),
+        settings.redis_keys(),
+        compact_after=settings.compactor_max_turns,
+        durability=settings.durability(),
     )
 
 
@@ -73,9 +70,13 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
     rebuild, with no worker running), and write their checkpoints; the snapshots written."""
 
     async def run() -> int:
-        client = async_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
+        client = settings.redis_async()
         store = AsyncRedisProjectionStore(
-            client, Keys(settings.redis_prefix), settings.compactor_max_turns, track=True
+            client,
+            settings.redis_keys(),
+            settings.compactor_max_turns,
+            track=True,
+            durability=settings.durability(),
         )
         producer = LazyProducer(settings.kafka_access())
         try:
@@ -113,19 +114,18 @@ def console_deps(settings: WriterSettings) -> ConsoleDeps:
     """The web console's adapters: it writes as an operator, reads the waiting index and the
     analytics, and relays the questions feed live."""
     store = session_store(settings, producer=CONSOLE_PRODUCER)
-    client = sync_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
     access, topic = settings.kafka_access(), settings.questions_topic
     return ConsoleDeps(
         store=store,
         index=projection_store(settings),
-        analytics=Analytics(client, Keys(settings.redis_prefix)),
+        analytics=Analytics(settings.redis_sync(), settings.redis_keys()),
         source=lambda: follow_questions(access, topic),
     )
 
 
 def ping_redis(settings: StackSettings) -> None:
     """Raise `ProjectionError` unless Redis answers a PING within the configured timeout."""
-    client = sync_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
+    client = settings.redis_sync()
     try:
         client.ping()
     except redis.RedisError as e:

@@ -36,8 +36,6 @@ from processors.timer_link import TimerLink, combined
 from processors.timer_process import TimerConfig
 from processors.worker import ProjectionWorker, WorkerStats
 from producers.kafka_access import KafkaAccess
-from projections.keys import Keys
-from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore
 from projections.requests import Retention
 from session_model.compaction import Compactor
@@ -121,6 +119,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     timer = timer_link(settings)
     holder: dict[str, Any] = {"timer": timer}
     retention = Retention.after(settings.projection_ttl_s)  # checked now, not in the loop
+    durability = settings.durability()
     snapshotting = settings.snapshot_interval_s > 0
     # Snapshots have a producer of their own: a round's records do not queue before decisions.
     snapshot_output = LazyProducer(settings.kafka_access()) if snapshotting else None
@@ -129,13 +128,13 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
         if "worker" not in holder:
-            client = async_client(settings.redis_url, settings.redis_timeout, settings.redis_auth())
             store = AsyncRedisProjectionStore(
-                client,
-                Keys(settings.redis_prefix),
+                settings.redis_async(),
+                settings.redis_keys(),
                 settings.compactor_max_turns,
                 retention,
                 track=snapshotting,
+                durability=durability,
             )
             folder = BatchFolder(keys, settings.start_mode(), settings.cutover())
             w = ProjectionWorker(store, folder, deadletter, decisions, questions=questions)

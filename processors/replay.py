@@ -156,7 +156,8 @@ def replay(
             store = dataclasses.replace(store, retention=restored)
     access = KafkaAccess.of(bootstrap)
     ends, partitions = _end_offsets(access, topic, session_id)
-    store = dataclasses.replace(store, partitions=partitions)  # the waiting index's partitions
+    # Where a session's keys live depends on the topic's partition count (`projections.keys`).
+    store = dataclasses.replace(store, keys=dataclasses.replace(store.keys, partitions=partitions))
     plan = Plan(starts=dict.fromkeys(ends, 0))
     if snapshots_topic is not None:
         plan = _snapshot_plan(access, snapshots_topic, sorted(ends), codec, session_id)

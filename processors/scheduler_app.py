@@ -30,8 +30,6 @@ from processors.app import faust_options, serve_metrics
 from processors.scheduler import Scheduler
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
-from projections.keys import Keys
-from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore
 from schemas.errors import ProjectionError
 from session_model.compaction import Compactor
@@ -57,16 +55,13 @@ def create_scheduler_app(
     app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)
     producer = LazyProducer(settings.kafka_access())
     events = ProducerSink(producer, settings.events_topic)
-    keys = Keys(settings.redis_prefix)
+    keys = settings.redis_keys()
     holder: dict[str, Any] = {}
 
     def store() -> AsyncRedisProjectionStore:
         # redis.asyncio clients belong to the loop they were created in: create it in the app's.
         if "store" not in holder:
-            holder["store"] = AsyncRedisProjectionStore(
-                async_client(settings.redis_url, settings.redis_timeout, settings.redis_auth()),
-                keys,
-            )
+            holder["store"] = AsyncRedisProjectionStore(settings.redis_async(), keys)
         result: AsyncRedisProjectionStore = holder["store"]
         return result
 

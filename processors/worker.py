@@ -9,6 +9,7 @@ are retried with backoff for as long as it takes; the consumer stalls instead of
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections import Counter
@@ -156,6 +157,16 @@ class ProjectionWorker:
         """The events topic's partition count: records outside their key's partition are refused."""
         if partitions != self.intake.partitions:
             self.intake = Intake(self.codec, partitions)
+        keys = self.store.keys
+        if partitions is not None and partitions != keys.partitions:
+            # Where a session's keys live depends on the count (`projections.keys`): the topic's
+            # wins over a setting that disagrees, which readers will then also get wrong.
+            log.warning(
+                "the events topic has %d partitions, the settings say %d (MILPA_PARTITIONS)",
+                partitions,
+                keys.partitions,
+            )
+            self.store.keys = dataclasses.replace(keys, partitions=partitions)
 
     async def _drive(self, steps: Steps[T]) -> T:
         """Answer the cycle's requests: Redis calls retried until they succeed, pauses yielded."""

@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any, Self
 
 from producers.kafka_access import KafkaAccess
-from projections.redis_client import RedisAuth
+from projections.keys import Keys
+from projections.redis_client import (
+    AsyncClient,
+    RedisAuth,
+    SyncClient,
+    async_client,
+    sync_client,
+)
+from projections.requests import Durability
 from schemas.errors import ConfigurationError
 from session_model.authority import Cutover
 from session_model.modes import Mode, parse_mode
@@ -76,6 +84,14 @@ class StackSettings:
     # one line; the worker retries with backoff), and a Kafka client's bootstrap and metadata.
     redis_timeout: float = 3.0
     kafka_timeout: float = 5.0
+    # Redis Cluster: MILPA_REDIS_URL names one of its nodes. Every key of a partition lives in
+    # one hash slot (`projections.keys`), and a batch goes to each master in one pipeline.
+    redis_cluster: bool = False
+    # Replicas that must acknowledge a projection write (Redis `WAIT`, on each master written)
+    # before the writer moves on and Kafka offsets move past it (0: the master's reply is
+    # enough, and a failover may lose the last writes); how long one WAIT may block.
+    redis_wait_replicas: int = 0
+    redis_wait_timeout_ms: int = 1000
 
     def kafka_access(self) -> KafkaAccess:
         """How to reach Kafka (the password read from its file now)."""
@@ -93,6 +109,32 @@ class StackSettings:
         """The Redis credentials (the password read from its file now)."""
         password = _secret(self.redis_password_file, "REDIS_PASSWORD_FILE")
         return RedisAuth(self.redis_username or None, password, self.redis_ca_file)
+
+    def redis_async(self) -> AsyncClient:
+        """An asyncio client of the projections' Redis (or Redis Cluster); create it in the loop
+        that uses it."""
+        return async_client(
+            self.redis_url, self.redis_timeout, self.redis_auth(), cluster=self.redis_cluster
+        )
+
+    def redis_sync(self) -> SyncClient:
+        """A synchronous client of the projections' Redis (or Redis Cluster)."""
+        return sync_client(
+            self.redis_url, self.redis_timeout, self.redis_auth(), cluster=self.redis_cluster
+        )
+
+    def redis_keys(self) -> Keys:
+        """The projections' key names: the prefix, and the events topic's partitions."""
+        return Keys(self.redis_prefix, partitions=self.partitions)
+
+    def durability(self) -> Durability:
+        """What a projection write waits for (ConfigurationError if the numbers are off)."""
+        if self.redis_wait_replicas < 0 or self.redis_wait_timeout_ms < 1:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}REDIS_WAIT_REPLICAS={self.redis_wait_replicas} (>= 0) and "
+                f"{ENV_PREFIX}REDIS_WAIT_TIMEOUT_MS={self.redis_wait_timeout_ms} (>= 1)"
+            )
+        return Durability(self.redis_wait_replicas, self.redis_wait_timeout_ms)
 
     def start_mode(self) -> Mode:
         """`unsigned_start_mode` as a mode (ConfigurationError if it names none)."""

@@ -8,7 +8,6 @@ rounded out to whole hours. Without a window the all-time hashes are read.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ import redis
 
 from projections.indexes import TTA_BUCKETS, UNSPECIFIED, hour_of
 from projections.keys import Keys
+from projections.redis_client import SyncClient
+from projections.requests import Request, execute
 from schemas.errors import ProjectionError
 
 Grouping = Literal["reason", "hour", "outcome"]
@@ -29,7 +30,6 @@ STILL_OPEN = "still_open"
 OUTCOMES: tuple[str, ...] = (ANSWERED, EXPIRED, STILL_OPEN)
 _HOUR = timedelta(hours=1)
 _HOUR_FORMAT = "%Y%m%d%H"
-_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,14 +178,9 @@ def _sum(hashes: Iterable[Mapping[str, int]]) -> dict[str, int]:
 class Analytics:
     """Read-only queries over the analytics counters under one key prefix."""
 
-    def __init__(self, client: redis.Redis, keys: Keys | None = None) -> None:
+    def __init__(self, client: SyncClient, keys: Keys) -> None:
         self.client = client
-        self.keys = keys or Keys()
-
-    @classmethod
-    def from_url(cls, url: str, keys: Keys | None = None) -> Analytics:
-        """Connect to `url`."""
-        return cls(redis.Redis.from_url(url), keys)
+        self.keys = keys
 
     # -- pauses ----------------------------------------------------------------------------------
 
@@ -218,14 +213,11 @@ class Analytics:
         if by not in ("reason", "outcome"):
             raise ValueError(f"unknown grouping {by!r}: expected one of {', '.join(GROUPINGS)}")
         if since is None:
-            pauses, outcomes = self._hashes([self.keys.stat("pauses"), self.keys.stat("outcomes")])
+            pauses, outcomes = self._counters([("pauses", None), ("outcomes", None)])
         else:
             hours = window_hours(since, now)
-            replies = self._hashes(
-                [
-                    *(self.keys.stat_hour("pauses", h) for h in hours),
-                    *(self.keys.stat_hour("outcomes", h) for h in hours),
-                ]
+            replies = self._counters(
+                [*(("pauses", h) for h in hours), *(("outcomes", h) for h in hours)]
             )
             pauses, outcomes = _sum(replies[: len(hours)]), _sum(replies[len(hours) :])
         rows = by_reason(pauses, outcomes)
@@ -233,7 +225,7 @@ class Analytics:
 
     def _pauses_by_hour(self, since: timedelta | None, now: datetime) -> tuple[PausesByHour, ...]:
         hours = window_hours(since, now) if since is not None else self._stored_hours("pauses")
-        replies = self._hashes([self.keys.stat_hour("pauses", h) for h in hours])
+        replies = self._counters([("pauses", h) for h in hours])
         return tuple(
             PausesByHour(parse_hour(h), reason, n)
             for h, counts in zip(hours, replies, strict=True)
@@ -242,12 +234,13 @@ class Analytics:
         )
 
     def _stored_hours(self, name: str) -> tuple[str, ...]:
-        """Every hour bucket stored for a counter (SCAN: only for all-time hourly queries)."""
-        head = self.keys.stat_hour(name, "")
-        pattern = _GLOB_SPECIAL.sub(r"\\\1", head) + "*"
+        """Every hour bucket stored for a counter in any partition (SCAN: only for all-time
+        hourly queries)."""
+        pattern = self.keys.stat_hour_pattern(name)
         try:
             found = {
-                _text(k)[len(head) :] for k in self.client.scan_iter(match=pattern, count=1000)
+                _text(k).rpartition(":h:")[2]
+                for k in self.client.scan_iter(match=pattern, count=1000)
             }
         except redis.RedisError as e:
             raise ProjectionError(f"listing the {name} hour buckets failed: {e}") from e
@@ -257,7 +250,7 @@ class Analytics:
 
     def time_to_answer(self) -> tuple[TimeToAnswer, ...]:
         """The time-to-answer histogram per reason, every bucket listed, shortest first."""
-        (counts,) = self._hashes([self.keys.stat("tta")])
+        (counts,) = self._counters([("tta", None)])
         per_reason: dict[str, dict[str, int]] = {}
         for field_, n in counts.items():
             reason, _, label = field_.rpartition("|")
@@ -277,20 +270,33 @@ class Analytics:
         """Authority claims the fold downgraded (field `principal`)."""
         return self._ranked("downgrades")
 
+    def counter(self, name: str, hour: str | None = None) -> dict[str, int]:
+        """One counter hash (of one UTC hour `YYYYMMDDHH` with `hour`), every partition's shard
+        added up: field -> count."""
+        (counts,) = self._counters([(name, hour)])
+        return counts
+
+    def folded(self) -> int:
+        """Events the workers folded so far (every step: applied, no-op, rejected, skipped)."""
+        return self.counter("events").get("folded", 0)
+
     def _ranked(self, name: str) -> tuple[Count, ...]:
-        (counts,) = self._hashes([self.keys.stat(name)])
+        counts = self.counter(name)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         return tuple(Count(k, n) for k, n in ranked)
 
-    def _hashes(self, keys: Sequence[str]) -> list[dict[str, int]]:
-        """HGETALL of every key in one pipelined round trip."""
-        if not keys:
+    def _counters(self, wanted: Sequence[tuple[str, str | None]]) -> list[dict[str, int]]:
+        """Each counter (name, and hour or None for all time), every partition's shard added
+        up, in one pipelined round trip (one per master on a cluster)."""
+        if not wanted:
             return []
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.hgetall(key)
-            replies = pipe.execute()
-        except redis.RedisError as e:
-            raise ProjectionError(f"reading analytics counters failed: {e}") from e
-        return [_counts(r) for r in replies]
+        shards = [self.keys.stat_shards(name, hour) for name, hour in wanted]
+        commands = [("HGETALL", key) for keys in shards for key in keys]
+        request = Request(commands, lambda replies: replies, "reading analytics counters failed")
+        replies = execute(self.client, request)
+        out: list[dict[str, int]] = []
+        at = 0
+        for keys in shards:
+            out.append(_sum(_counts(r) for r in replies[at : at + len(keys)]))
+            at += len(keys)
+        return out

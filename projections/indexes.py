@@ -53,30 +53,32 @@ def index_changes(update: SessionUpdate, keys: Keys, max_turns: int | None) -> I
     deadline = state.question.deadline() if state.question is not None else None
     # Events folded (every step: applied, no-op, rejected, skipped); what benchmarks and
     # operators watch to see a projector keep up.
-    counters: list[tuple[str, str, int]] = [(keys.stat("events"), "folded", len(update.steps))]
+    p = update.mark.partition  # each counter's shard is the session's partition's
+    counters: list[tuple[str, str, int]] = [(keys.stat("events", p), "folded", len(update.steps))]
     for s in update.steps:
         o = s.outcome
         if o.pause_reason is not None:
-            counters.append((keys.stat("pauses"), o.pause_reason, 1))
+            counters.append((keys.stat("pauses", p), o.pause_reason, 1))
             hour = hour_of(s.event.occurred_at)
-            counters.append((keys.stat_hour("pauses", hour), o.pause_reason, 1))
+            counters.append((keys.stat_hour("pauses", hour, p), o.pause_reason, 1))
         if o.decision is not None:
             d = o.decision
             reason = d.reason or UNSPECIFIED
             outcome = "expired" if d.expired_at is not None else "answered"
-            counters.append((keys.stat("outcomes"), f"{reason}|{outcome}", 1))
+            counters.append((keys.stat("outcomes", p), f"{reason}|{outcome}", 1))
             if d.asked_at is not None:
                 asked_hour = hour_of(d.asked_at)
-                counters.append((keys.stat_hour("outcomes", asked_hour), f"{reason}|{outcome}", 1))
+                counted = f"{reason}|{outcome}"
+                counters.append((keys.stat_hour("outcomes", asked_hour, p), counted, 1))
                 if d.expired_at is None and d.decided_at is not None:
                     seconds = max((d.decided_at - d.asked_at).total_seconds(), 0.0)
-                    counters.append((keys.stat("tta"), f"{reason}|{tta_bucket(seconds)}", 1))
+                    counters.append((keys.stat("tta", p), f"{reason}|{tta_bucket(seconds)}", 1))
         if o.rejection is not None:
-            counters.append((keys.stat("rejections"), o.rejection.code, 1))
+            counters.append((keys.stat("rejections", p), o.rejection.code, 1))
         if o.downgraded:
-            counters.append((keys.stat("downgrades"), "principal", 1))
+            counters.append((keys.stat("downgrades", p), "principal", 1))
         if o.kind.value == "skipped":
-            counters.append((keys.stat("skipped"), "unknown_type", 1))
+            counters.append((keys.stat("skipped", p), "unknown_type", 1))
     return IndexChanges(
         deadline_ms=None if deadline is None else ceil_ms(deadline),
         compaction_due=compaction_due(state, max_turns),

@@ -1,16 +1,23 @@
 """Every Redis key name the project uses, in one place.
 
-A session's keys share the hash tag `{s:<id>}`; the waiting-questions index and the fleet counts
-of a partition share `{w:<partition>}`. The commit script still writes the per-partition indexes
-and the counters and takes up to 64 sessions per call, so the store needs one Redis (or a primary
-with replicas), not a Cluster; splitting it per slot would start from these tags.
+Every key of a partition's sessions, indexes and counters shares that partition's hash tag
+(`partition_tag`), so on Redis Cluster a partition is one hash slot: a commit script call of many
+sessions of one partition, with the partition's indexes and its shard of every counter, runs on
+one node, and the worker that owns the partition writes to one node for it. Readers of fleet-wide
+figures merge the partitions' shards. The tags are chosen so that the partitions' slots spread
+evenly over the slot range (a cluster's masters own even ranges of it after `redis-cli --cluster
+create`); the plain `{w:<p>}` tags put 4 of 6 partitions on one of 3 masters.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from session_model.partitioning import partition_for
 
 DEFAULT_PREFIX = "ms"
 # The session's history lists, in the order of `projections.codec.HISTORY_KINDS`.
@@ -36,15 +43,45 @@ class SessionKeys:
         return (*self.all(), *self.history)
 
 
+@functools.lru_cache(maxsize=1024)
+def partition_tag(partition: int, partitions: int) -> str:
+    """The hash tag of a partition's keys: `w:<p>`, or `w:<p>.<n>` with the smallest `n` that
+    puts its slot in the partition's even share of the slot range (`p` of `partitions`)."""
+    if not 0 <= partition < partitions <= REDIS_CLUSTER_HASH_SLOTS:
+        raise ValueError(f"partition {partition} is not one of {partitions}")
+    low = partition * REDIS_CLUSTER_HASH_SLOTS // partitions
+    high = (partition + 1) * REDIS_CLUSTER_HASH_SLOTS // partitions
+    tag, n = f"w:{partition}", 0
+    while not low <= key_slot(tag.encode()) < high:
+        tag, n = f"w:{partition}.{n}", n + 1
+    return tag
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Key names under one prefix (tests and parallel stacks use their own)."""
+    """Key names under one prefix (tests and parallel stacks use their own), for a topic of
+    `partitions` partitions (where a session's keys live depends on its partition)."""
 
     prefix: str = DEFAULT_PREFIX
+    partitions: int = field(kw_only=True)
 
-    def session(self, session_id: str) -> SessionKeys:
-        """The keys of one session, sharing its hash tag."""
-        tag = f"{self.prefix}:{{s:{session_id}}}"
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError(f"partitions={self.partitions}: expected at least 1")
+
+    def tag(self, partition: int) -> str:
+        """`<prefix>:{<partition's tag>}`: the start of every key of the partition."""
+        return f"{self.prefix}:{{{partition_tag(partition, self.partitions)}}}"
+
+    def partition_of(self, session_id: str) -> int:
+        """The partition of a session (Kafka's default partitioner over its id)."""
+        return partition_for(session_id, self.partitions)
+
+    def session(self, session_id: str, partition: int | None = None) -> SessionKeys:
+        """The keys of one session (`partition`: its partition, when the caller knows it)."""
+        if partition is None:
+            partition = partition_for(session_id, self.partitions)
+        tag = f"{self.tag(partition)}:s:{session_id}"
         return SessionKeys(
             f"{tag}:state",
             f"{tag}:turns",
@@ -55,36 +92,39 @@ class Keys:
 
     def state_pattern(self) -> str:
         """A SCAN pattern matching the state hash of every session (and nothing else)."""
-        return f"{_glob_escape(self.prefix)}:{{s:*}}:state"
+        return f"{_glob_escape(self.prefix)}:{{w:*}}:s:*:state"
 
     def session_of(self, state_key: str) -> str | None:
         """The session id of a state hash's key, or None for any other key."""
-        head, tail = f"{self.prefix}:{{s:", "}:state"
-        if state_key.startswith(head) and state_key.endswith(tail):
-            return state_key[len(head) : -len(tail)]
-        return None
+        head, tail = f"{self.prefix}:{{w:", ":state"
+        if not (state_key.startswith(head) and state_key.endswith(tail)):
+            return None
+        tag_end = state_key.find("}:s:", len(head))
+        if tag_end < 0:
+            return None
+        return state_key[tag_end + 4 : -len(tail)]
 
     def deadlines(self, partition: int) -> str:
         """Sorted set per partition: session id scored by its open question's deadline (epoch ms).
 
         Per partition so that the scheduler of a partition's owner reads only its own sessions.
         """
-        return f"{self.prefix}:deadlines:{partition}"
+        return f"{self.tag(partition)}:deadlines"
 
     def compaction_due(self, partition: int) -> str:
         """Set per partition of session ids whose unsummarised turns exceed the threshold."""
-        return f"{self.prefix}:compaction-due:{partition}"
+        return f"{self.tag(partition)}:compaction-due"
 
     def waiting(self, partition: int) -> str:
         """Sorted set per partition: waiting session ids by deadline (`questions.NO_DEADLINE`)."""
-        return f"{self.prefix}:{{w:{partition}}}:waiting"
+        return f"{self.tag(partition)}:waiting"
 
     def waiting_reason_prefix(self, partition: int) -> str:
         """The prefix of a partition's per-reason sorted sets (the commit script adds the reason).
 
         Built inside the script from the old and the new reason, under the partition's hash tag.
         """
-        return f"{self.prefix}:{{w:{partition}}}:waiting:r:"
+        return f"{self.tag(partition)}:waiting:r:"
 
     def waiting_reason(self, partition: int, reason: str) -> str:
         """Sorted set per partition and reason: waiting session ids by deadline."""
@@ -92,26 +132,26 @@ class Keys:
 
     def waiting_cards(self, partition: int) -> str:
         """Hash per partition: waiting session id -> its question's card (JSON)."""
-        return f"{self.prefix}:{{w:{partition}}}:cards"
+        return f"{self.tag(partition)}:cards"
 
     def waiting_counts(self, partition: int) -> str:
         """Hash per partition: reason -> questions waiting for it."""
-        return f"{self.prefix}:{{w:{partition}}}:waiting:counts"
+        return f"{self.tag(partition)}:waiting:counts"
 
     def fleet_counts(self, partition: int) -> str:
         """Hash per partition: status and mode letters -> sessions (`projections.cards`; each
         session's entry is its state hash's field f)."""
-        return f"{self.prefix}:{{w:{partition}}}:fleet:counts"
+        return f"{self.tag(partition)}:fleet:counts"
 
     def retention(self, partition: int) -> str:
         """Sorted set per partition: ended session id -> the epoch ms its projection may be
         dropped (`projections.requests.Retention`; kept only while a TTL is configured)."""
-        return f"{self.prefix}:{{w:{partition}}}:retention"
+        return f"{self.tag(partition)}:retention"
 
     def expired(self, partition: int) -> str:
         """Hash per partition: session id -> its tombstone (`<expired ms> <last mark>`), once the
         retention sweep dropped its projection (`replay --session` deletes it)."""
-        return f"{self.prefix}:{{w:{partition}}}:expired"
+        return f"{self.tag(partition)}:expired"
 
     def retention_keys(self, partition: int) -> tuple[str, str]:
         """The retention index and the tombstones of a partition, in the order the commit and
@@ -121,7 +161,7 @@ class Keys:
     def unsnapshotted(self, partition: int) -> str:
         """Sorted set per partition: session id -> the first offset of it applied since its latest
         snapshot (`processors.snapshots`; kept only while snapshots are taken)."""
-        return f"{self.prefix}:{{w:{partition}}}:unsnapshotted"
+        return f"{self.tag(partition)}:unsnapshotted"
 
     def partition_keys(self, partition: int) -> tuple[str, ...]:
         """A partition's index keys in the order the commit script takes them (after a
@@ -129,23 +169,39 @@ class Keys:
         """
         return _partition_keys(self, partition)
 
-    def stat(self, name: str) -> str:
-        """A counter hash for analytics (`stat("pauses")` → field per reason code)."""
-        return f"{self.prefix}:stats:{name}"
+    def stat(self, name: str, partition: int) -> str:
+        """A partition's shard of a counter hash for analytics (`stat("pauses", p)` → field per
+        reason code); readers add up every partition's (`stat_shards`)."""
+        return f"{self.tag(partition)}:stats:{name}"
 
-    def stat_hour(self, name: str, hour: str) -> str:
-        """A counter hash for one UTC hour (`YYYYMMDDHH`), for `--since` queries."""
-        return f"{self.prefix}:stats:{name}:h:{hour}"
+    def stat_hour(self, name: str, hour: str, partition: int) -> str:
+        """A partition's shard of a counter hash for one UTC hour (`YYYYMMDDHH`)."""
+        return f"{self.tag(partition)}:stats:{name}:h:{hour}"
+
+    def stat_shards(self, name: str, hour: str | None = None) -> tuple[str, ...]:
+        """Every partition's shard of a counter hash (of one hour with `hour`)."""
+        if hour is None:
+            return tuple(self.stat(name, p) for p in range(self.partitions))
+        return tuple(self.stat_hour(name, hour, p) for p in range(self.partitions))
+
+    def stats_pattern(self) -> str:
+        """A SCAN pattern matching every shard of every counter hash."""
+        return f"{_glob_escape(self.prefix)}:{{w:*}}:stats:*"
+
+    def stat_hour_pattern(self, name: str) -> str:
+        """A SCAN pattern matching every hour shard of a counter (the hour is the key's tail)."""
+        return f"{_glob_escape(self.prefix)}:{{w:*}}:stats:{_glob_escape(name)}:h:*"
 
     def counter_field(self, stat_key: str, field: str) -> str:
-        """A session's own record of one counter (`<counter hash, less the prefix>\t<field>`),
-        its state hash's field `c:` + this, and its snapshot's counter name."""
-        return f"{stat_key[len(self.prefix) + 7 :]}\t{field}"
+        """A session's own record of one counter (`<counter hash after ":stats:">\t<field>`),
+        its state hash's field `c:` + this, and its snapshot's counter name (the same in every
+        partition)."""
+        return f"{stat_key[stat_key.index('}:stats:') + 8 :]}\t{field}"
 
-    def counter_of(self, counter_field: str) -> tuple[str, str]:
-        """The counter hash and field a session's counter field names (`counter_field`)."""
+    def counter_of(self, counter_field: str, partition: int) -> tuple[str, str]:
+        """The counter hash (the partition's shard) and field a session's counter field names."""
         name, _, field = counter_field.partition("\t")
-        return f"{self.prefix}:stats:{name}", field
+        return f"{self.tag(partition)}:stats:{name}", field
 
     def pattern(self) -> str:
         """A SCAN pattern matching every key under this prefix."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import hiredis
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import (
     Connection,
     ConnectionPool,
@@ -25,6 +27,8 @@ from redis.asyncio.connection import (
 )
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode as SyncClusterNode
+from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import DataError
 from redis.retry import Retry
 
@@ -101,14 +105,69 @@ class RedisAuth:
 NO_AUTH = RedisAuth()
 
 
+class AsyncCluster(AsyncRedisCluster):
+    """redis-py's asyncio Redis Cluster client, and a plain client per master for the batches.
+
+    `projections.requests` sends a batch's commands to each master in one pipeline of its own
+    (the `WAIT` that makes a commit durable must follow the writes on their connection), on
+    these clients; everything else goes through the cluster client's routing.
+    """
+
+    def node_client(self, node: AsyncClusterNode) -> aioredis.Redis:
+        """The plain client of one node (commands packed by hiredis), made once."""
+        clients: dict[str, aioredis.Redis] = self.__dict__.setdefault("_node_clients", {})
+        found = clients.get(node.name)
+        if found is None:
+            options = dict(node.connection_kwargs)
+            options["connection_class"] = _PACKING.get(node.connection_class, HiredisConnection)
+            options["retry"] = AsyncRetry(NoBackoff(), 1)
+            for unused in ("driver_info", "legacy_responses", "event_dispatcher"):
+                options.pop(unused, None)
+            found = clients[node.name] = aioredis.Redis.from_pool(ConnectionPool(**options))
+        return found
+
+    async def aclose(self) -> None:
+        """Close the cluster client and every node client."""
+        for client in self.__dict__.pop("_node_clients", {}).values():
+            await client.aclose()
+        await super().aclose()
+
+
+class SyncCluster(SyncRedisCluster):
+    """redis-py's Redis Cluster client; `projections.requests` pipelines to each master on its
+    node's own client (see `AsyncCluster`)."""
+
+    def node_client(self, node: SyncClusterNode) -> redis.Redis:
+        """The plain client of one node."""
+        client: redis.Redis = node.redis_connection
+        return client
+
+
+AsyncClient = aioredis.Redis | AsyncCluster
+"""What the processors talk to: one Redis (or a primary with replicas), or a Redis Cluster."""
+SyncClient = redis.Redis | SyncCluster
+"""What readers and replay talk to."""
+
+
 def async_client(
-    url: str, timeout: float | None = None, auth: RedisAuth = NO_AUTH
-) -> aioredis.Redis:
-    """A `redis.asyncio` client for `url` whose connections pack commands with hiredis.
+    url: str, timeout: float | None = None, auth: RedisAuth = NO_AUTH, *, cluster: bool = False
+) -> AsyncClient:
+    """A `redis.asyncio` client for `url` whose connections pack commands with hiredis
+    (`cluster`: a Redis Cluster client, `url` one of its nodes).
 
     `timeout` bounds a connect and a reply; a failed call is retried once by the client (the
     worker's own loop retries with backoff, and says so), not ten times as redis-py's default.
     """
+    if cluster:
+        cluster_options: dict[str, Any] = {**auth.options(url)}
+        if timeout is not None:
+            cluster_options["socket_timeout"] = cluster_options["socket_connect_timeout"] = timeout
+        try:
+            # from_url makes an instance of the class it is called on (typed as its base).
+            client = cast(AsyncCluster, AsyncCluster.from_url(url, **cluster_options))
+        except ValueError as e:
+            raise ConfigurationError(f"Redis URL {redacted(url)}: {e}") from e
+        return client
     try:
         options: dict[str, Any] = dict(parse_url(url))
     except ValueError as e:
@@ -121,14 +180,19 @@ def async_client(
     return aioredis.Redis.from_pool(ConnectionPool(**options))
 
 
-def sync_client(url: str, timeout: float | None = None, auth: RedisAuth = NO_AUTH) -> redis.Redis:
-    """A synchronous client for `url`: bounded connect and reply times, no retry (a reader
-    fails fast and says why; it can run again)."""
-    options: dict[str, Any] = {"retry": Retry(NoBackoff(), 0), **auth.options(url)}
+def sync_client(
+    url: str, timeout: float | None = None, auth: RedisAuth = NO_AUTH, *, cluster: bool = False
+) -> SyncClient:
+    """A synchronous client for `url` (`cluster`: a Redis Cluster client, `url` one of its
+    nodes): bounded connect and reply times, no retry (a reader fails fast and says why; it
+    can run again)."""
+    options: dict[str, Any] = {**auth.options(url)}
     if timeout is not None:
         options["socket_timeout"] = options["socket_connect_timeout"] = timeout
     try:
-        return redis.Redis.from_url(url, **options)
+        if cluster:
+            return cast(SyncCluster, SyncCluster.from_url(url, **options))
+        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
     except ValueError as e:
         raise ConfigurationError(f"Redis URL {redacted(url)}: {e}") from e
 

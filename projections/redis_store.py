@@ -10,21 +10,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 from projections import requests
 from projections import waiting as index
 from projections.codec import history_from_json, turn_from_json
 from projections.keys import Keys
-from projections.redis_client import NO_AUTH, RedisAuth, sync_client
+from projections.redis_client import NO_AUTH, AsyncClient, RedisAuth, SyncClient, sync_client
 from projections.requests import (
     COMMIT_GROUP,
     EXPIRE_BATCH,
+    NOT_DURABLE,
+    Durability,
     Expired,
     RawState,
     Restored,
@@ -39,7 +40,6 @@ from projections.requests import (
     text,
 )
 from schemas.errors import NotYetVisibleError, ProjectionError
-from session_model.partitioning import partition_for
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
@@ -58,29 +58,35 @@ def _mark_reached(raw: Any, at_least: Position) -> bool:
 class RedisProjectionStore:
     """The projection store on a (synchronous) Redis client; readers and replay use this one."""
 
-    client: redis.Redis
-    keys: Keys = field(default_factory=Keys)
+    client: SyncClient
+    keys: Keys  # the events topic's partitions too: every key lives in its partition's slot
     poll_interval: float = 0.005
     compact_after: int | None = None
     count_stats: bool = True
-    partitions: int = 6  # the events topic's: the waiting index is kept per partition
     retention: Retention | None = None  # ended sessions' TTL, indexed by commits (None: none)
     track: bool = False  # note committed sessions for the next snapshot (snapshots are taken)
+    durability: Durability = NOT_DURABLE  # replicas a write must reach before it is done
 
     @classmethod
     def from_url(
         cls,
         url: str,
-        keys: Keys | None = None,
+        keys: Keys,
         compact_after: int | None = None,
         timeout: float | None = None,
         auth: RedisAuth = NO_AUTH,
         *,
-        partitions: int = 6,
+        cluster: bool = False,
     ) -> RedisProjectionStore:
-        """A store on `url` (`timeout`: seconds a connect or a reply may take; one retry)."""
-        client = sync_client(url, timeout, auth)
-        return cls(client, keys or Keys(), compact_after=compact_after, partitions=partitions)
+        """A store on `url` (`timeout`: seconds a connect or a reply may take; one retry;
+        `cluster`: `url` is a node of a Redis Cluster)."""
+        client = sync_client(url, timeout, auth, cluster=cluster)
+        return cls(client, keys, compact_after=compact_after)
+
+    @property
+    def partitions(self) -> int:
+        """The events topic's partitions (the indexes and counters are kept per partition)."""
+        return self.keys.partitions
 
     def waiting(
         self, reason: str | None = None, after: Cursor | None = None, limit: int = 50
@@ -117,7 +123,10 @@ class RedisProjectionStore:
             )
             for u in updates
         ]
-        return execute(self.client, requests.commit([u.session_id for u in updates], calls))
+        request = requests.commit(
+            [u.session_id for u in updates], calls, [u.mark.partition for u in updates]
+        )
+        return execute(self.client, request, self.durability)
 
     def restore(self, sessions: Sequence[Restored]) -> CommitResult:
         """Write sessions from their snapshots, in one pipelined round trip (a session that
@@ -131,7 +140,8 @@ class RedisProjectionStore:
             for r in sessions
         ]
         sids = [r.folded.state.id for r in sessions]
-        return execute(self.client, requests.commit(sids, calls))
+        request = requests.commit(sids, calls, [r.mark.partition for r in sessions])
+        return execute(self.client, request, self.durability)
 
     def load(
         self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
@@ -211,14 +221,13 @@ class RedisProjectionStore:
     def drop(self, session_id: str) -> None:
         """Delete one session's projection, its entries in the waiting index and counts, its
         retention entry and its tombstone (a rebuild of it follows: `replay --session`)."""
-        call = drop_command(self.keys, session_id, partition_for(session_id, self.partitions))
-        execute(
-            self.client, requests.Request([call], lambda _: None, f"dropping {session_id} failed")
-        )
+        call = drop_command(self.keys, session_id, self.keys.partition_of(session_id))
+        request = requests.Request([call], lambda _: None, f"dropping {session_id} failed", True)
+        execute(self.client, request, self.durability)
 
     def expired(self, session_id: str) -> Expired | None:
         """The session's tombstone if its projection expired (None: projected, or unknown)."""
-        p = partition_for(session_id, self.partitions)
+        p = self.keys.partition_of(session_id)
         return execute(self.client, requests.expired(self.keys, session_id, p))
 
     def expire_due(self, now: datetime, limit: int = EXPIRE_BATCH) -> list[str]:
@@ -227,7 +236,9 @@ class RedisProjectionStore:
         now_ms = floor_ms(now)
         request = requests.retention_due(self.keys, range(self.partitions), now_ms, limit)
         due = execute(self.client, request)
-        return execute(self.client, requests.expire(self.keys, due, now_ms)) if due else []
+        if not due:
+            return []
+        return execute(self.client, requests.expire(self.keys, due, now_ms), self.durability)
 
     def clear(self) -> None:
         """Delete every key under this store's prefix."""
@@ -248,11 +259,12 @@ class RedisProjectionStore:
 class AsyncRedisProjectionStore:
     """The projector's side of the store on `redis.asyncio` (never blocks the event loop)."""
 
-    client: aioredis.Redis
-    keys: Keys = field(default_factory=Keys)
+    client: AsyncClient
+    keys: Keys  # the events topic's partitions too: every key lives in its partition's slot
     compact_after: int | None = None
     retention: Retention | None = None  # ended sessions' TTL, indexed by commits (None: none)
     track: bool = False  # note committed sessions for the next snapshot (snapshots are taken)
+    durability: Durability = NOT_DURABLE  # replicas a write must reach before it is done
 
     async def folded(
         self, session_ids: Sequence[str], *, event_ids: bool = True
@@ -284,7 +296,8 @@ class AsyncRedisProjectionStore:
                 for u in updates[at : at + COMMIT_GROUP]
             ]
         sids = [u.session_id for u in updates]
-        return await execute_async(self.client, requests.commit(sids, calls))
+        request = requests.commit(sids, calls, [u.mark.partition for u in updates])
+        return await execute_async(self.client, request, self.durability)
 
     async def due_work(
         self, partitions: Iterable[int], until_ms: int | None = None
@@ -306,11 +319,13 @@ class AsyncRedisProjectionStore:
         expired by another worker's sweep (a rebalance), is left as it is.
         """
         now_ms = floor_ms(now)
-        request = requests.retention_due(self.keys, partitions, now_ms, limit)
-        due = await execute_async(self.client, request)
+        due = await execute_async(
+            self.client, requests.retention_due(self.keys, partitions, now_ms, limit)
+        )
         if not due:
             return []
-        return await execute_async(self.client, requests.expire(self.keys, due, now_ms))
+        expire = requests.expire(self.keys, due, now_ms)
+        return await execute_async(self.client, expire, self.durability)
 
     async def unsnapshotted(
         self, partition: int, limit: int = requests.SNAPSHOT_PAGE
@@ -330,4 +345,5 @@ class AsyncRedisProjectionStore:
     ) -> int | None:
         """Take sessions whose snapshots were acknowledged out of the partition's unsnapshotted
         index; the lowest first offset left in it (None: none)."""
-        return await execute_async(self.client, requests.snapped(self.keys, partition, covered))
+        request = requests.snapped(self.keys, partition, covered)
+        return await execute_async(self.client, request, self.durability)

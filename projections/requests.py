@@ -8,6 +8,7 @@ the server lost them (a restart, `SCRIPT FLUSH`) and wrap driver errors in `Proj
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,14 @@ from typing import Any, Generic, TypeVar
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    TryAgainError,
+)
 
 from projections import scripts
 from projections.cards import index_entry
@@ -34,8 +42,9 @@ from projections.codec import (
 from projections.indexes import ceil_ms, index_changes
 from projections.keys import Keys
 from projections.layout import ELSEWHERE, WHOLE
+from projections.redis_client import AsyncClient, AsyncCluster, SyncClient, SyncCluster
 from schemas import events as ev
-from schemas.errors import ConfigurationError, ProjectionError
+from schemas.errors import ConfigurationError, ProjectionError, ReplicationLagError
 from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
 from session_model.ports import CommitResult
@@ -63,58 +72,242 @@ class Request(Generic[T]):
     commands: list[tuple[Any, ...]]
     parse: Callable[[list[Any]], T]
     failure: str  # what failed, for the error message
+    writes: bool = False  # it changes projections: made durable (`Durability`) before it returns
 
 
-def execute(client: redis.Redis, request: Request[T]) -> T:
-    """Run a request on a synchronous client."""
-    try:
-        for attempt in (1, 2):
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """How many replicas of a master must hold a write before the write counts as done.
+
+    Redis replicates asynchronously: a master that fails over after acknowledging a commit can
+    lose it, after the worker let Kafka commit the offsets past it. With `replicas` > 0 every
+    write request ends, on each master it wrote to and on the connection that wrote, with
+    `WAIT replicas timeout_ms`; a shortfall is waited out again (after a write that moves the
+    connection's replication offset to the master's) up to `attempts` times, then raises
+    `ReplicationLagError`, and the caller does not move its offsets.
+    """
+
+    replicas: int = 0
+    timeout_ms: int = 1000
+    attempts: int = 5
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0 or self.timeout_ms < 1 or self.attempts < 1:
+            raise ConfigurationError(
+                f"durability: replicas={self.replicas} (>= 0), timeout_ms={self.timeout_ms} "
+                f"(>= 1), attempts={self.attempts} (>= 1)"
+            )
+
+
+NOT_DURABLE = Durability()
+_REROUTED = (
+    MovedError,
+    AskError,
+    ClusterDownError,
+    TryAgainError,
+    redis.ConnectionError,
+    RedisClusterException,  # e.g. a slot no master serves (yet) during a failover
+)
+
+
+def key_of(command: tuple[Any, ...]) -> str:
+    """The (first) key a command touches: where Redis Cluster routes it."""
+    key = command[3] if command[0] == "EVALSHA" else command[1]
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
+def _marker(command: tuple[Any, ...]) -> str:
+    """A key in the command's hash slot that a durability check may write to."""
+    key = key_of(command)
+    end = key.find("}")
+    return (key[: end + 1] if end >= 0 else key) + ":durable"
+
+
+def _wait_for(command: tuple[Any, ...], durability: Durability) -> list[tuple[Any, ...]]:
+    return [("INCR", _marker(command)), ("WAIT", durability.replicas, durability.timeout_ms)]
+
+
+def _replicated(replies: list[Any], durability: Durability) -> bool:
+    return int(replies[-1]) >= durability.replicas
+
+
+def _pipeline(
+    client: redis.Redis, commands: list[tuple[Any, ...]], durability: Durability
+) -> list[Any]:
+    """Run commands on one server in one round trip (loading the scripts if it lost them), then
+    wait for its replicas when `durability` asks for it."""
+    wait = _wait_for(commands[0], durability) if durability.replicas else []
+    for attempt in (1, 2):
+        pipe = client.pipeline(transaction=False)
+        for command in (*commands, *wait):
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        try:
+            replies: list[Any] = pipe.execute()
+        except NoScriptError:
+            if attempt == 2:
+                raise
+            for script in scripts.ALL:
+                client.script_load(script.source)
+            continue
+        for _ in range(durability.attempts - 1):
+            if not wait or _replicated(replies, durability):
+                break
             pipe = client.pipeline(transaction=False)
-            for command in request.commands:
+            for command in wait:
                 pipe.execute_command(*command)  # type: ignore[no-untyped-call]
-            try:
-                return request.parse(pipe.execute())
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-                for script in scripts.ALL:
-                    client.script_load(script.source)
-    except redis.RedisError as e:
-        raise ProjectionError(f"{request.failure}: {e}") from e
+            replies[-2:] = pipe.execute()
+        if wait and not _replicated(replies, durability):
+            raise _ShortOfReplicas(_short(replies, durability))
+        return replies[: len(commands)]
     raise AssertionError("unreachable")
 
 
-async def execute_async(client: aioredis.Redis, request: Request[T]) -> T:
-    """Run a request on an asyncio client (never blocks the event loop)."""
-    try:
-        for attempt in (1, 2):
+async def _pipeline_async(
+    client: aioredis.Redis, commands: list[tuple[Any, ...]], durability: Durability
+) -> list[Any]:
+    """`_pipeline` on an asyncio client."""
+    wait = _wait_for(commands[0], durability) if durability.replicas else []
+    for attempt in (1, 2):
+        pipe = client.pipeline(transaction=False)
+        for command in (*commands, *wait):
+            pipe.execute_command(*command)
+        try:
+            replies: list[Any] = await pipe.execute()
+        except NoScriptError:
+            if attempt == 2:
+                raise
+            for script in scripts.ALL:
+                await client.script_load(script.source)
+            continue
+        for _ in range(durability.attempts - 1):
+            if not wait or _replicated(replies, durability):
+                break
             pipe = client.pipeline(transaction=False)
-            for command in request.commands:
+            for command in wait:
                 pipe.execute_command(*command)
+            replies[-2:] = await pipe.execute()
+        if wait and not _replicated(replies, durability):
+            raise _ShortOfReplicas(_short(replies, durability))
+        return replies[: len(commands)]
+    raise AssertionError("unreachable")
+
+
+def _short(replies: list[Any], durability: Durability) -> str:
+    return (
+        f"the write reached {int(replies[-1])} of the {durability.replicas} replicas asked for "
+        f"within {durability.attempts} × {durability.timeout_ms} ms"
+    )
+
+
+def _by_node(
+    client: SyncCluster | AsyncCluster, commands: list[tuple[Any, ...]]
+) -> list[tuple[Any, list[int]]]:
+    """The commands' indexes grouped by the master that serves their slot."""
+    nodes: dict[str, tuple[Any, list[int]]] = {}
+    for i, command in enumerate(commands):
+        node = client.get_node_from_key(key_of(command))
+        if node is None:
+            raise ClusterDownError(f"no master serves the slot of {key_of(command)}")
+        nodes.setdefault(node.name, (node, []))[1].append(i)
+    return list(nodes.values())
+
+
+def execute(client: SyncClient, request: Request[T], durability: Durability = NOT_DURABLE) -> T:
+    """Run a request on a synchronous client (on a cluster: one pipeline per master)."""
+    wait = durability if request.writes else NOT_DURABLE
+    try:
+        if not isinstance(client, SyncCluster):
+            return request.parse(_pipeline(client, request.commands, wait))
+        for attempt in (1, 2):
             try:
-                return request.parse(await pipe.execute())
-            except NoScriptError:
+                replies: list[Any] = [None] * len(request.commands)
+                for node, at in _by_node(client, request.commands):
+                    got = _pipeline(
+                        client.node_client(node), [request.commands[i] for i in at], wait
+                    )
+                    for i, reply in zip(at, got, strict=True):
+                        replies[i] = reply
+                return request.parse(replies)
+            except _REROUTED:
+                # A failover or a moved slot: learn the cluster's slots again, then once more
+                # (a commit already applied answers "conflict" and is folded again).
+                client.nodes_manager.initialize()
                 if attempt == 2:
                     raise
-                for script in scripts.ALL:
-                    await client.script_load(script.source)
-    except redis.RedisError as e:
-        raise ProjectionError(f"{request.failure}: {e}") from e
+    except (redis.RedisError, RedisClusterException) as e:
+        raise _wrapped(request, e) from e
     raise AssertionError("unreachable")
+
+
+async def execute_async(
+    client: AsyncClient, request: Request[T], durability: Durability = NOT_DURABLE
+) -> T:
+    """Run a request on an asyncio client (never blocks the event loop; on a cluster: one
+    pipeline per master, all at once)."""
+    wait = durability if request.writes else NOT_DURABLE
+    try:
+        if not isinstance(client, AsyncCluster):
+            return request.parse(await _pipeline_async(client, request.commands, wait))
+        try:
+            await client.initialize()  # learns the slots on first use only
+            groups = _by_node(client, request.commands)
+            got = await asyncio.gather(
+                *(
+                    _pipeline_async(
+                        client.node_client(node), [request.commands[i] for i in at], wait
+                    )
+                    for node, at in groups
+                )
+            )
+        except _REROUTED:
+            # A failover or a moved slot: learn the cluster's slots again; the caller retries.
+            await client.nodes_manager.initialize()
+            raise
+        replies: list[Any] = [None] * len(request.commands)
+        for (_, at), node_replies in zip(groups, got, strict=True):
+            for i, reply in zip(at, node_replies, strict=True):
+                replies[i] = reply
+        return request.parse(replies)
+    except (redis.RedisError, RedisClusterException) as e:
+        raise _wrapped(request, e) from e
+
+
+def _wrapped(request: Request[Any], e: Exception) -> ProjectionError:
+    if isinstance(e, _ShortOfReplicas):
+        return ReplicationLagError(f"{request.failure}: {e}")
+    return ProjectionError(f"{request.failure}: {e}")
+
+
+class _ShortOfReplicas(redis.RedisError):
+    """A write was not acknowledged by as many replicas as `Durability` asks for."""
 
 
 # -- reading folded states ---------------------------------------------------------------------
 
 
-def read_groups(keys: Keys, session_ids: Sequence[str], size: int = READ_GROUP) -> list[list[str]]:
-    """The KEYS of read script calls reading these sessions, up to `size` per call, in order."""
-    groups: list[list[str]] = []
-    for at in range(0, len(session_ids), size):
-        group: list[str] = []
-        for sid in session_ids[at : at + size]:
-            k = keys.session(sid)
-            group += (k.state, k.turns, k.event_ids)
-        groups.append(group)
+def by_partition(keys: Keys, session_ids: Sequence[str]) -> list[tuple[int, list[str]]]:
+    """The sessions grouped by partition (each partition's keys are one hash slot), partitions
+    in the order they first appear, sessions in their order."""
+    groups: dict[int, list[str]] = {}
+    for sid in session_ids:
+        groups.setdefault(keys.partition_of(sid), []).append(sid)
+    return list(groups.items())
+
+
+def read_groups(
+    keys: Keys, session_ids: Sequence[str], size: int = READ_GROUP
+) -> list[tuple[list[str], list[str]]]:
+    """The sessions and KEYS of read script calls reading them: up to `size` sessions of one
+    partition per call (one hash slot each, as Redis Cluster requires)."""
+    groups: list[tuple[list[str], list[str]]] = []
+    for partition, sids in by_partition(keys, session_ids):
+        for at in range(0, len(sids), size):
+            chunk = sids[at : at + size]
+            group: list[str] = []
+            for sid in chunk:
+                k = keys.session(sid, partition)
+                group += (k.state, k.turns, k.event_ids)
+            groups.append((chunk, group))
     return groups
 
 
@@ -142,11 +335,13 @@ def read(
     """State, mark (and event ids) of the known sessions among `session_ids`."""
     flag = "1" if event_ids else "0"
     sha = scripts.READ.sha
-    commands = [("EVALSHA", sha, len(ks), *ks, flag) for ks in read_groups(keys, session_ids)]
+    groups = read_groups(keys, session_ids)
+    commands = [("EVALSHA", sha, len(ks), *ks, flag) for _, ks in groups]
+    order = [sid for sids, _ in groups for sid in sids]
 
     def parse(replies: list[Any]) -> dict[str, Folded]:
         raws = [raw for group in replies for raw in group]
-        found = {sid: parse_read(raw, sid) for sid, raw in zip(session_ids, raws, strict=True)}
+        found = {sid: parse_read(raw, sid) for sid, raw in zip(order, raws, strict=True)}
         return {sid: f for sid, f in found.items() if f is not None}
 
     return Request(commands, parse, "reading projections failed")
@@ -235,7 +430,7 @@ def drop_command(
     Without `now_ms`: forget it, its retention entry and tombstone too (a rebuild follows).
     With it: expire it if its retention deadline is at or before `now_ms`, leaving a tombstone.
     """
-    k = keys.session(session_id)
+    k = keys.session(session_id, partition)
     return (
         "EVALSHA",
         scripts.DROP.sha,
@@ -278,7 +473,7 @@ def expire(keys: Keys, due: dict[str, int], now_ms: int) -> Request[list[str]]:
     def parse(replies: list[Any]) -> list[str]:
         return [sid for sid, r in zip(sids, replies, strict=True) if r == 1]
 
-    return Request(commands, parse, "expiring projections failed")
+    return Request(commands, parse, "expiring projections failed", writes=True)
 
 
 # -- committing updates ------------------------------------------------------------------------
@@ -386,7 +581,8 @@ def restore_call(
     state = snapshot.folded.state
     update = SessionUpdate(state.id, None, snapshot.mark, state, ())
     changes = index_changes(update, keys, compact_after)
-    counters = [(*keys.counter_of(f), n) for f, n in snapshot.counters.items()]
+    partition = snapshot.mark.partition
+    counters = [(*keys.counter_of(f, partition), n) for f, n in snapshot.counters.items()]
     return _call(
         keys,
         update,
@@ -434,8 +630,8 @@ def _call(
     history: Sequence[HistoryRecord],
 ) -> Call:
     sid = update.session_id
-    k = keys.session(sid)
     partition = update.mark.partition
+    k = keys.session(sid, partition)
     head, groups = ids
     entry = index_entry(update, deadline_ms)
     script_keys = [
@@ -488,36 +684,52 @@ def _call(
     return script_keys, args
 
 
-def grouped(calls: Sequence[Call], size: int = COMMIT_GROUP) -> list[Call]:
-    """Sessions' commit calls joined into calls of the commit script of up to `size` sessions."""
+def grouped(calls: Sequence[tuple[int, Call]], size: int = COMMIT_GROUP) -> list[Call]:
+    """Sessions' commit calls, each with its partition, joined into calls of the commit script
+    of up to `size` sessions of one partition (one hash slot: what Redis Cluster requires),
+    in the order the calls' partitions first appear."""
+    by_partition: dict[int, list[Call]] = {}
+    for partition, call in calls:
+        by_partition.setdefault(partition, []).append(call)
     groups: list[Call] = []
-    for at in range(0, len(calls), size):
-        keys: list[str] = []
-        args: list[str | int | bytes] = []
-        for session_keys, session_args in calls[at : at + size]:
-            keys += session_keys
-            args.append(len(session_keys))
-            args.append(len(session_args))
-            args += session_args
-        groups.append((keys, args))
+    for same in by_partition.values():
+        for at in range(0, len(same), size):
+            keys: list[str] = []
+            args: list[str | int | bytes] = []
+            for session_keys, session_args in same[at : at + size]:
+                keys += session_keys
+                args.append(len(session_keys))
+                args.append(len(session_args))
+                args += session_args
+            groups.append((keys, args))
     return groups
 
 
-def commit(session_ids: Sequence[str], calls: Sequence[Call]) -> Request[CommitResult]:
-    """Apply each session's update (compare-and-set on its mark); `calls`: their `commit_call`s."""
+def commit(
+    session_ids: Sequence[str], calls: Sequence[Call], partitions: Sequence[int]
+) -> Request[CommitResult]:
+    """Apply each session's update (compare-and-set on its mark); `calls`: their `commit_call`s,
+    `partitions`: their partitions."""
     sha = scripts.COMMIT.sha
-    commands = [("EVALSHA", sha, len(ks), *ks, *args) for ks, args in grouped(calls)]
+    commands = [
+        ("EVALSHA", sha, len(ks), *ks, *args)
+        for ks, args in grouped(list(zip(partitions, calls, strict=True)))
+    ]
+    order: dict[int, list[str]] = {}
+    for partition, sid in zip(partitions, session_ids, strict=True):
+        order.setdefault(partition, []).append(sid)
+    sids = [sid for same in order.values() for sid in same]
 
     def parse(replies: list[Any]) -> CommitResult:
         # One list per group: 1 = applied, 0 = conflict, 2 = the session's projection expired
         # (nothing written: its events stay in Kafka until `replay --session` restores it).
         flags = [flag for group in replies for flag in group]
-        pairs = list(zip(session_ids, flags, strict=True))
+        pairs = list(zip(sids, flags, strict=True))
         return CommitResult(
             tuple(sid for sid, r in pairs if r != 0), tuple(sid for sid, r in pairs if r == 0)
         )
 
-    return Request(commands, parse, "committing projections failed")
+    return Request(commands, parse, "committing projections failed", writes=True)
 
 
 # -- due work and timelines --------------------------------------------------------------------
@@ -609,9 +821,10 @@ def raw_states(
     left out."""
     sha = scripts.READ.sha
     groups = read_groups(keys, session_ids)
-    commands: list[tuple[Any, ...]] = [("EVALSHA", sha, len(ks), *ks, "1") for ks in groups]
+    commands: list[tuple[Any, ...]] = [("EVALSHA", sha, len(ks), *ks, "1") for _, ks in groups]
+    session_ids = [sid for sids, _ in groups for sid in sids]  # one partition: in this order
     n = len(session_ids)
-    commands += [("HGETALL", keys.session(sid).state) for sid in session_ids]
+    commands += [("HGETALL", keys.session(sid, partition).state) for sid in session_ids]
     commands += [("ZSCORE", keys.retention(partition), sid) for sid in session_ids]
 
     def parse(replies: list[Any]) -> dict[str, RawState]:
@@ -638,7 +851,7 @@ def snapped(
     args: list[Any] = []
     for sid, mark in covered:  # None: the session has no state to snapshot
         args += (sid, "", -1) if mark is None else (sid, str(mark), mark.offset + 1)
-    session_keys = [keys.session(sid).state for sid, _ in covered]
+    session_keys = [keys.session(sid, partition).state for sid, _ in covered]
     command = (
         "EVALSHA",
         scripts.SNAPPED.sha,
@@ -652,4 +865,4 @@ def snapped(
         low = replies[0]
         return None if low is None else int(float(text(low)))
 
-    return Request([command], parse, "marking sessions snapshotted failed")
+    return Request([command], parse, "marking sessions snapshotted failed", writes=True)

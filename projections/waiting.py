@@ -1,6 +1,6 @@
 """Reading the waiting-questions index and the fleet counts: one pipelined round trip each.
 
-The index is kept per partition (`projections.keys`, hash tag `{w:<partition>}`) by the commit
+The index is kept per partition (`projections.keys`, the partition's hash tag) by the commit
 script. A page asks every partition for its next `limit + 1` entries after the cursor and merges
 them: O(P · (log n + limit)), never a scan of the sessions' states.
 """

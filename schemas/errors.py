@@ -134,6 +134,13 @@ class ProjectionError(BackendError):
     code = "projection_unavailable"
 
 
+class ReplicationLagError(ProjectionError):
+    """A projection write was not acknowledged by as many Redis replicas as the settings ask for
+    (`MILPA_REDIS_WAIT_REPLICAS`): the caller does not move its Kafka offsets past it."""
+
+    code = "replication_lag"
+
+
 class NotYetVisibleError(ProjectionError):
     """`load(at_least=...)` timed out before the projection applied that position."""
 

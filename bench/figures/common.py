@@ -21,6 +21,7 @@ from deploy.host import CpuMeter, PySpy, others_cpu, unaccounted_cpu
 from deploy.metrics import parse_counter
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
+from projections.analytics import Analytics
 from projections.keys import Keys
 from schemas.codec import EventCodec
 from schemas.events import Event
@@ -241,13 +242,12 @@ class FoldCounter:
     """The `folded` counter of a key prefix: every event its workers (`procs`) folded."""
 
     client: redis.Redis
-    prefix: str
+    keys: Keys
     procs: Sequence[Proc] = ()
 
     def read(self) -> int:
         """Events folded so far."""
-        raw = self.client.hget(Keys(self.prefix).stat("events"), "folded")
-        return int(raw) if raw is not None else 0
+        return Analytics(self.client, self.keys).folded()
 
     def wait(self, count: int, timeout: float, what: str, interval: float) -> None:
         """Wait until `count` events are folded (fail if one of the workers died)."""

@@ -29,7 +29,7 @@ return out
 """
 
 
-def poll_marks(url: str, prefix: str, interval: float, acked: Any, results: Any) -> None:
+def poll_marks(url: str, keys: Keys, interval: float, acked: Any, results: Any) -> None:
     """The e2e poller (its own process): time from send and from ack to the mark being visible.
 
     Reads `(session, offset, sent, acked)` items from `acked` until a None, polls every
@@ -40,7 +40,6 @@ def poll_marks(url: str, prefix: str, interval: float, acked: Any, results: Any)
     client = redis.Redis.from_url(url)
     marks_of = client.register_script(_MARKS_SCRIPT)
     marks_of(keys=[])  # loads the script
-    keys = Keys(prefix)
     results.put("ready")
     pending: dict[str, collections.deque[tuple[int, float, float]]] = {}
     sent_at: list[float] = []
@@ -131,7 +130,7 @@ def e2e(run: Run) -> None:
     log = KafkaEventLog(run.stack.kafka_bootstrap, settings.events_topic)
     run.cleanup.push("close e2e producer", lambda: log.close(timeout=5))
     n_warm = int(s.e2e_rate * s.e2e_warmup_s)
-    folding = FoldCounter(client, settings.redis_prefix, [worker])
+    folding = FoldCounter(client, settings.redis_keys(), [worker])
     warmup_visible_after_s = _warm_up(run, folding, log, events[:n_warm])
     measured_events = events[n_warm:]
     poller = _start_poller(run, settings)
@@ -229,7 +228,7 @@ def _start_poller(run: Run, settings: Settings) -> _Poller:
     results: Any = ctx.Queue()
     poller = ctx.Process(
         target=poll_marks,
-        args=(run.stack.redis_url, settings.redis_prefix, run.sizes.e2e_poll_s, acked, results),
+        args=(run.stack.redis_url, settings.redis_keys(), run.sizes.e2e_poll_s, acked, results),
         daemon=True,
     )
     poller.start()

@@ -200,7 +200,7 @@ def _expiry_run(run: Run, *, standalone: bool, load: bool = False) -> dict[str, 
     watched = [worker, measured] if standalone else [worker]
     log = KafkaEventLog(run.stack.kafka_bootstrap, settings.events_topic)
     run.cleanup.push("close expiry producer", lambda: log.close(timeout=5))
-    folding = FoldCounter(client, settings.redis_prefix, watched)
+    folding = FoldCounter(client, settings.redis_keys(), watched)
     fold_rate = _start_sessions(folding, log, sids)
     extra: list[Event] = []
     if load:  # generated now, untimed: 19 events per session of the projector's workload

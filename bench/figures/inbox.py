@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 from bench import infra
 from bench.figures.common import TARGETS, Run
 from bench.stats import summary
-from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.events import Event
@@ -29,8 +28,8 @@ def inbox(run: Run) -> None:
     settings = run.settings("inbox")
     infra.register_prefix(settings, run.cleanup)
     client = run.redis()
-    keys = Keys(settings.redis_prefix)
-    store = RedisProjectionStore(client, keys, partitions=settings.partitions)
+    keys = settings.redis_keys()
+    store = RedisProjectionStore(client, keys)
     t = time.perf_counter()
     _fill(store, settings.partitions, n, run.tag)
     run.log(f"inbox: {n} waiting questions committed in {time.perf_counter() - t:.1f}s")

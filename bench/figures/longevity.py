@@ -43,7 +43,7 @@ def long_session(run: Run) -> None:
     settings = run.settings("long")
     infra.register_prefix(settings, run.cleanup)
     client = run.redis()
-    keys = Keys(settings.redis_prefix)
+    keys = settings.redis_keys()
     store = RedisProjectionStore(
         client,
         keys,

@@ -29,7 +29,7 @@ def memory(run: Run) -> None:
     settings = run.settings("memory")
     infra.register_prefix(settings, run.cleanup)
     client = run.redis()
-    keys = Keys(settings.redis_prefix)
+    keys = settings.redis_keys()
     store = RedisProjectionStore(
         client,
         keys,

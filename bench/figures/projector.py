@@ -93,7 +93,7 @@ def measure_projector(
             )
             scope.push("stop the group watcher", stop_watch.set)
         cpu = run.cpu({f"worker{i}": p.pid for i, p in enumerate(started)}, client)
-        folding = FoldCounter(client, settings.redis_prefix, started)
+        folding = FoldCounter(client, settings.redis_keys(), started)
         polls = _poll_folded(run, name, folding, cpu, group, window_s=window_s, profile=profile)
         usage = cpu.stop() if polls.start is not None else {}
         profile_text = run.profile_summary(name, polls.spy)
@@ -333,7 +333,7 @@ def redis_ceiling(run: Run) -> float | None:
     prefill = run.prefilled()
     settings = run.settings("ceiling")
     infra.register_prefix(settings, run.cleanup)
-    keys = Keys(settings.redis_prefix)
+    keys = settings.redis_keys()
     batches, prepared = _ceiling_batches(settings, keys, prefill, run.sizes.ceiling_events)
     folded = sum(b[3] for b in batches)
     sync = run.redis()

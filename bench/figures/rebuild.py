@@ -11,7 +11,6 @@ from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Run
 from bench.stats import rate
 from processors.replay import replay
-from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 
 
@@ -26,7 +25,7 @@ def rebuild(run: Run) -> None:
     settings = run.settings("replay")
     infra.register_prefix(settings, run.cleanup)
     client = run.redis()
-    store = RedisProjectionStore(client, Keys(settings.redis_prefix))
+    store = RedisProjectionStore(client, settings.redis_keys())
     cpu = run.cpu({}, client)
     spy = run.start_profile("replay", os.getpid())
     processes = 1 if spy is not None else None
@@ -46,7 +45,7 @@ def rebuild(run: Run) -> None:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     children_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
     run.profile_summary("replay", spy)
-    folded = FoldCounter(client, settings.redis_prefix).read()
+    folded = FoldCounter(client, settings.redis_keys()).read()
     run.log(f"replay: {report.records} records in {elapsed:.2f}s")
     harness_s = (usage.get("harness_cpu_pct") or 0.0) * elapsed / 100
     run.put(

@@ -32,7 +32,6 @@ from producers.acls import Principals, apply_acls
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
 from producers.topics import delete_topics, ensure_topics
-from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas.errors import LogError
 
@@ -76,6 +75,18 @@ def stack() -> Iterator[Stack]:
     if os.environ.get("MILPA_REQUIRE_SERVICES") == "1":
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(stack: Stack) -> str:
+    """A node of the stack's Redis Cluster (3 masters + 3 replicas: `deploy/stack.py up
+    --redis-cluster`, which `./dev test` starts)."""
+    if stack.redis_cluster_url is None:
+        message = "no Redis Cluster: run `python3 deploy/stack.py up --redis-cluster`"
+        if os.environ.get("MILPA_REQUIRE_SERVICES") == "1":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return stack.redis_cluster_url
 
 
 # How this run reaches the stack beyond its addresses: on a secured stack (`./dev test --secure`),
@@ -146,7 +157,7 @@ def settings(secured: Settings) -> Iterator[Settings]:
 def projections(settings: Settings) -> Iterator[RedisProjectionStore]:
     """The Redis projection store under this test's prefix (cleared afterwards)."""
     store = RedisProjectionStore.from_url(
-        settings.redis_url, Keys(settings.redis_prefix), auth=settings.redis_auth()
+        settings.redis_url, settings.redis_keys(), auth=settings.redis_auth()
     )
     yield store
     store.clear()

@@ -138,17 +138,16 @@ def _ask_the_scenario(
 def _counter_hashes(projections: RedisProjectionStore) -> dict[str, dict[Any, Any]]:
     """Every analytics counter except the folded-events progress counter (the probe moves it)."""
     client = projections.client
-    pattern = projections.keys.stat("*")
-    progress = projections.keys.stat("events")
+    pattern = projections.keys.stats_pattern()
     return {
         k.decode(): client.hgetall(k)
         for k in client.scan_iter(match=pattern, count=1000)
-        if k.decode() != progress
+        if not k.decode().endswith(":stats:events")
     }
 
 
 def _folded(projections: RedisProjectionStore) -> int:
-    return int(projections.client.hget(projections.keys.stat("events"), "folded") or 0)
+    return Analytics(projections.client, projections.keys).folded()
 
 
 def test_pauses_by_reason_and_outcome_through_redis_the_cli_and_metrics(

@@ -45,7 +45,6 @@ from deploy.harness import (
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from producers.topics import ensure_topics, topic_specs
-from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas.codec import EventCodec
 from schemas.events import Event
@@ -148,9 +147,7 @@ def on_cluster(secured: Settings, cluster: Cluster) -> Settings:
 @pytest.fixture
 def store(on_cluster: Settings) -> Iterator[RedisProjectionStore]:
     s = on_cluster
-    projections = RedisProjectionStore.from_url(
-        s.redis_url, Keys(s.redis_prefix), auth=s.redis_auth()
-    )
+    projections = RedisProjectionStore.from_url(s.redis_url, s.redis_keys(), auth=s.redis_auth())
     yield projections
     projections.clear()
     projections.client.close()

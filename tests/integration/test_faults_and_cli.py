@@ -27,7 +27,6 @@ from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
-from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question
 from tests.integration.conftest import with_keys
@@ -211,7 +210,7 @@ def test_sigterm_stops_a_worker_within_the_grace_while_redis_is_down(
     grace = 4.0
     s = with_keys(settings, redis_url=private_redis["url"], shutdown_grace=grace)
     worker = start_worker(s)
-    projections = RedisProjectionStore.from_url(private_redis["url"], Keys(s.redis_prefix))
+    projections = RedisProjectionStore.from_url(private_redis["url"], s.redis_keys())
     kafka_log.append(started("outlive redis", session_id="s-down"))
     wait_for(lambda: projections.load("s-down") is not None, timeout=60)
     private_redis["stop"]()
@@ -227,7 +226,7 @@ def test_sigterm_stops_a_worker_within_the_grace_while_redis_is_down(
     # Nothing lost: with Redis back, a new worker applies the turns (they were not committed).
     private_redis["start"]()
     again = start_worker(s)
-    projections = RedisProjectionStore.from_url(private_redis["url"], Keys(s.redis_prefix))
+    projections = RedisProjectionStore.from_url(private_redis["url"], s.redis_keys())
     # Redis lost everything (no persistence): the session comes back by replay; here we check
     # that the uncommitted turns were redelivered, so the new worker folds them onto a fresh
     # state (the started event was committed before the stop, so it is not redelivered).

@@ -22,7 +22,6 @@ from deploy.harness import Proc, free_port, wait_for
 from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
-from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from session_model.projection import BatchFolder, Position, Record
 from tests.integration.conftest import with_keys
@@ -76,7 +75,7 @@ def test_the_worker_projects_into_an_acl_redis_with_its_user_and_password_file(
     kafka_log.append(started("behind an ACL", session_id="acl-1"))
     kafka_log.append(turn("user", "hello", session_id="acl-1"))
     store = RedisProjectionStore.from_url(
-        acl_redis["url"], Keys(secured.redis_prefix), auth=secured.redis_auth()
+        acl_redis["url"], secured.redis_keys(), auth=secured.redis_auth()
     )
     wait_for(lambda: (s := store.load("acl-1")) is not None and s.turn_count == 1, timeout=60)
     store.client.close()
@@ -166,7 +165,7 @@ def test_a_tls_redis_is_reached_with_rediss_and_its_ca(settings: Settings, tmp_p
             redis_ca_file=cert,
         )
         store = RedisProjectionStore.from_url(
-            tls.redis_url, Keys(tls.redis_prefix), auth=tls.redis_auth()
+            tls.redis_url, tls.redis_keys(), auth=tls.redis_auth()
         )
         wait_for(lambda: _pings(store.client), timeout=20)
         store.commit(

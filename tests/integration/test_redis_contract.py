@@ -17,7 +17,7 @@ import pytest
 from milpa_sessions.settings import Settings
 from projections.keys import HISTORY_KINDS, Keys
 from projections.layout import stored_sizes
-from projections.redis_client import async_client
+from projections.redis_client import SyncCluster, async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas import events as ev
 from schemas.errors import ProjectionError
@@ -32,12 +32,18 @@ pytestmark = pytest.mark.integration
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-@pytest.fixture
-def projection_store(secured: Settings) -> Iterator[RedisProjectionStore]:
-    """A Redis projection store under a unique prefix, empty before and after the test."""
-    store = RedisProjectionStore.from_url(
-        secured.redis_url, Keys(f"itc{uuid.uuid4().hex[:10]}"), auth=secured.redis_auth()
-    )
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.plain_stack)])
+def projection_store(
+    request: pytest.FixtureRequest, secured: Settings
+) -> Iterator[RedisProjectionStore]:
+    """A Redis projection store under a unique prefix, empty before and after the test: on the
+    single Redis, and on the Redis Cluster (plain stack only: `up --secure` starts none)."""
+    keys = Keys(f"itc{uuid.uuid4().hex[:10]}", partitions=1)
+    if request.param == "cluster":
+        url = request.getfixturevalue("redis_cluster_url")
+        store = RedisProjectionStore.from_url(url, keys, cluster=True)
+    else:
+        store = RedisProjectionStore.from_url(secured.redis_url, keys, auth=secured.redis_auth())
     store.clear()
     yield store
     store.clear()
@@ -159,9 +165,12 @@ def test_an_idle_session_is_one_small_listpack_hash(
     assert held["fields"] == 8 and held["event_ids"] == 48 and held["timeline_entries"] == 2
     assert 63 < held["state"] <= 126 and 63 < held["timeline"] <= 126
     used = projection_store.client.memory_usage(projection_store.keys.session(sid).state, samples=0)
-    assert used is not None and used <= 440
+    # A cluster node also links every key into its slot's index: 16 bytes more per key.
+    assert used is not None and used <= (
+        456 if isinstance(projection_store.client, SyncCluster) else 440
+    )
     keys = sorted(projection_store.client.scan_iter(match=projection_store.keys.pattern()))
-    shared = (projection_store.keys.stat("events"), projection_store.keys.fleet_counts(0))
+    shared = (projection_store.keys.stat("events", 0), projection_store.keys.fleet_counts(0))
     assert keys == sorted(  # the session's one key, and the counters shared by all
         k.encode() for k in (projection_store.keys.session(sid).state, *shared)
     )
@@ -229,7 +238,9 @@ def test_the_layout_does_not_depend_on_the_batches(secured: Settings, size: int)
     }
     stores = [
         RedisProjectionStore.from_url(
-            secured.redis_url, Keys(f"itl{uuid.uuid4().hex[:10]}"), auth=secured.redis_auth()
+            secured.redis_url,
+            Keys(f"itl{uuid.uuid4().hex[:10]}", partitions=1),
+            auth=secured.redis_auth(),
         )
         for _ in range(2)
     ]
@@ -306,7 +317,7 @@ def test_a_commit_of_many_sessions_applies_each_alone_and_counts_only_those_appl
     updates = BatchFolder().fold({}, [r for sid in sids for r in _idle(sid)])
     stale = [3, 70, 140]  # one in each group of 64
     assert not store.commit([updates[i] for i in stale]).conflicts
-    folded = store.keys.stat("events")
+    folded = store.keys.stat("events", 0)
     before = int(store.client.hget(folded, "folded"))
 
     result = store.commit(updates)
@@ -319,7 +330,7 @@ def test_a_commit_of_many_sessions_applies_each_alone_and_counts_only_those_appl
 
 
 def test_a_read_of_many_sessions_returns_each_as_read_alone(
-    projection_store: RedisProjectionStore, secured: Settings
+    projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
 ) -> None:
     """Reads go 64 sessions per script call: every layout, and unknown ids, across the groups."""
     store = projection_store
@@ -345,7 +356,11 @@ def test_a_read_of_many_sessions_returns_each_as_read_alone(
         assert together[sid].state == fold(sid, [r.event for r in records])
 
     async def read_async() -> dict[str, Folded]:
-        client = async_client(secured.redis_url, auth=secured.redis_auth())
+        if isinstance(store.client, SyncCluster):
+            url = request.getfixturevalue("redis_cluster_url")
+            client = async_client(url, cluster=True)
+        else:
+            client = async_client(secured.redis_url, auth=secured.redis_auth())
         try:
             return await AsyncRedisProjectionStore(client, store.keys).folded(asked)
         finally:

@@ -10,7 +10,6 @@ import pytest
 from milpa_sessions.settings import Settings
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
-from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import EventCodec
@@ -66,9 +65,7 @@ def test_a_store_failure_stops_the_fetcher(settings: Settings, kafka_log: KafkaE
     for event in _events(3, 5):
         kafka_log.send(event)
     kafka_log.flush(timeout=30)
-    unreachable = RedisProjectionStore.from_url(
-        "redis://127.0.0.1:1/0", Keys(settings.redis_prefix)
-    )
+    unreachable = RedisProjectionStore.from_url("redis://127.0.0.1:1/0", settings.redis_keys())
     with pytest.raises(ProjectionError):
         replay(settings.kafka_access(), settings.events_topic, unreachable, TrustedKeys.none())
     assert not _fetchers()

@@ -44,7 +44,9 @@ pytestmark = pytest.mark.integration
 def projection_store(secured: Settings) -> Iterator[RedisProjectionStore]:
     """A Redis projection store under a unique prefix, empty before and after the test."""
     store = RedisProjectionStore.from_url(
-        secured.redis_url, Keys(f"itr{uuid.uuid4().hex[:10]}"), auth=secured.redis_auth()
+        secured.redis_url,
+        Keys(f"itr{uuid.uuid4().hex[:10]}", partitions=secured.partitions),
+        auth=secured.redis_auth(),
     )
     store.clear()
     yield store
@@ -98,7 +100,7 @@ def _sweep(settings: Settings, now: datetime) -> list[str]:
     async def run() -> list[str]:
         client = async_client(settings.redis_url, auth=settings.redis_auth())
         try:
-            store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+            store = AsyncRedisProjectionStore(client, settings.redis_keys())
             owned = range(settings.partitions)
             return await RetentionSweep(store.expire_due, lambda: owned).sweep(now)
         finally:

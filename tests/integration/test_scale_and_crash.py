@@ -29,7 +29,7 @@ from processors.worker import ProjectionWorker
 from producers.kafka_log import KafkaEventLog
 from producers.memory import InMemoryEventLog
 from producers.store import SessionStore, deadline_in
-from projections.keys import Keys
+from projections.analytics import Analytics
 from projections.memory import InMemoryProjectionStore
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
@@ -440,9 +440,8 @@ def test_two_thousand_sessions_over_six_partitions_with_two_workers_equal_the_fo
 
 
 def stats(store: RedisProjectionStore, name: str) -> dict[str, int]:
-    """An analytics counter hash (e.g. pauses by reason code)."""
-    raw = store.client.hgetall(store.keys.stat(name))
-    return {k.decode(): int(v) for k, v in raw.items()}
+    """An analytics counter hash (e.g. pauses by reason code), its partitions' shards added up."""
+    return Analytics(store.client, store.keys).counter(name)
 
 
 def committed_offsets(settings: Settings) -> dict[int, int]:
@@ -643,7 +642,7 @@ def _decided(expected: dict[str, Any]) -> list[tuple[str, int, str]]:
 async def _with_store(settings: Settings, body: Any) -> Any:
     client = async_client(settings.redis_url, auth=settings.redis_auth())
     try:
-        return await body(AsyncRedisProjectionStore(client, Keys(settings.redis_prefix)))
+        return await body(AsyncRedisProjectionStore(client, settings.redis_keys()))
     finally:
         await client.aclose()
 

@@ -19,7 +19,6 @@ from processors.sinks import LazyProducer, ProducerSink
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore, deadline_in
 from projections.indexes import ceil_ms
-from projections.keys import Keys
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas.codec import EventCodec
@@ -214,7 +213,7 @@ def test_two_schedulers_closing_the_same_question_make_one_effective_closing(
 
     async def two_replicas() -> int:
         client = async_client(settings.redis_url, auth=settings.redis_auth())
-        store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+        store = AsyncRedisProjectionStore(client, settings.redis_keys())
         recorders = [_Recorder(kafka_log), _Recorder(kafka_log)]
 
         async def states(ids: Sequence[str]) -> dict[str, Folded]:
@@ -253,7 +252,7 @@ def test_the_schedulers_read_leaves_out_the_event_ids_and_keeps_question_and_tur
     async def read(with_ids: bool) -> Folded:
         client = async_client(settings.redis_url, auth=settings.redis_auth())
         try:
-            store = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+            store = AsyncRedisProjectionStore(client, settings.redis_keys())
             return (await store.folded(["light-1"], event_ids=with_ids))["light-1"]
         finally:
             await client.aclose()
@@ -293,7 +292,7 @@ def test_due_work_reads_all_deadlines_or_a_window_and_survives_a_script_flush(
     async def read(until_ms: int | None) -> tuple[dict, dict]:
         client = async_client(settings.redis_url, auth=settings.redis_auth())
         try:
-            due = AsyncRedisProjectionStore(client, Keys(settings.redis_prefix))
+            due = AsyncRedisProjectionStore(client, settings.redis_keys())
             return await due.due_work(range(settings.partitions), until_ms)
         finally:
             await client.aclose()

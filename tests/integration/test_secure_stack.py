@@ -19,7 +19,6 @@ from producers.decisions import DecisionSubscriber
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
 from producers.topics import ensure_topics
-from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas.errors import LogError, ProjectionError
 from session_model.policy import permission_question
@@ -132,7 +131,7 @@ def test_the_end_to_end_path_works_with_tls_acls_and_signed_authority(
     agent_settings = roles["agent"]
     projections = RedisProjectionStore.from_url(  # an agent reads Redis, never writes it
         agent_settings.redis_url,
-        Keys(agent_settings.redis_prefix),
+        agent_settings.redis_keys(),
         auth=agent_settings.redis_auth(),
     )
     log = KafkaEventLog(agent_settings.kafka_access(), agent_settings.events_topic)

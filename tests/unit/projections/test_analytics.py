@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
@@ -191,7 +192,8 @@ class _Pipe:
         self.client = client
         self.queued: list[str] = []
 
-    def hgetall(self, key: str) -> None:
+    def execute_command(self, name: str, key: str) -> None:
+        assert name == "HGETALL"
         self.queued.append(key)
 
     def execute(self) -> list[dict[bytes, bytes]]:
@@ -210,27 +212,28 @@ class _FakeRedis:
         return _Pipe(self)
 
     def scan_iter(self, match: str, count: int) -> Any:
-        assert match.endswith("*")
-        head = match[:-1].replace("\\", "")
-        return iter(k.encode() for k in self.hashes if k.startswith(head))
+        return iter(k.encode() for k in self.hashes if fnmatch.fnmatchcase(k, match))
 
 
-KEYS = Keys("t")
+KEYS = Keys("t", partitions=2)  # each counter is sharded per partition: readers add them up
 
 
 def _fake() -> _FakeRedis:
     return _FakeRedis(
         {
-            KEYS.stat("pauses"): {"permission": 9, "signature": 1},
-            KEYS.stat("outcomes"): {"permission|answered": 4, "permission|expired": 2},
-            KEYS.stat_hour("pauses", "2026031009"): {"permission": 2, "unspecified": 1},
-            KEYS.stat_hour("pauses", "2026031010"): {"permission": 1},
-            KEYS.stat_hour("pauses", "2026030101"): {"permission": 6, "signature": 1},
-            KEYS.stat_hour("outcomes", "2026031009"): {"permission|answered": 1},
-            KEYS.stat_hour("outcomes", "2026031010"): {"permission|expired": 1},
-            KEYS.stat("tta"): {"permission|le_5s": 3, "permission|gt_86400s": 1},
-            KEYS.stat("rejections"): {"stale_question": 1, "no_open_question": 4},
-            KEYS.stat("downgrades"): {"principal": 2},
+            KEYS.stat("pauses", 0): {"permission": 5, "signature": 1},
+            KEYS.stat("pauses", 1): {"permission": 4},
+            KEYS.stat("outcomes", 1): {"permission|answered": 4, "permission|expired": 2},
+            KEYS.stat_hour("pauses", "2026031009", 0): {"permission": 2},
+            KEYS.stat_hour("pauses", "2026031009", 1): {"unspecified": 1},
+            KEYS.stat_hour("pauses", "2026031010", 1): {"permission": 1},
+            KEYS.stat_hour("pauses", "2026030101", 0): {"permission": 6, "signature": 1},
+            KEYS.stat_hour("outcomes", "2026031009", 0): {"permission|answered": 1},
+            KEYS.stat_hour("outcomes", "2026031010", 0): {"permission|expired": 1},
+            KEYS.stat("tta", 0): {"permission|le_5s": 2, "permission|gt_86400s": 1},
+            KEYS.stat("tta", 1): {"permission|le_5s": 1},
+            KEYS.stat("rejections", 0): {"stale_question": 1, "no_open_question": 4},
+            KEYS.stat("downgrades", 1): {"principal": 2},
         }
     )
 
@@ -240,10 +243,10 @@ def test_since_reads_only_the_window_hours_in_one_round_trip() -> None:
     rows = Analytics(fake, KEYS).pauses(timedelta(minutes=30), NOW)  # type: ignore[arg-type]
     assert fake.round_trips == [
         [
-            KEYS.stat_hour("pauses", "2026031009"),
-            KEYS.stat_hour("pauses", "2026031010"),
-            KEYS.stat_hour("outcomes", "2026031009"),
-            KEYS.stat_hour("outcomes", "2026031010"),
+            *KEYS.stat_shards("pauses", "2026031009"),
+            *KEYS.stat_shards("pauses", "2026031010"),
+            *KEYS.stat_shards("outcomes", "2026031009"),
+            *KEYS.stat_shards("outcomes", "2026031010"),
         ]
     ]
     assert rows == (
@@ -259,7 +262,7 @@ def test_all_time_reads_the_totals() -> None:
         PausesByReason("permission", 9, 4, 2, 3),
         PausesByReason("signature", 1, 0, 0, 1),
     )
-    assert fake.round_trips == [[KEYS.stat("pauses"), KEYS.stat("outcomes")]]
+    assert fake.round_trips == [[*KEYS.stat_shards("pauses"), *KEYS.stat_shards("outcomes")]]
     assert analytics.pauses(None, NOW, "outcome")[0] == PausesByOutcome("answered", "permission", 4)
 
 
@@ -294,7 +297,7 @@ def test_an_unknown_grouping_and_a_corrupt_counter_are_errors() -> None:
     with pytest.raises(ValueError, match="grouping"):
         analytics.pauses(None, NOW, "weekday")  # type: ignore[call-overload]
     broken = _FakeRedis({})
-    broken.hashes[KEYS.stat("rejections")] = {b"late_answer": b"many"}
+    broken.hashes[KEYS.stat("rejections", 1)] = {b"late_answer": b"many"}
     with pytest.raises(ProjectionError, match="late_answer"):
         Analytics(broken, KEYS).rejections()  # type: ignore[arg-type]
 
