@@ -178,6 +178,12 @@ def kill_redis_master(state: Path, node: int | None = None) -> int:
     return int(done.stdout.split(":", 1)[0].rsplit("-", 1)[1])
 
 
+def start_redis_node(state: Path, node: int, timeout: float = 60.0) -> None:
+    """Start node `node` of that Redis cluster again (it rejoins, as a replica once its slots
+    failed over)."""
+    stack_command("start-redis-node", str(node), env=stack_dir_env(state), timeout=timeout)
+
+
 def server_versions(stack: Stack) -> dict[str, str]:
     """Kafka's version (from deploy/stack.py's state, when it started it) and Redis's."""
     out: dict[str, str] = {}

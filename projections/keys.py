@@ -6,7 +6,7 @@ sessions of one partition, with the partition's indexes and its shard of every c
 one node, and the worker that owns the partition writes to one node for it. Readers of fleet-wide
 figures merge the partitions' shards. The tags are chosen so that the partitions' slots spread
 evenly over the slot range (a cluster's masters own even ranges of it after `redis-cli --cluster
-create`); the plain `{w:<p>}` tags put 4 of 6 partitions on one of 3 masters.
+create`); plain `{w:<p>}` tags would put 4 of 6 partitions on one of 3 masters.
 """
 
 from __future__ import annotations
@@ -43,14 +43,21 @@ class SessionKeys:
         return (*self.all(), *self.history)
 
 
+# How close to the start of its share of the slot range a partition's slot must be: close enough
+# that masters owning even ranges get partitions as evenly as they can (their boundaries fall
+# between such slots), found in ~1,000 CRC16s per partition.
+_NEAR = 16
+
+
 @functools.lru_cache(maxsize=1024)
 def partition_tag(partition: int, partitions: int) -> str:
     """The hash tag of a partition's keys: `w:<p>`, or `w:<p>.<n>` with the smallest `n` that
-    puts its slot in the partition's even share of the slot range (`p` of `partitions`)."""
+    puts its slot at the start of the partition's even share of the slot range (`p` of
+    `partitions`), so that any number of masters owning even ranges get the partitions evenly."""
     if not 0 <= partition < partitions <= REDIS_CLUSTER_HASH_SLOTS:
         raise ValueError(f"partition {partition} is not one of {partitions}")
     low = partition * REDIS_CLUSTER_HASH_SLOTS // partitions
-    high = (partition + 1) * REDIS_CLUSTER_HASH_SLOTS // partitions
+    high = min(low + _NEAR, (partition + 1) * REDIS_CLUSTER_HASH_SLOTS // partitions)
     tag, n = f"w:{partition}", 0
     while not low <= key_slot(tag.encode()) < high:
         tag, n = f"w:{partition}.{n}", n + 1

@@ -444,6 +444,41 @@ def stats(store: RedisProjectionStore, name: str) -> dict[str, int]:
     return Analytics(store.client, store.keys).counter(name)
 
 
+def assert_counts_are_exact(
+    settings: Settings, projections: RedisProjectionStore, expected: dict[str, Any]
+) -> None:
+    """The fleet-wide figures equal the fold's: pauses and rejections counted once each, the
+    questions feed holds every question's changes, the waiting index and fleet counts exact."""
+    pauses: dict[str, int] = {}
+    rejections: dict[str, int] = {}
+    for exp in expected.values():
+        for reason, n in exp.state.pauses.items():
+            pauses[reason] = pauses.get(reason, 0) + n
+        for code, n in exp.state.rejection_counts().items():
+            rejections[code] = rejections.get(code, 0) + n
+    assert stats(projections, "pauses") == pauses
+    assert stats(projections, "rejections") == rejections
+    # The questions feed: every question opened (and every way one stopped being open) at least
+    # once, none invented; the waiting index holds exactly the questions still open.
+    feed = feed_in(settings)
+    truth = expected_feed(expected)
+    assert any(status == "open" for _, _, status in truth)
+    assert set(feed) == truth, (sorted(truth - set(feed))[:5], sorted(set(feed) - truth)[:5])
+    waiting = {
+        sid for sid, e in expected.items() if e.state.question is not None and not e.state.ended
+    }
+    page = projections.waiting(limit=500)
+    assert page.total == len(waiting)
+    seen = [w.session_id for w in page.items]
+    while page.next is not None:
+        page = projections.waiting(after=page.next, limit=500)
+        seen += [w.session_id for w in page.items]
+    assert sorted(seen) == sorted(waiting)
+    fleet = projections.fleet()
+    assert sum(fleet.values()) == len(expected)
+    assert sum(n for (status, _), n in fleet.items() if status == "waiting") == len(waiting)
+
+
 def committed_offsets(settings: Settings) -> dict[int, int]:
     """partition → the group's committed offset on the events topic (next record to read)."""
     admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
@@ -522,34 +557,7 @@ def test_kill_minus_nine_mid_stream_and_restart_still_equals_the_fold_and_counts
     for sid in sids[:: len(sids) // 50]:
         assert len(projections.history(sid)) == len(expected[sid].history), sid
         assert len(projections.timeline(sid)) == len(expected[sid].timeline), sid
-    pauses: dict[str, int] = {}
-    rejections: dict[str, int] = {}
-    for exp in expected.values():
-        for reason, n in exp.state.pauses.items():
-            pauses[reason] = pauses.get(reason, 0) + n
-        for code, n in exp.state.rejection_counts().items():
-            rejections[code] = rejections.get(code, 0) + n
-    assert stats(projections, "pauses") == pauses
-    assert stats(projections, "rejections") == rejections
-    # The questions feed: every question opened (and every way one stopped being open) at least
-    # once, none invented; the waiting index holds exactly the questions still open.
-    feed = feed_in(settings)
-    truth = expected_feed(expected)
-    assert any(status == "open" for _, _, status in truth)
-    assert set(feed) == truth, (sorted(truth - set(feed))[:5], sorted(set(feed) - truth)[:5])
-    waiting = {
-        sid for sid, e in expected.items() if e.state.question is not None and not e.state.ended
-    }
-    page = projections.waiting(limit=500)
-    assert page.total == len(waiting)
-    seen = [w.session_id for w in page.items]
-    while page.next is not None:
-        page = projections.waiting(after=page.next, limit=500)
-        seen += [w.session_id for w in page.items]
-    assert sorted(seen) == sorted(waiting)
-    fleet = projections.fleet()
-    assert sum(fleet.values()) == len(sids)
-    assert sum(n for (status, _), n in fleet.items() if status == "waiting") == len(waiting)
+    assert_counts_are_exact(settings, projections, expected)
 
 
 # -- the batch step in-process: redelivery, restart, a stale owner -------------------------------

@@ -1,0 +1,153 @@
+"""Where keys live: a partition is one hash slot, and the partitions spread over the slot range."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from projections.keys import Keys, partition_tag
+from projections.requests import (
+    Restored,
+    commit,
+    commit_call,
+    drop_command,
+    key_of,
+    read,
+    restore_call,
+)
+from schemas import events as ev
+from schemas.events import Event
+from session_model.partitioning import partition_for
+from session_model.projection import BatchFolder, Folded, Position, Record
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _slots(keys: list[str]) -> set[int]:
+    return {key_slot(k.encode()) for k in keys}
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 6, 12, 24, 64])
+def test_partitions_spread_evenly_over_the_slot_range(partitions: int) -> None:
+    """`redis-cli --cluster create` gives masters even slot ranges: each gets its share."""
+    keys = Keys("ms", partitions=partitions)
+    slots = [key_slot(keys.tag(p)[len("ms:") :].strip("{}").encode()) for p in range(partitions)]
+    for p, slot in enumerate(slots):
+        assert p * REDIS_CLUSTER_HASH_SLOTS // partitions <= slot
+        assert slot < (p + 1) * REDIS_CLUSTER_HASH_SLOTS // partitions
+    for masters in (3, 5):
+        if partitions >= masters:
+            owners = [slot * masters // REDIS_CLUSTER_HASH_SLOTS for slot in slots]
+            counts = [owners.count(m) for m in range(masters)]
+            assert max(counts) - min(counts) <= 1, counts
+
+
+def test_a_partition_tag_is_stable_and_refuses_partitions_outside_the_topic() -> None:
+    assert partition_tag(0, 6) == partition_tag(0, 6)
+    assert partition_tag(0, 6).startswith("w:0")
+    with pytest.raises(ValueError, match="partition 6"):
+        partition_tag(6, 6)
+    with pytest.raises(ValueError, match="partitions"):
+        Keys("ms", partitions=0)
+
+
+def test_every_key_of_a_partition_is_in_its_slot() -> None:
+    keys = Keys("ms", partitions=6)
+    for p in range(6):
+        sid = next(f"s{i}" for i in range(1000) if partition_for(f"s{i}", 6) == p)
+        every = [
+            *keys.session(sid).every(),
+            *keys.partition_keys(p),
+            *keys.retention_keys(p),
+            keys.unsnapshotted(p),
+            keys.waiting_reason(p, "permission"),
+            keys.stat("pauses", p),
+            keys.stat_hour("pauses", "2026010100", p),
+        ]
+        assert len(_slots(every)) == 1, p
+        assert keys.session(sid) == keys.session(sid, p)
+
+
+def test_a_state_key_names_its_session_back_and_others_do_not() -> None:
+    keys = Keys("ms", partitions=6)
+    for sid in ("a", "with:colons", "with}brace", "x:state"):
+        assert keys.session_of(keys.session(sid).state) == sid
+    assert keys.session_of(keys.waiting(0)) is None
+    assert keys.session_of(keys.session("a").turns) is None
+    assert keys.session_of("other:{w:0}:s:a:state") is None
+
+
+def test_a_counter_field_names_the_same_counter_in_every_partition() -> None:
+    keys = Keys("ms", partitions=6)
+    field = keys.counter_field(keys.stat_hour("pauses", "2026010100", 2), "permission")
+    assert field == "pauses:h:2026010100\tpermission"
+    for p in range(6):
+        assert keys.counter_of(field, p) == (
+            keys.stat_hour("pauses", "2026010100", p),
+            "permission",
+        )
+
+
+def _records(sid: str, partition: int) -> list[Record]:
+    payloads = [
+        (ev.STARTED, {"goal": "g", "mode": "ask"}),
+        (ev.QUESTION_ASKED, {"question_id": "q", "question": "ok?", "reason": "permission"}),
+    ]
+    return [
+        Record(
+            Event(f"{sid}-{n}", sid, t, T0 + timedelta(seconds=n), "test", payload),
+            Position(partition, n),
+        )
+        for n, (t, payload) in enumerate(payloads)
+    ]
+
+
+def test_every_script_call_touches_one_slot_and_groups_never_mix_partitions() -> None:
+    """What Redis Cluster requires of a script call: its KEYS in one slot."""
+    keys = Keys("ms", partitions=6)
+    sids = [f"sess-{i}" for i in range(300)]
+    records = [r for sid in sids for r in _records(sid, partition_for(sid, 6))]
+    updates = BatchFolder().fold({}, records)
+    calls = [commit_call(keys, u, 40, track=True) for u in updates]
+    request = commit(sids, calls, [u.mark.partition for u in updates])
+    assert len(request.commands) >= 6
+    for command in request.commands:
+        assert command[0] == "EVALSHA"
+        assert len(_slots(list(command[3 : 3 + command[2]]))) == 1
+    for command in read(keys, sids).commands:
+        assert len(_slots(list(command[3 : 3 + command[2]]))) == 1
+    for sid in sids[:12]:
+        p = partition_for(sid, 6)
+        drop = drop_command(keys, sid, p)
+        assert len(_slots(list(drop[3 : 3 + drop[2]]))) == 1
+        assert key_of(drop) == keys.session(sid).state
+    folded = Folded(updates[0].state, updates[0].mark)
+    counters = {keys.counter_field(keys.stat("pauses", 0), "permission"): 1}
+    restored_keys, _ = restore_call(keys, Restored(folded, (), counters), 40)
+    assert len(_slots(restored_keys)) == 1
+
+
+def test_a_commit_reports_each_session_under_its_own_id_whatever_the_grouping() -> None:
+    keys = Keys("ms", partitions=6)
+    sids = [f"sess-{i}" for i in range(20)]
+    updates = BatchFolder().fold(
+        {}, [r for sid in sids for r in _records(sid, partition_for(sid, 6))]
+    )
+    calls = [commit_call(keys, u, 40) for u in updates]
+    request = commit(sids, calls, [u.mark.partition for u in updates])
+    # The script answers per group, in the order the groups' sessions were sent.
+    sent = [
+        command[4 + command[2] : 4 + command[2] + 1] for command in request.commands
+    ]  # the first ARGV of each group: its first session's key count
+    assert all(sent)
+    replies = []
+    for command in request.commands:
+        n = sum(1 for k in command[3 : 3 + command[2]] if k.endswith(":state"))
+        replies.append([1] * n)
+    replies[0][0] = 0  # the first session of the first group conflicted
+    first = next(sid for sid in sids if keys.session(sid).state == request.commands[0][3])
+    result = request.parse(replies)
+    assert result.conflicts == (first,)
+    assert sorted(result.applied) == sorted(set(sids) - {first})
