@@ -21,6 +21,8 @@ session with few events is COMPACT: everything in ONE hash, byte strings cut int
     i1, i2, …   the event ids (`pack_event_ids`), at most IDS_INLINE bytes
     t1, t2, …   the timeline entries, each ended by a newline, while at most TIMELINE_INLINE bytes;
                 beyond, every entry is in the timeline list
+    m           the latest compaction summary (`codec.summary_to_stored`: deflated when that makes
+                it shorter), written only by the commit that applies a compaction
 
 A commit reads the mark and the header (and the last chunk of a stream it appends to) and writes
 the state's chunks, the new chunks and the header. When the event ids outgrow IDS_INLINE the

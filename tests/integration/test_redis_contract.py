@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from milpa_sessions.settings import Settings
+from projections.codec import DEFLATED, summary_to_stored
 from projections.keys import HISTORY_KINDS, Keys
 from projections.layout import stored_sizes
 from projections.redis_client import async_client
@@ -122,6 +123,19 @@ def _busy(sid: str, n: int) -> list[Record]:
     return _records(sid, specs)
 
 
+def _compacted(sid: str, n: int) -> list[Record]:
+    """A session of `n` turns compacted through its turn n - 5, with a long summary."""
+    facts = ",".join(f'{{"tool":"make","result":"step {i}: ok","seq":{i}}}' for i in range(n))
+    return _records(
+        sid,
+        [
+            (ev.STARTED, {"goal": "g", "mode": "ask"}),
+            *[(ev.TURN, {"role": "user", "content": f"turn {i}"}) for i in range(n)],
+            (ev.COMPACTED, {"summary": f"Goal: g 🙂\n\nfacts:\n[{facts}]", "through": n - 5}),
+        ],
+    )
+
+
 def _raw(store: RedisProjectionStore, sid: str) -> dict[str, Any]:
     """Every key of one session, by kind of key, with its whole value."""
     c, out = store.client, {}
@@ -217,6 +231,7 @@ def test_the_layout_does_not_depend_on_the_batches(secured: Settings, size: int)
                 (ev.QUESTION_ANSWERED, {"question_id": "q", "answer": "late"}),
             ],
         ),
+        "compacted": _compacted("compacted", 50),
         "big": _records(
             "big",
             [
@@ -247,6 +262,17 @@ def test_the_layout_does_not_depend_on_the_batches(secured: Settings, size: int)
         for store in stores:
             store.clear()
             store.client.close()
+
+
+def test_a_long_summary_is_stored_deflated(projection_store: RedisProjectionStore) -> None:
+    records = _compacted("c1", 60)
+    _commit(projection_store, records, 7)
+    stored = _raw(projection_store, "c1")["state"][2][b"m"]
+    state = fold("c1", [r.event for r in records])
+    assert state.summary is not None
+    assert stored == summary_to_stored(state.summary) and stored[0] == DEFLATED
+    assert len(stored) < len(state.summary.encode()) // 4
+    assert projection_store.load("c1") == state
 
 
 def test_the_big_state_goes_back_into_chunks(projection_store: RedisProjectionStore) -> None:

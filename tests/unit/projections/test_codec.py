@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import uuid
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -13,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from projections.codec import (
+    DEFLATE_FROM,
+    DEFLATED,
     NOT_IN_STATE,
     STATE_VERSION,
     STORED_FIELDS,
@@ -21,6 +25,8 @@ from projections.codec import (
     pack_event_ids,
     session_from_blob,
     session_to_blob,
+    summary_from_stored,
+    summary_to_stored,
     turn_from_json,
     turn_to_json,
     unpack_event_ids,
@@ -222,6 +228,49 @@ def test_a_damaged_state_is_a_projection_error() -> None:
     for damaged in (blob[:-5], bytes([STATE_VERSION]) + b"[3]", bytes([STATE_VERSION]) + b"{}"):
         with pytest.raises(ProjectionError):
             session_from_blob(damaged, "s1", ())
+
+
+# -- summaries ---------------------------------------------------------------------------------
+
+_FACTS = "\n".join(
+    f'{{"tool":"make","artifact":"file:src/m_{i % 37}.py","result":"step {i}: ok","seq":{i}}}'
+    for i in range(200)
+)
+
+
+def test_a_long_summary_is_stored_deflated_and_reads_back() -> None:
+    summary = "Goal: ship 🙂\n\nOperational facts:\n" + _FACTS
+    stored = summary_to_stored(summary)
+    assert stored[0] == DEFLATED and len(stored) < len(summary.encode()) // 4
+    assert summary_from_stored(stored, "s1") == summary
+    assert summary_to_stored(summary) == stored  # the same bytes every time: rebuilds match
+
+
+@pytest.mark.parametrize(
+    "summary",
+    ["", "so far: 🙂", "x" * (DEFLATE_FROM - 1), "ÿ leading y-diaeresis", "\x00\x01"],
+)
+def test_a_short_summary_is_its_utf8_text(summary: str) -> None:
+    assert summary_to_stored(summary) == summary.encode()
+    assert summary_from_stored(summary.encode(), "s1") == summary
+
+
+def test_a_summary_deflate_does_not_shrink_is_its_utf8_text() -> None:
+    summary = base64.b85encode(random.Random(0).randbytes(100)).decode()  # 125 random characters
+    assert summary_to_stored(summary) == summary.encode()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=400))
+def test_any_summary_round_trips(summary: str) -> None:
+    assert summary_from_stored(summary_to_stored(summary), "s1") == summary
+
+
+def test_a_damaged_summary_is_a_projection_error() -> None:
+    stored = summary_to_stored("facts " * 100)
+    for damaged in (stored[:-3], bytes([DEFLATED]) + b"junk", b"\xc3"):
+        with pytest.raises(ProjectionError, match="summary"):
+            summary_from_stored(damaged, "s1")
 
 
 # -- turns -------------------------------------------------------------------------------------
