@@ -6,6 +6,7 @@ import base64
 import json
 import random
 import uuid
+import zlib
 from dataclasses import fields
 from datetime import UTC, datetime
 
@@ -31,6 +32,7 @@ from projections.codec import (
     turn_to_json,
     unpack_event_ids,
 )
+from projections.layout import STATE_INLINE
 from schemas.errors import ProjectionError
 from session_model.fold import fold, step
 from session_model.modes import Mode
@@ -212,6 +214,48 @@ def test_the_state_of_an_idle_session_is_small() -> None:
     assert blob.startswith(bytes([STATE_VERSION]) + b"[63,")  # the first six fields present
     assert len(blob) <= 126  # two 63-byte chunks in the state hash
     assert _round_trip(s) == s
+
+
+def _old(n: int, result: str = "ok") -> Session:
+    """A session holding `n` calls since its summary, a third of them naming one of 37 files."""
+    calls = tuple(
+        CallFact(
+            i, "make", f"step {i}: {result}", True, False, f"file:m_{i % 37}.py" if i % 3 else None
+        )
+        for i in range(n)
+    )
+    return Session(
+        "s1",
+        started=True,
+        seq=n,
+        calls=calls,
+        artifacts={c.artifact: c for c in calls if c.artifact is not None},
+        tools={"make": n},
+    )
+
+
+def test_a_state_too_long_for_chunks_is_stored_deflated() -> None:
+    s = _old(40)
+    blob = session_to_blob(s)
+    assert blob[:2] == bytes([STATE_VERSION, DEFLATED])
+    plain = orjson.dumps(orjson.loads(zlib.decompress(blob[2:])))
+    assert len(plain) >= STATE_INLINE and len(blob) < len(plain) // 3
+    assert _round_trip(s) == s
+    assert session_to_blob(s) == blob  # the same bytes every time: rebuilds match
+
+
+def test_a_state_that_fits_in_chunks_is_never_deflated() -> None:
+    s = _old(4)
+    blob = session_to_blob(s)
+    assert blob[:2] == bytes([STATE_VERSION]) + b"[" and len(blob) <= STATE_INLINE
+    assert _round_trip(s) == s
+
+
+def test_a_damaged_deflated_state_is_a_projection_error() -> None:
+    blob = session_to_blob(_old(40))
+    for damaged in (blob[:-3], blob[:2] + b"junk", blob[:10] + bytes([blob[10] ^ 1]) + blob[11:]):
+        with pytest.raises(ProjectionError, match="cannot be read"):
+            session_from_blob(damaged, "s1", ())
 
 
 def test_a_state_of_another_layout_is_refused_with_a_clear_error() -> None:
