@@ -17,10 +17,14 @@ session with few events is COMPACT: everything in ONE hash, byte strings cut int
                 event ids' chunks (or `x`: in their own key) and the timeline's chunks (or `x`: in
                 its list), counted from `0`; then the unsummarised turns (how many of the turns
                 list's tail `load` reads), left out when 0. E.g. `212` or `wxx15`.
-    s1, s2, …   the state (`session_to_blob`) while at most STATE_INLINE bytes; `s` when longer
+    s1, s2, …   the state (`session_to_blob`) while at most STATE_INLINE bytes; `s` when longer.
+                A state that would be longer is deflated by `session_to_blob` when that is shorter
+                (so a deflated state may be in chunks too); the scripts never look inside it
     i1, i2, …   the event ids (`pack_event_ids`), at most IDS_INLINE bytes
     t1, t2, …   the timeline entries, each ended by a newline, while at most TIMELINE_INLINE bytes;
                 beyond, every entry is in the timeline list
+    m           the latest compaction summary (`codec.summary_to_stored`: deflated when that makes
+                it shorter), written only by the commit that applies a compaction
 
 A commit reads the mark and the header (and the last chunk of a stream it appends to) and writes
 the state's chunks, the new chunks and the header. When the event ids outgrow IDS_INLINE the

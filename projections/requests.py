@@ -35,6 +35,8 @@ from projections.codec import (
     pack_event_ids,
     session_from_blob,
     session_to_blob,
+    summary_from_stored,
+    summary_to_stored,
     turn_from_json,
     turn_to_json,
     unpack_event_ids,
@@ -323,7 +325,7 @@ def parse_read(raw: Any, session_id: str) -> Folded | None:
             session_id,
             tuple(turn_from_json(t) for t in turns),
             RecentIds.of(unpack_event_ids(g) for g in groups),
-            None if summary is None else text(summary),
+            None if summary is None else summary_from_stored(summary, session_id),
         ),
         Position.parse(text(mark)),
     )
@@ -492,12 +494,17 @@ def id_groups(update: SessionUpdate) -> tuple[bytes, list[bytes]]:
     return head, [pack_event_ids(ids[at : at + CHUNK]) for at in range(split, len(ids), CHUNK)]
 
 
-def _summary(update: SessionUpdate) -> str:
-    """The summary to store ("=" and its text) when the update applied a compaction, else ""."""
+def _summary(update: SessionUpdate) -> bytes:
+    """The summary to store ("=" and its stored form) when the update applied a compaction, else
+    "" (unchanged)."""
     for s in update.steps:
         if s.event.type == ev.COMPACTED and s.outcome.kind is Kind.APPLIED:
-            return "=" + (update.state.summary or "")
-    return ""
+            return _stored_summary(update.state.summary or "")
+    return b""
+
+
+def _stored_summary(summary: str) -> bytes:
+    return b"=" + summary_to_stored(summary)
 
 
 def history_args(facts: Sequence[HistoryRecord], first_key: int) -> list[str | int | bytes]:
@@ -588,7 +595,7 @@ def restore_call(
         update,
         deadline_ms=changes.deadline_ms,
         compaction=changes.compaction_due,
-        summary="" if state.summary is None else "=" + state.summary,
+        summary=b"" if state.summary is None else _stored_summary(state.summary),
         ids=(b"", list(snapshot.event_ids)),
         turns=[turn_to_json(t) for t in state.turns],
         timeline=[],
@@ -618,7 +625,7 @@ def _call(
     *,
     deadline_ms: int | None,
     compaction: bool,
-    summary: str,
+    summary: bytes,
     ids: tuple[bytes, list[bytes]],
     turns: list[bytes],
     timeline: list[bytes],

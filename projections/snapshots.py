@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from projections.codec import STATE_VERSION
+from projections.codec import STATE_VERSION, summary_from_stored
 from projections.requests import RawState, Restored, parse_read, text
 from schemas.codec import EventCodec
 from schemas.errors import MilpaError
@@ -57,7 +57,8 @@ def snapshot_record(session_id: str, raw: RawState, taken_at_ms: int) -> dict[st
         "state": bytes(state),
         "turns": [bytes(t) for t in turns],
         "event_ids": [bytes(g) for g in groups],
-        "summary": None if summary is None else text(summary),
+        # The text: the record's schema says string, and a restore stores it again.
+        "summary": None if summary is None else summary_from_stored(summary, session_id),
         "retain_until_ms": retain_until,
         "counters": [{"name": text(k), "count": int(v)} for k, v in _pairs(counters)],
     }
@@ -79,7 +80,14 @@ def restored(record: Mapping[str, Any]) -> Restored:
     if record["layout"] != STATE_VERSION:
         raise UnusableSnapshot(LAYOUT, f"{sid}: layout {record['layout']}, not {STATE_VERSION}")
     mark = f"{record['partition']}:{record['offset']}"
-    raw = [record["state"], mark, record["turns"], record["event_ids"], record["summary"]]
+    summary = record["summary"]  # its UTF-8 text reads back as itself (never deflated)
+    raw = [
+        record["state"],
+        mark,
+        record["turns"],
+        record["event_ids"],
+        None if summary is None else summary.encode(),
+    ]
     try:
         folded = parse_read(raw, sid)
     except (MilpaError, ValueError, TypeError, KeyError, IndexError) as e:

@@ -306,6 +306,26 @@ class ProjectionStoreContract:
             ("user", "t4", 5),
         ]
 
+    def test_a_long_summary_and_a_unicode_one_load_back_exactly(
+        self, projection_store: ProjectionStore
+    ) -> None:
+        """The latest summary, whatever its length (Redis: a long one is stored deflated)."""
+        log = Log()
+        facts = ",".join(
+            f'{{"tool":"make","result":"step {i}: ok 🙂","seq":{i}}}' for i in range(99)
+        )
+        log.started("s1")
+        for i in range(1, 9):
+            log.turn("s1", f"t{i}")  # seq 2..9
+        log.add("s1", ev.COMPACTED, {"summary": f"Goal: ünï\n\n[{facts}]", "through": 4})
+        _project(projection_store, log.records)
+        assert projection_store.load("s1") == fold("s1", log.events("s1"))
+        log.add("s1", ev.COMPACTED, {"summary": "ÿ short 🙂", "through": 6})
+        _project(projection_store, log.records)
+        session = projection_store.load("s1")
+        assert session == fold("s1", log.events("s1"))
+        assert session is not None and session.summary == "ÿ short 🙂"
+
     def test_timeline_since_returns_entries_after_seq_in_order(
         self, projection_store: ProjectionStore
     ) -> None:

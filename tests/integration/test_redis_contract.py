@@ -7,6 +7,8 @@ here every test gets a fresh, empty `RedisProjectionStore` under a key prefix of
 from __future__ import annotations
 
 import asyncio
+import base64
+import random
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,8 +17,9 @@ from typing import Any
 import pytest
 
 from milpa_sessions.settings import Settings
+from projections.codec import DEFLATED, session_to_blob, summary_to_stored
 from projections.keys import HISTORY_KINDS, Keys
-from projections.layout import stored_sizes
+from projections.layout import STATE_INLINE, stored_sizes
 from projections.redis_client import SyncCluster, async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas import events as ev
@@ -30,6 +33,8 @@ from tests.contract_waiting import WaitingIndexContract
 
 pytestmark = pytest.mark.integration
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+# 1,500 random characters: a state holding them stays longer than STATE_INLINE once deflated.
+_NOISE = base64.b85encode(random.Random(0).randbytes(1200)).decode()
 
 
 @pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.plain_stack)])
@@ -126,6 +131,19 @@ def _busy(sid: str, n: int) -> list[Record]:
         else:
             specs.append((ev.TODO_CHANGED, {"id": f"t{i}", "text": f"c{i}", "status": "pending"}))
     return _records(sid, specs)
+
+
+def _compacted(sid: str, n: int) -> list[Record]:
+    """A session of `n` turns compacted through its turn n - 5, with a long summary."""
+    facts = ",".join(f'{{"tool":"make","result":"step {i}: ok","seq":{i}}}' for i in range(n))
+    return _records(
+        sid,
+        [
+            (ev.STARTED, {"goal": "g", "mode": "ask"}),
+            *[(ev.TURN, {"role": "user", "content": f"turn {i}"}) for i in range(n)],
+            (ev.COMPACTED, {"summary": f"Goal: g 🙂\n\nfacts:\n[{facts}]", "through": n - 5}),
+        ],
+    )
 
 
 def _raw(store: RedisProjectionStore, sid: str) -> dict[str, Any]:
@@ -226,11 +244,20 @@ def test_the_layout_does_not_depend_on_the_batches(secured: Settings, size: int)
                 (ev.QUESTION_ANSWERED, {"question_id": "q", "answer": "late"}),
             ],
         ),
+        "compacted": _compacted("compacted", 50),
+        "deflated": _records(
+            "deflated",
+            [
+                (ev.STARTED, {"goal": "g", "mode": "ask"}),
+                (ev.PLAN_SET, {"plan": "p" * 2000}),  # deflated: back into chunks at once
+                (ev.TODO_CHANGED, {"id": "t", "text": "x", "status": "pending"}),
+            ],
+        ),
         "big": _records(
             "big",
             [
                 (ev.STARTED, {"goal": "g", "mode": "ask"}),
-                (ev.PLAN_SET, {"plan": "p" * 2000}),  # the state is stored whole ...
+                (ev.PLAN_SET, {"plan": _NOISE}),  # the state is stored whole ...
                 (ev.TODO_CHANGED, {"id": "t", "text": "x", "status": "pending"}),
                 (ev.PLAN_SET, {"plan": "short"}),  # ... then in chunks again
             ],
@@ -260,17 +287,45 @@ def test_the_layout_does_not_depend_on_the_batches(secured: Settings, size: int)
             store.client.close()
 
 
+def test_a_long_summary_is_stored_deflated(projection_store: RedisProjectionStore) -> None:
+    records = _compacted("c1", 60)
+    _commit(projection_store, records, 7)
+    stored = _raw(projection_store, "c1")["state"][2][b"m"]
+    state = fold("c1", [r.event for r in records])
+    assert state.summary is not None
+    assert stored == summary_to_stored(state.summary) and stored[0] == DEFLATED
+    assert len(stored) < len(state.summary.encode()) // 4
+    assert projection_store.load("c1") == state
+
+
+def test_an_old_sessions_state_is_stored_whole_and_deflated(
+    projection_store: RedisProjectionStore,
+) -> None:
+    specs: list[tuple[str, dict[str, Any]]] = [(ev.STARTED, {"goal": "g", "mode": "ask"})]
+    for i in range(60):
+        artifact = {"artifact": f"file:src/m_{i % 37}.py"} if i % 3 == 0 else {}
+        specs.append((ev.TOOL_CALLED, {"tool": "make", "result": f"step {i}: ok", **artifact}))
+    records = _records("old", specs)
+    _commit(projection_store, records, 9)
+    fields = _raw(projection_store, "old")["state"][2]
+    state = fold("old", [r.event for r in records])
+    assert fields[b"n"][:1] == b"w" and fields[b"s"] == session_to_blob(state)
+    assert fields[b"s"][1] == DEFLATED
+    assert projection_store.load("old") == state
+
+
 def test_the_big_state_goes_back_into_chunks(projection_store: RedisProjectionStore) -> None:
     records = _records(
         "s1",
         [
             (ev.STARTED, {"goal": "g", "mode": "ask"}),
-            (ev.PLAN_SET, {"plan": "ü" * 1500}),
+            (ev.PLAN_SET, {"plan": "ü" + _NOISE}),
         ],
     )
     _commit(projection_store, records, 1)
     fields = _raw(projection_store, "s1")["state"][2]
     assert fields[b"n"][:1] == b"w" and b"s" in fields and b"s1" not in fields
+    assert fields[b"s"][1] == DEFLATED and len(fields[b"s"]) > STATE_INLINE
     shorter = [*records, _plan("s1", "short", 2)]
     _commit(projection_store, shorter, 1)
     fields = _raw(projection_store, "s1")["state"][2]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import uuid
+import zlib
 from dataclasses import fields
 from datetime import UTC, datetime
 
@@ -13,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from projections.codec import (
+    DEFLATE_FROM,
+    DEFLATED,
     NOT_IN_STATE,
     STATE_VERSION,
     STORED_FIELDS,
@@ -21,10 +26,13 @@ from projections.codec import (
     pack_event_ids,
     session_from_blob,
     session_to_blob,
+    summary_from_stored,
+    summary_to_stored,
     turn_from_json,
     turn_to_json,
     unpack_event_ids,
 )
+from projections.layout import STATE_INLINE
 from schemas.errors import ProjectionError
 from session_model.fold import fold, step
 from session_model.modes import Mode
@@ -208,6 +216,48 @@ def test_the_state_of_an_idle_session_is_small() -> None:
     assert _round_trip(s) == s
 
 
+def _old(n: int, result: str = "ok") -> Session:
+    """A session holding `n` calls since its summary, a third of them naming one of 37 files."""
+    calls = tuple(
+        CallFact(
+            i, "make", f"step {i}: {result}", True, False, f"file:m_{i % 37}.py" if i % 3 else None
+        )
+        for i in range(n)
+    )
+    return Session(
+        "s1",
+        started=True,
+        seq=n,
+        calls=calls,
+        artifacts={c.artifact: c for c in calls if c.artifact is not None},
+        tools={"make": n},
+    )
+
+
+def test_a_state_too_long_for_chunks_is_stored_deflated() -> None:
+    s = _old(40)
+    blob = session_to_blob(s)
+    assert blob[:2] == bytes([STATE_VERSION, DEFLATED])
+    plain = orjson.dumps(orjson.loads(zlib.decompress(blob[2:])))
+    assert len(plain) >= STATE_INLINE and len(blob) < len(plain) // 3
+    assert _round_trip(s) == s
+    assert session_to_blob(s) == blob  # the same bytes every time: rebuilds match
+
+
+def test_a_state_that_fits_in_chunks_is_never_deflated() -> None:
+    s = _old(4)
+    blob = session_to_blob(s)
+    assert blob[:2] == bytes([STATE_VERSION]) + b"[" and len(blob) <= STATE_INLINE
+    assert _round_trip(s) == s
+
+
+def test_a_damaged_deflated_state_is_a_projection_error() -> None:
+    blob = session_to_blob(_old(40))
+    for damaged in (blob[:-3], blob[:2] + b"junk", blob[:10] + bytes([blob[10] ^ 1]) + blob[11:]):
+        with pytest.raises(ProjectionError, match="cannot be read"):
+            session_from_blob(damaged, "s1", ())
+
+
 def test_a_state_of_another_layout_is_refused_with_a_clear_error() -> None:
     with pytest.raises(ProjectionError, match="layout 123"):
         session_from_blob(b'{"v":1,"id":"s1"}', "s1", ())
@@ -222,6 +272,49 @@ def test_a_damaged_state_is_a_projection_error() -> None:
     for damaged in (blob[:-5], bytes([STATE_VERSION]) + b"[3]", bytes([STATE_VERSION]) + b"{}"):
         with pytest.raises(ProjectionError):
             session_from_blob(damaged, "s1", ())
+
+
+# -- summaries ---------------------------------------------------------------------------------
+
+_FACTS = "\n".join(
+    f'{{"tool":"make","artifact":"file:src/m_{i % 37}.py","result":"step {i}: ok","seq":{i}}}'
+    for i in range(200)
+)
+
+
+def test_a_long_summary_is_stored_deflated_and_reads_back() -> None:
+    summary = "Goal: ship 🙂\n\nOperational facts:\n" + _FACTS
+    stored = summary_to_stored(summary)
+    assert stored[0] == DEFLATED and len(stored) < len(summary.encode()) // 4
+    assert summary_from_stored(stored, "s1") == summary
+    assert summary_to_stored(summary) == stored  # the same bytes every time: rebuilds match
+
+
+@pytest.mark.parametrize(
+    "summary",
+    ["", "so far: 🙂", "x" * (DEFLATE_FROM - 1), "ÿ leading y-diaeresis", "\x00\x01"],
+)
+def test_a_short_summary_is_its_utf8_text(summary: str) -> None:
+    assert summary_to_stored(summary) == summary.encode()
+    assert summary_from_stored(summary.encode(), "s1") == summary
+
+
+def test_a_summary_deflate_does_not_shrink_is_its_utf8_text() -> None:
+    summary = base64.b85encode(random.Random(0).randbytes(100)).decode()  # 125 random characters
+    assert summary_to_stored(summary) == summary.encode()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=400))
+def test_any_summary_round_trips(summary: str) -> None:
+    assert summary_from_stored(summary_to_stored(summary), "s1") == summary
+
+
+def test_a_damaged_summary_is_a_projection_error() -> None:
+    stored = summary_to_stored("facts " * 100)
+    for damaged in (stored[:-3], bytes([DEFLATED]) + b"junk", b"\xc3"):
+        with pytest.raises(ProjectionError, match="summary"):
+            summary_from_stored(damaged, "s1")
 
 
 # -- turns -------------------------------------------------------------------------------------

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from projections.codec import STATE_VERSION, pack_event_ids, session_to_blob, turn_to_json
+from projections.codec import (
+    DEFLATED,
+    STATE_VERSION,
+    pack_event_ids,
+    session_to_blob,
+    summary_to_stored,
+    turn_to_json,
+)
 from projections.snapshots import (
     CORRUPT,
     LAYOUT,
@@ -38,7 +45,7 @@ def _raw(s: Session, mark: str, counters: dict[bytes, bytes] | None = None) -> t
         mark.encode(),
         [turn_to_json(t) for t in s.turns],
         [pack_event_ids(sorted(c)) for c in chunks],
-        None if s.summary is None else s.summary.encode(),
+        None if s.summary is None else summary_to_stored(s.summary),
         counters or {},
         None,
     )
@@ -66,6 +73,16 @@ def test_any_folded_session_survives_a_snapshot_unchanged(events: list) -> None:
     assert back.mark == Position(3, 41)
     assert back.counters == {"pauses\tpermission": 2, "events\tfolded": 31}
     assert back.taken_at_ms == 1_700_000_000_000
+
+
+def test_a_summary_stored_deflated_travels_as_its_text() -> None:
+    summary = "Goal: g\n\nOperational facts:\n" + ",".join(f'{{"seq":{i}}}' for i in range(300))
+    state = fold(SID, []).evolve(started=True, summary=summary)
+    assert summary_to_stored(summary)[0] == DEFLATED
+    record = snapshot_record(SID, _raw(state, "0:7"), 1)
+    assert record["summary"] == summary  # the schema's string: the text, not the stored bytes
+    back = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record)))
+    assert back.folded.state == state
 
 
 def test_a_snapshot_of_another_layout_or_session_is_unusable() -> None:
