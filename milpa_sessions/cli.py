@@ -167,7 +167,8 @@ def acls() -> None:
 @click.option("--operator", default="operator", show_default=True, help="Operators' SCRAM user.")
 @pass_ctx
 def acls_apply(ctx: Ctx, agent: str, worker: str, operator: str) -> None:
-    """Allow each role what it needs, no more (run with an administrator's credentials)."""
+    """Allow each role what it needs, no more (run with an administrator's credentials); returns
+    once the broker enforces the ACLs."""
     created = apply_acls(ctx.settings, Principals(agent, worker, operator))
     _emit(ctx, {"created": created}, lambda: out.print(f"{created} ACL(s) in place"))
 

@@ -145,6 +145,7 @@ def settings(secured: Settings) -> Iterator[Settings]:
     ensure_topics(admin)
     if admin is not s:  # the test principal plays every role, on this test's resources only
         me = s.kafka_username
+        # Returns once the broker enforces them: the test's first request is never refused.
         apply_acls(admin, Principals(agent=me, worker=me, operator=me))
     yield s
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -68,7 +67,8 @@ def _as(base: Settings, stack: dict[str, Any], user: str) -> Settings:
 
 @pytest.fixture
 def roles(settings: Settings, secure_stack: dict[str, Any]) -> dict[str, Settings]:
-    """This test's topics on the secure stack, created and opened to each role by the admin."""
+    """This test's topics on the secure stack, created and opened to each role by the admin
+    (`acls apply` returns once the broker enforces the ACLs: no request of a role races them)."""
     as_ = {u: _as(settings, secure_stack, u) for u in ("admin", "agent", "worker", "operator")}
     ensure_topics(as_["admin"])
     applied = CliRunner().invoke(main, ["acls", "apply"], env=as_["admin"].to_env())
@@ -76,33 +76,12 @@ def roles(settings: Settings, secure_stack: dict[str, Any]) -> dict[str, Setting
     return as_
 
 
-def _first_append(agent: Settings, timeout: float = 30.0) -> KafkaEventLog:
-    """The agent's events log once its first append is acknowledged.
-
-    The ACLs were just created: the broker applies them from its metadata log a moment later
-    (seconds on a loaded CI machine), and until then the idempotent producer's InitProducerId
-    or the produce itself is refused (fatal for that producer), so a fresh producer tries again
-    until the grant is in force. The refusal of what the agent may not do is checked after.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        events = KafkaEventLog(agent.kafka_access(), agent.events_topic)
-        try:
-            events.append(started("allowed", session_id="sec-a"))
-            return events
-        except LogError as e:
-            events.close(timeout=5)
-            refused = "ClusterAuthorizationFailed" in str(e) or "TopicAuthorizationFailed" in str(e)
-            if not refused or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def test_an_agent_may_write_events_and_nothing_else(roles: dict[str, Settings]) -> None:
     agent = roles["agent"]
-    events = _first_append(agent)
+    events = KafkaEventLog(agent.kafka_access(), agent.events_topic)
     decisions = KafkaEventLog(agent.kafka_access(), agent.decisions_topic)
     try:
+        events.append(started("allowed", session_id="sec-a"))  # `acls apply` waited: in force
         with pytest.raises(LogError, match="TopicAuthorizationFailed"):
             decisions.append(started("a forged decision", session_id="sec-a"))
     finally:
