@@ -26,6 +26,7 @@ from milpa_sessions.keyfiles import write_key_pair
 from milpa_sessions.render import out, render_session, render_timeline, session_summary
 from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
+from processors.generations import rebuild_live
 from processors.replay import replay
 from producers.acls import Principals, apply_acls
 from producers.store import SessionStore
@@ -182,10 +183,22 @@ def acls_apply(ctx: Ctx, agent: str, worker: str, operator: str) -> None:
     help="Fold the whole log, ignoring snapshots (and so rebuild every history list too; "
     "--session always does).",
 )
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Rebuild while the workers run: into a new projection generation, which readers and "
+    "workers switch to partition by partition once it has caught up; the old one is dropped.",
+)
 @pass_ctx
-def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool) -> None:
+def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool, live: bool) -> None:
     """Drop and rebuild projections from the snapshots and the topic (refused while workers are
-    running). After a full rebuild, snapshots every session so the next one starts from them."""
+    running, unless --live). After a full rebuild, snapshots every session so the next one
+    starts from them."""
+    if live:
+        if session_id is not None:
+            raise click.UsageError("--live rebuilds every projection: it takes no --session")
+        _replay_live(ctx, full)
+        return
     running = [] if force else group_members(ctx.settings)
     if running:
         raise WorkersRunningError(
@@ -248,6 +261,49 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool) -> Non
             err.print(f"warning: snapshots ignored ({ignored}): their sessions were folded whole")
         if snapshot_error:
             err.print(f"warning: the rebuild stands, but snapshotting it failed: {snapshot_error}")
+
+    _emit(ctx, data, say)
+
+
+def _replay_live(ctx: Ctx, full: bool) -> None:
+    settings = ctx.settings
+    snapshots = settings.snapshot_interval_s > 0 and not full
+    store = wiring.projection_store_for_rebuild(settings)
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("rebuilding (live)", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        report = rebuild_live(
+            settings.kafka_access(),
+            settings.events_topic,
+            store,
+            wiring.trusted_keys(settings),
+            start_mode=settings.start_mode(),
+            cutover=settings.cutover(),
+            snapshots_topic=settings.snapshots_topic if snapshots else None,
+            progress=progress,
+        )
+    first = report.first_pass
+    data = {
+        "generation": report.generation,
+        "records": first.records,
+        "sessions": first.applied_sessions,
+        "refused": dict(first.refused),
+        "restored_from_snapshots": first.restored,
+        "caught_up": report.caught_up,
+        "rounds": report.rounds,
+        "old_keys_dropped": report.dropped,
+    }
+
+    def say() -> None:
+        out.print(
+            f"rebuilt generation {report.generation} live: {first.records} records into "
+            f"{first.applied_sessions} sessions ({first.refused_total} refused, {first.restored} "
+            f"restored from snapshots), then {report.caught_up} records caught up in "
+            f"{report.rounds} round(s); every partition switched, {report.dropped} old keys dropped"
+        )
 
     _emit(ctx, data, say)
 

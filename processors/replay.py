@@ -127,6 +127,7 @@ def replay(
     cutover: Cutover | None = None,
     restored_at: datetime | None = None,
     snapshots_topic: str | None = None,
+    clear: bool = True,
 ) -> ReplayReport:
     """Drop and rebuild every projection (or one session's) from the topic.
 
@@ -136,6 +137,9 @@ def replay(
     partition is read from after its checkpoint (`projections.snapshots`); without (`replay
     --full`), or where a snapshot or checkpoint is missing, unreadable or of another layout,
     from offset 0. Unusable snapshots are counted in the report and logged.
+
+    `clear=False` leaves the store's keys as they are (a live rebuild writes a generation of its
+    own, emptied beforehand: `processors.generations`).
 
     One session's rebuild also deletes its tombstone (an expired projection comes back whole)
     and, under a retention, keeps it at least one TTL from `restored_at` (default: now), so the
@@ -166,7 +170,8 @@ def replay(
     starts = {p: min(plan.starts.get(p, 0), end) for p, end in ends.items()}
     total = sum(end - starts[p] for p, end in ends.items())
     if session_id is None:
-        store.clear()
+        if clear:
+            store.clear()
     else:
         store.drop(session_id)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover or Cutover())
@@ -180,6 +185,36 @@ def replay(
     return dataclasses.replace(
         report, ignored=dict(plan.ignored), skipped=sum(starts.values()), ends=dict(ends)
     )
+
+
+def fold_range(
+    bootstrap: str | KafkaAccess,
+    topic: str,
+    store: RedisProjectionStore,
+    keys: TrustedKeys,
+    *,
+    starts: Mapping[int, int],
+    ends: Mapping[int, int],
+    partitions: int,
+    start_mode: Mode = Mode.ASK,
+    cutover: Cutover | None = None,
+    batch_size: int = 2000,
+) -> ReplayReport:
+    """Fold the records of these partitions from `starts` up to `ends` onto what the store holds
+    (in this process): a live rebuild's catching up after its first pass."""
+    wanted = {p: end for p, end in ends.items() if end > starts.get(p, 0)}
+    if not wanted:
+        return ReplayReport(0, 0)
+    folder = BatchFolder(keys, start_mode, cutover or Cutover())
+    intake = Intake(EventCodec(), partitions)
+    job = _Job(KafkaAccess.of(bootstrap), topic, store, folder, None, batch_size, intake, starts)
+    return job.run(dict(wanted), None)
+
+
+def end_offsets(bootstrap: str | KafkaAccess, topic: str) -> tuple[dict[int, int], int]:
+    """partition -> end offset now (of the partitions that hold anything), and the topic's
+    partition count (LogError)."""
+    return _end_offsets(KafkaAccess.of(bootstrap), topic, None)
 
 
 def _snapshot_plan(

@@ -19,7 +19,7 @@ import redis
 from projections.indexes import TTA_BUCKETS, UNSPECIFIED, hour_of
 from projections.keys import Keys
 from projections.redis_client import SyncClient
-from projections.requests import Request, execute
+from projections.requests import Request, execute, generations
 from schemas.errors import ProjectionError
 
 Grouping = Literal["reason", "hour", "outcome"]
@@ -178,9 +178,15 @@ def _sum(hashes: Iterable[Mapping[str, int]]) -> dict[str, int]:
 class Analytics:
     """Read-only queries over the analytics counters under one key prefix."""
 
-    def __init__(self, client: SyncClient, keys: Keys) -> None:
+    def __init__(self, client: SyncClient, keys: Keys, *, follow: bool = True) -> None:
         self.client = client
         self.keys = keys
+        self.follow = follow  # read the partitions' generations first (a live rebuild moves them)
+
+    def _fresh(self) -> None:
+        if self.follow:
+            found = execute(self.client, generations(self.keys))
+            self.keys = self.keys.in_generations(found if any(found) else ())
 
     # -- pauses ----------------------------------------------------------------------------------
 
@@ -236,10 +242,12 @@ class Analytics:
     def _stored_hours(self, name: str) -> tuple[str, ...]:
         """Every hour bucket stored for a counter in any partition (SCAN: only for all-time
         hourly queries)."""
-        pattern = self.keys.stat_hour_pattern(name)
+        self._fresh()
+        patterns = [self.keys.stat_hour_pattern(name, g) for g in self.keys.in_use()]
         try:
             found = {
                 _text(k).rpartition(":h:")[2]
+                for pattern in patterns
                 for k in self.client.scan_iter(match=pattern, count=1000)
             }
         except redis.RedisError as e:
@@ -290,6 +298,7 @@ class Analytics:
         up, in one pipelined round trip (one per master on a cluster)."""
         if not wanted:
             return []
+        self._fresh()
         shards = [self.keys.stat_shards(name, hour) for name, hour in wanted]
         commands = [("HGETALL", key) for keys in shards for key in keys]
         request = Request(commands, lambda replies: replies, "reading analytics counters failed")

@@ -71,14 +71,48 @@ class Keys:
 
     prefix: str = DEFAULT_PREFIX
     partitions: int = field(kw_only=True)
+    # The projection generation each partition's keys are in (empty: all 0). A live rebuild
+    # (`processors.generations`) writes the next one beside the current one and moves each
+    # partition over with `lua/switch.lua`; readers and workers follow `generation_key`.
+    generations: tuple[int, ...] = field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
             raise ValueError(f"partitions={self.partitions}: expected at least 1")
+        if self.generations and len(self.generations) != self.partitions:
+            raise ValueError(
+                f"{len(self.generations)} generations for {self.partitions} partitions"
+            )
+
+    def generation(self, partition: int) -> int:
+        """The generation of a partition's keys."""
+        return self.generations[partition] if self.generations else 0
+
+    def in_generations(self, generations: tuple[int, ...]) -> Keys:
+        """These keys with each partition in the given generation."""
+        return Keys(self.prefix, partitions=self.partitions, generations=generations)
+
+    def head(self, generation: int) -> str:
+        """What every key of a generation starts with: `<prefix>:`, or `<prefix>:g<n>:`."""
+        return f"{self.prefix}:" if generation == 0 else f"{self.prefix}:g{generation}:"
 
     def tag(self, partition: int) -> str:
-        """`<prefix>:{<partition's tag>}`: the start of every key of the partition."""
-        return f"{self.prefix}:{{{partition_tag(partition, self.partitions)}}}"
+        """`<head>{<partition's tag>}`: the start of every key of the partition."""
+        ptag = partition_tag(partition, self.partitions)
+        return f"{self.head(self.generation(partition))}{{{ptag}}}"
+
+    def generation_key(self, partition: int) -> str:
+        """Hash per partition, outside every generation but in the partition's slot: `g`, the
+        generation its keys are in, and `a<n>`, the highest offset committed in generation n."""
+        return f"{self.prefix}:generation:{{{partition_tag(partition, self.partitions)}}}"
+
+    def generation_pattern(self, generation: int) -> str:
+        """A SCAN pattern matching every key of a generation (not the generation hashes)."""
+        return f"{_glob_escape(self.head(generation))}{{*"
+
+    def in_use(self) -> tuple[int, ...]:
+        """The generations some partition is in."""
+        return tuple(sorted(set(self.generations))) if self.generations else (0,)
 
     def partition_of(self, session_id: str) -> int:
         """The partition of a session (Kafka's default partitioner over its id)."""
@@ -97,16 +131,22 @@ class Keys:
             tuple(f"{tag}:h:{kind}" for kind in HISTORY_KINDS),
         )
 
-    def state_pattern(self) -> str:
-        """A SCAN pattern matching the state hash of every session (and nothing else)."""
-        return f"{_glob_escape(self.prefix)}:{{w:*}}:s:*:state"
+    def state_pattern(self, generation: int = 0) -> str:
+        """A SCAN pattern matching the state hash of every session of a generation (and nothing
+        else)."""
+        return f"{_glob_escape(self.head(generation))}{{w:*}}:s:*:state"
 
     def session_of(self, state_key: str) -> str | None:
-        """The session id of a state hash's key, or None for any other key."""
-        head, tail = f"{self.prefix}:{{w:", ":state"
+        """The session id of a state hash's key (of any generation), or None for any other key."""
+        head, tail = f"{self.prefix}:", ":state"
         if not (state_key.startswith(head) and state_key.endswith(tail)):
             return None
-        tag_end = state_key.find("}:s:", len(head))
+        at = len(head)
+        if state_key.startswith("g", at):  # `<prefix>:g<n>:{w:...`
+            at = state_key.find(":", at) + 1
+        if not state_key.startswith("{w:", at):
+            return None
+        tag_end = state_key.find("}:s:", at)
         if tag_end < 0:
             return None
         return state_key[tag_end + 4 : -len(tail)]
@@ -191,13 +231,14 @@ class Keys:
             return tuple(self.stat(name, p) for p in range(self.partitions))
         return tuple(self.stat_hour(name, hour, p) for p in range(self.partitions))
 
-    def stats_pattern(self) -> str:
-        """A SCAN pattern matching every shard of every counter hash."""
-        return f"{_glob_escape(self.prefix)}:{{w:*}}:stats:*"
+    def stats_pattern(self, generation: int = 0) -> str:
+        """A SCAN pattern matching every shard of every counter hash of a generation."""
+        return f"{_glob_escape(self.head(generation))}{{w:*}}:stats:*"
 
-    def stat_hour_pattern(self, name: str) -> str:
-        """A SCAN pattern matching every hour shard of a counter (the hour is the key's tail)."""
-        return f"{_glob_escape(self.prefix)}:{{w:*}}:stats:{_glob_escape(name)}:h:*"
+    def stat_hour_pattern(self, name: str, generation: int = 0) -> str:
+        """A SCAN pattern matching every hour shard of a counter in a generation (the hour is
+        the key's tail)."""
+        return f"{_glob_escape(self.head(generation))}{{w:*}}:stats:{_glob_escape(name)}:h:*"
 
     def counter_field(self, stat_key: str, field: str) -> str:
         """A session's own record of one counter (`<counter hash after ":stats:">\t<field>`),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +46,10 @@ from session_model.questions import Cursor, WaitingPage
 from session_model.session import History, Session, Turn
 from session_model.timeline import TimelineEntry
 
+# How often a store reads the partitions' generations again (a live rebuild moves them; a
+# commit in a generation left behind is refused anyway, and makes its writer read them at once).
+GENERATIONS_TTL_S = 1.0
+
 
 def _mark_reached(raw: Any, at_least: Position) -> bool:
     if raw is None:
@@ -66,6 +70,19 @@ class RedisProjectionStore:
     retention: Retention | None = None  # ended sessions' TTL, indexed by commits (None: none)
     track: bool = False  # note committed sessions for the next snapshot (snapshots are taken)
     durability: Durability = NOT_DURABLE  # replicas a write must reach before it is done
+    follow: bool = True  # follow the partitions' generations (False: a rebuild's own target)
+    _generations_at: float = field(default=float("-inf"), repr=False, compare=False)
+
+    def refresh_generations(self) -> tuple[int, ...]:
+        """Read the generation each partition's keys are in, and use those keys from now on."""
+        found = execute(self.client, requests.generations(self.keys))
+        self.keys = self.keys.in_generations(found if any(found) else ())
+        self._generations_at = time.monotonic()
+        return found
+
+    def _fresh(self) -> None:
+        if self.follow and time.monotonic() - self._generations_at >= GENERATIONS_TTL_S:
+            self.refresh_generations()
 
     @classmethod
     def from_url(
@@ -92,23 +109,33 @@ class RedisProjectionStore:
         self, reason: str | None = None, after: Cursor | None = None, limit: int = 50
     ) -> WaitingPage:
         """Waiting questions, soonest deadline first, from `after` on (one round trip)."""
+        self._fresh()
         request = index.page(self.keys, range(self.partitions), reason, after, limit)
         return execute(self.client, request)
 
     def waiting_by_reason(self) -> dict[str, int]:
         """Waiting questions per reason."""
+        self._fresh()
         return execute(self.client, index.by_reason(self.keys, range(self.partitions)))
 
     def fleet(self) -> dict[tuple[str, str], int]:
         """Sessions per (status, mode)."""
+        self._fresh()
         return execute(self.client, index.fleet(self.keys, range(self.partitions)))
 
     def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip."""
+        self._fresh()
         return execute(self.client, requests.read(self.keys, session_ids))
+
+    def marks(self, session_ids: Sequence[str]) -> dict[str, Position]:
+        """The stored mark of each known session, in one round trip."""
+        self._fresh()
+        return execute(self.client, requests.marks(self.keys, session_ids))
 
     def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
         """Apply every update (compare-and-set on its mark) in one pipelined round trip."""
+        self._fresh()
         if not updates:
             return CommitResult()
         retention = self.retention
@@ -124,13 +151,14 @@ class RedisProjectionStore:
             for u in updates
         ]
         request = requests.commit(
-            [u.session_id for u in updates], calls, [u.mark.partition for u in updates]
+            self.keys, [u.session_id for u in updates], calls, [u.mark.partition for u in updates]
         )
-        return execute(self.client, request, self.durability)
+        return self._committed(execute(self.client, request, self.durability))
 
     def restore(self, sessions: Sequence[Restored]) -> CommitResult:
         """Write sessions from their snapshots, in one pipelined round trip (a session that
         already has a mark is refused: `conflicts`)."""
+        self._fresh()
         if not sessions:
             return CommitResult()
         calls = [
@@ -140,8 +168,13 @@ class RedisProjectionStore:
             for r in sessions
         ]
         sids = [r.folded.state.id for r in sessions]
-        request = requests.commit(sids, calls, [r.mark.partition for r in sessions])
-        return execute(self.client, request, self.durability)
+        request = requests.commit(self.keys, sids, calls, [r.mark.partition for r in sessions])
+        return self._committed(execute(self.client, request, self.durability))
+
+    def _committed(self, done: requests.Committed) -> CommitResult:
+        if done.stale_generation:  # the refused sessions are read again in the new generation
+            self.refresh_generations()
+        return done.result
 
     def load(
         self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
@@ -154,11 +187,11 @@ class RedisProjectionStore:
 
     def _wait(self, session_id: str, at_least: Position, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        key = self.keys.session(session_id).state
         delay = self.poll_interval
         while True:
+            self._fresh()  # a live rebuild may move the session's partition meanwhile
             try:
-                raw = self.client.hget(key, "mark")
+                raw = self.client.hget(self.keys.session(session_id).state, "mark")
             except redis.RedisError as e:
                 raise ProjectionError(f"reading the mark of {session_id} failed: {e}") from e
             if _mark_reached(raw, at_least):
@@ -172,20 +205,24 @@ class RedisProjectionStore:
 
     def ids(self) -> list[str]:
         """Every projected session id, sorted (a SCAN over the state hashes: no index is kept)."""
+        self._fresh()
         found: set[str] = set()
+        keys = self.keys
         try:
-            for key in self.client.scan_iter(
-                match=self.keys.state_pattern(), count=1000, _type="hash"
-            ):
-                sid = self.keys.session_of(text(key))
-                if sid is not None:
-                    found.add(sid)
+            for generation in keys.in_use():
+                for key in self.client.scan_iter(
+                    match=keys.state_pattern(generation), count=1000, _type="hash"
+                ):
+                    sid = keys.session_of(text(key))
+                    if sid is not None and keys.generation(keys.partition_of(sid)) == generation:
+                        found.add(sid)
         except redis.RedisError as e:
             raise ProjectionError(f"listing sessions failed: {e}") from e
         return sorted(found)
 
     def history(self, session_id: str) -> list[Turn]:
         """Every turn, summarised ones included."""
+        self._fresh()
         try:
             raw = self.client.lrange(self.keys.session(session_id).turns, 0, -1)
         except redis.RedisError as e:
@@ -194,6 +231,7 @@ class RedisProjectionStore:
 
     def facts(self, session_id: str) -> History:
         """Every call, observation, execution, decision and rejection (one round trip)."""
+        self._fresh()
         k = self.keys.session(session_id)
         try:
             pipe = self.client.pipeline(transaction=True)  # a commit may move them in between
@@ -208,6 +246,7 @@ class RedisProjectionStore:
 
     def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
         """Entries with `seq > since`."""
+        self._fresh()
         k = self.keys.session(session_id)
         try:
             pipe = self.client.pipeline(transaction=True)  # a commit may move them in between
@@ -221,18 +260,21 @@ class RedisProjectionStore:
     def drop(self, session_id: str) -> None:
         """Delete one session's projection, its entries in the waiting index and counts, its
         retention entry and its tombstone (a rebuild of it follows: `replay --session`)."""
+        self._fresh()
         call = drop_command(self.keys, session_id, self.keys.partition_of(session_id))
         request = requests.Request([call], lambda _: None, f"dropping {session_id} failed", True)
         execute(self.client, request, self.durability)
 
     def expired(self, session_id: str) -> Expired | None:
         """The session's tombstone if its projection expired (None: projected, or unknown)."""
+        self._fresh()
         p = self.keys.partition_of(session_id)
         return execute(self.client, requests.expired(self.keys, session_id, p))
 
     def expire_due(self, now: datetime, limit: int = EXPIRE_BATCH) -> list[str]:
         """Drop the ended sessions of every partition whose retention deadline is at or before
         `now` (up to `limit` per partition), leaving tombstones; the ids dropped."""
+        self._fresh()
         now_ms = floor_ms(now)
         request = requests.retention_due(self.keys, range(self.partitions), now_ms, limit)
         due = execute(self.client, request)
@@ -240,19 +282,45 @@ class RedisProjectionStore:
             return []
         return execute(self.client, requests.expire(self.keys, due, now_ms), self.durability)
 
+    def switch_generation(self, partition: int, current: int, new: int) -> int:
+        """Move a partition to generation `new` if it committed at least as far there as in
+        `current` (lua/switch.lua): 1 moved, 0 the current one is ahead, -1 not in `current`."""
+        return execute(
+            self.client, requests.switch(self.keys, partition, current, new), self.durability
+        )
+
+    def drop_generation(self, generation: int) -> int:
+        """Delete every key of a generation and what the generation hashes note of it (its
+        highest offsets committed); the keys deleted."""
+        field_ = f"a{generation}"
+        request = requests.Request(
+            [("HDEL", self.keys.generation_key(p), field_) for p in range(self.partitions)],
+            lambda _: None,
+            f"forgetting generation {generation} failed",
+            writes=True,
+        )
+        execute(self.client, request, self.durability)
+        return self._unlink(self.keys.generation_pattern(generation))
+
     def clear(self) -> None:
-        """Delete every key under this store's prefix."""
+        """Delete every key under this store's prefix (every generation, and their hashes)."""
+        self._unlink(self.keys.pattern())
+        self.keys = self.keys.in_generations(())
+
+    def _unlink(self, pattern: str) -> int:
+        deleted = 0
         try:
             batch: list[Any] = []
-            for key in self.client.scan_iter(match=self.keys.pattern(), count=1000):
+            for key in self.client.scan_iter(match=pattern, count=1000):
                 batch.append(key)
                 if len(batch) >= 1000:
-                    self.client.unlink(*batch)
+                    deleted += self.client.unlink(*batch)
                     batch = []
             if batch:
-                self.client.unlink(*batch)
+                deleted += self.client.unlink(*batch)
         except redis.RedisError as e:
-            raise ProjectionError(f"clearing projections failed: {e}") from e
+            raise ProjectionError(f"deleting projections ({pattern}) failed: {e}") from e
+        return deleted
 
 
 @dataclass
@@ -265,6 +333,19 @@ class AsyncRedisProjectionStore:
     retention: Retention | None = None  # ended sessions' TTL, indexed by commits (None: none)
     track: bool = False  # note committed sessions for the next snapshot (snapshots are taken)
     durability: Durability = NOT_DURABLE  # replicas a write must reach before it is done
+    follow: bool = True  # follow the partitions' generations (a live rebuild moves them)
+    _generations_at: float = field(default=float("-inf"), repr=False, compare=False)
+
+    async def refresh_generations(self) -> tuple[int, ...]:
+        """Read the generation each partition's keys are in, and use those keys from now on."""
+        found = await execute_async(self.client, requests.generations(self.keys))
+        self.keys = self.keys.in_generations(found if any(found) else ())
+        self._generations_at = time.monotonic()
+        return found
+
+    async def _fresh(self) -> None:
+        if self.follow and time.monotonic() - self._generations_at >= GENERATIONS_TTL_S:
+            await self.refresh_generations()
 
     async def folded(
         self, session_ids: Sequence[str], *, event_ids: bool = True
@@ -274,6 +355,7 @@ class AsyncRedisProjectionStore:
         `event_ids=False` leaves `Session.event_ids` empty, for readers that never fold (the
         scheduler): a session's ids are most of what a read carries once it has a long life.
         """
+        await self._fresh()
         request = requests.read(self.keys, session_ids, event_ids=event_ids)
         return await execute_async(self.client, request)
 
@@ -283,6 +365,7 @@ class AsyncRedisProjectionStore:
         The arguments are built a script call's worth of sessions at a time, with a yield to the
         event loop between (a big batch's took ≈ 30 ms: a deadline would have waited as long).
         """
+        await self._fresh()
         if not updates:
             return CommitResult()
         calls = []
@@ -296,8 +379,11 @@ class AsyncRedisProjectionStore:
                 for u in updates[at : at + COMMIT_GROUP]
             ]
         sids = [u.session_id for u in updates]
-        request = requests.commit(sids, calls, [u.mark.partition for u in updates])
-        return await execute_async(self.client, request, self.durability)
+        request = requests.commit(self.keys, sids, calls, [u.mark.partition for u in updates])
+        done = await execute_async(self.client, request, self.durability)
+        if done.stale_generation:  # the refused sessions are read again in the new generation
+            await self.refresh_generations()
+        return done.result
 
     async def due_work(
         self, partitions: Iterable[int], until_ms: int | None = None
@@ -307,6 +393,7 @@ class AsyncRedisProjectionStore:
         One round trip. The in-worker scheduler reads everything when it takes over partitions;
         the standalone scheduler polls a window ahead.
         """
+        await self._fresh()
         return await execute_async(self.client, requests.due_work(self.keys, partitions, until_ms))
 
     async def expire_due(
@@ -318,6 +405,7 @@ class AsyncRedisProjectionStore:
         Each drop checks its deadline again inside the script: a session restored meanwhile, or
         expired by another worker's sweep (a rebalance), is left as it is.
         """
+        await self._fresh()
         now_ms = floor_ms(now)
         due = await execute_async(
             self.client, requests.retention_due(self.keys, partitions, now_ms, limit)
@@ -332,11 +420,13 @@ class AsyncRedisProjectionStore:
     ) -> list[tuple[str, int]]:
         """Sessions of a partition applied since their latest snapshot, with the first offset
         applied since, lowest first (up to `limit`)."""
+        await self._fresh()
         return await execute_async(self.client, requests.unsnapshotted(self.keys, partition, limit))
 
     async def raw_states(self, partition: int, session_ids: Sequence[str]) -> dict[str, RawState]:
         """The stored state of these sessions of a partition as a snapshot holds it (one round
         trip)."""
+        await self._fresh()
         request = requests.raw_states(self.keys, partition, session_ids)
         return await execute_async(self.client, request)
 
@@ -345,5 +435,6 @@ class AsyncRedisProjectionStore:
     ) -> int | None:
         """Take sessions whose snapshots were acknowledged out of the partition's unsnapshotted
         index; the lowest first offset left in it (None: none)."""
+        await self._fresh()
         request = requests.snapped(self.keys, partition, covered)
         return await execute_async(self.client, request, self.durability)

@@ -349,6 +349,20 @@ def read(
     return Request(commands, parse, "reading projections failed")
 
 
+def marks(keys: Keys, session_ids: Sequence[str]) -> Request[dict[str, Position]]:
+    """The stored mark of each known session among `session_ids` (one HGET each)."""
+    commands = [("HGET", keys.session(sid).state, "mark") for sid in session_ids]
+
+    def parse(replies: list[Any]) -> dict[str, Position]:
+        return {
+            sid: Position.parse(text(raw))
+            for sid, raw in zip(session_ids, replies, strict=True)
+            if raw is not None
+        }
+
+    return Request(commands, parse, "reading marks failed")
+
+
 # -- retention ---------------------------------------------------------------------------------
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -691,52 +705,94 @@ def _call(
     return script_keys, args
 
 
-def grouped(calls: Sequence[tuple[int, Call]], size: int = COMMIT_GROUP) -> list[Call]:
+def grouped(keys: Keys, calls: Sequence[tuple[int, Call]], size: int = COMMIT_GROUP) -> list[Call]:
     """Sessions' commit calls, each with its partition, joined into calls of the commit script
     of up to `size` sessions of one partition (one hash slot: what Redis Cluster requires),
-    in the order the calls' partitions first appear."""
+    each led by the partition's generation hash and generation, in the order the calls'
+    partitions first appear."""
     by_partition: dict[int, list[Call]] = {}
     for partition, call in calls:
         by_partition.setdefault(partition, []).append(call)
     groups: list[Call] = []
-    for same in by_partition.values():
+    for partition, same in by_partition.items():
         for at in range(0, len(same), size):
-            keys: list[str] = []
-            args: list[str | int | bytes] = []
+            group_keys: list[str] = [keys.generation_key(partition)]
+            args: list[str | int | bytes] = [keys.generation(partition)]
             for session_keys, session_args in same[at : at + size]:
-                keys += session_keys
+                group_keys += session_keys
                 args.append(len(session_keys))
                 args.append(len(session_args))
                 args += session_args
-            groups.append((keys, args))
+            groups.append((group_keys, args))
     return groups
 
 
+STALE_GENERATION = 3  # the commit script's answer for a partition that moved to a newer one
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What a commit request did: applied and conflicting sessions, and whether a partition
+    had moved to a newer generation (its sessions are among the conflicts: read the
+    generations again, then the sessions)."""
+
+    result: CommitResult
+    stale_generation: bool = False
+
+
 def commit(
-    session_ids: Sequence[str], calls: Sequence[Call], partitions: Sequence[int]
-) -> Request[CommitResult]:
+    keys: Keys, session_ids: Sequence[str], calls: Sequence[Call], partitions: Sequence[int]
+) -> Request[Committed]:
     """Apply each session's update (compare-and-set on its mark); `calls`: their `commit_call`s,
     `partitions`: their partitions."""
     sha = scripts.COMMIT.sha
     commands = [
         ("EVALSHA", sha, len(ks), *ks, *args)
-        for ks, args in grouped(list(zip(partitions, calls, strict=True)))
+        for ks, args in grouped(keys, list(zip(partitions, calls, strict=True)))
     ]
     order: dict[int, list[str]] = {}
     for partition, sid in zip(partitions, session_ids, strict=True):
         order.setdefault(partition, []).append(sid)
     sids = [sid for same in order.values() for sid in same]
 
-    def parse(replies: list[Any]) -> CommitResult:
+    def parse(replies: list[Any]) -> Committed:
         # One list per group: 1 = applied, 0 = conflict, 2 = the session's projection expired
-        # (nothing written: its events stay in Kafka until `replay --session` restores it).
+        # (nothing written: its events stay in Kafka until `replay --session` restores it),
+        # 3 = its partition is in a newer generation (nothing written).
         flags = [flag for group in replies for flag in group]
         pairs = list(zip(sids, flags, strict=True))
-        return CommitResult(
-            tuple(sid for sid, r in pairs if r != 0), tuple(sid for sid, r in pairs if r == 0)
+        result = CommitResult(
+            tuple(sid for sid, r in pairs if r in (1, 2)),
+            tuple(sid for sid, r in pairs if r in (0, STALE_GENERATION)),
         )
+        return Committed(result, any(r == STALE_GENERATION for _, r in pairs))
 
     return Request(commands, parse, "committing projections failed", writes=True)
+
+
+# -- generations -------------------------------------------------------------------------------
+
+
+def generations(keys: Keys) -> Request[tuple[int, ...]]:
+    """The generation each partition's keys are in (one HGET per partition)."""
+    commands = [("HGET", keys.generation_key(p), "g") for p in range(keys.partitions)]
+
+    def parse(replies: list[Any]) -> tuple[int, ...]:
+        return tuple(int(r) if r is not None else 0 for r in replies)
+
+    return Request(commands, parse, "reading the projection generations failed")
+
+
+def switch(keys: Keys, partition: int, current: int, new: int) -> Request[int]:
+    """Move a partition to generation `new` if the new one has committed at least as far in it
+    (lua/switch.lua): 1 moved, 0 the current one is ahead, -1 not in generation `current`."""
+    command = ("EVALSHA", scripts.SWITCH.sha, 1, keys.generation_key(partition), current, new)
+    return Request(
+        [command],
+        lambda replies: int(replies[0]),
+        f"moving partition {partition} to generation {new} failed",
+        writes=True,
+    )
 
 
 # -- due work and timelines --------------------------------------------------------------------

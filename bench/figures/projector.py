@@ -316,7 +316,7 @@ def projector(run: Run) -> None:
 
 # One batch as the worker commits it: the sessions first seen (its cache misses), the commit calls,
 # the sessions updated and how many events they fold.
-_Batch = tuple[list[str], list[tuple[list[str], list[Any]]], list[str], int]
+_Batch = tuple[list[str], list[tuple[list[str], list[Any]]], list[str], int, list[int]]
 
 
 def redis_ceiling(run: Run) -> float | None:
@@ -393,7 +393,13 @@ def _ceiling_batches(
         for u in updates:
             cache[u.session_id] = Folded(u.state, u.mark)
         batches.append(
-            (misses, calls, [u.session_id for u in updates], sum(len(u.steps) for u in updates))
+            (
+                misses,
+                calls,
+                [u.session_id for u in updates],
+                sum(len(u.steps) for u in updates),
+                [u.mark.partition for u in updates],
+            )
         )
     return batches, time.perf_counter() - t
 
@@ -408,12 +414,12 @@ async def _commit_all(
             await client.script_load(script.source)
         cpu0 = redis_cpu_seconds(sync)
         started = time.perf_counter()
-        for misses, calls, sids, _ in batches:
+        for misses, calls, sids, _, partitions in batches:
             if misses:  # the replies are not decoded: this measures Redis, not the client
                 read = requests.read(keys, misses)
                 await execute_async(client, requests.Request(read.commands, list, read.failure))
-            result = await execute_async(client, requests.commit(sids, calls))
-            if result.conflicts:
+            done = await execute_async(client, requests.commit(keys, sids, calls, partitions))
+            if done.result.conflicts:
                 raise RuntimeError("a ceiling commit was refused (mark conflict)")
         elapsed = time.perf_counter() - started
         cpu1 = redis_cpu_seconds(sync)

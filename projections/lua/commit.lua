@@ -1,10 +1,11 @@
--- The commit of a group of sessions (header.lua is prepended).
--- KEYS: per session, in order: state hash, turns list, timeline list, event-id list, deadlines
+-- The commit of a group of sessions of one partition (header.lua is prepended).
+-- KEYS[1] and ARGV[1]: the partition's generation hash and the generation the other keys are in.
+-- Then KEYS: per session, in order: state hash, turns list, timeline list, event-id list, deadlines
 --       zset, compaction-due set, then its partition's waiting zset, waiting cards hash, waiting
 --       counts hash and fleet counts hash, then its history lists (calls, observations,
 --       executions, decisions, rejections), then its partition's retention zset and tombstones
 --       hash, its partition's unsnapshotted zset, then one key per counter hash.
--- ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
+-- Then ARGV: per session, in order: its number of KEYS, its number of arguments, then its arguments:
 --       base mark ("" = none), new mark, state blob, window, session id, deadline ms ("" = none),
 --       compaction due ("1"/"0"), the summary ("" = unchanged, else "=" and the text; field m
 --       of the state hash), the new event ids (packed) of the dedupe chunk the stored ids
@@ -261,14 +262,39 @@ local function commit(ko, ao)
   return 1
 end
 
-local applied, ko, ao = {}, 0, 0
+-- KEYS[1], ARGV[1]: the partition's generation hash and the generation these keys are in. A
+-- partition a live rebuild moved to a newer generation takes no more writes in an older one:
+-- every session answers 3 and the writer reads the generations again.
+local generations, mine = KEYS[1], tonumber(ARGV[1])
+local current = tonumber(redis.call('HGET', generations, 'g') or '0')
+local applied, ko, ao = {}, 1, 1
+if mine < current then
+  while ao < #ARGV do
+    applied[#applied + 1] = 3
+    ko = ko + tonumber(ARGV[ao + 1])
+    ao = ao + 2 + tonumber(ARGV[ao + 2])
+  end
+  return applied
+end
+local top = -1  -- the highest offset this call committed, for the switch's comparison
 while ao < #ARGV do
   local n_keys, n_args = tonumber(ARGV[ao + 1]), tonumber(ARGV[ao + 2])
-  applied[#applied + 1] = commit(ko, ao + 2)
+  local done = commit(ko, ao + 2)
+  applied[#applied + 1] = done
+  if done == 1 then
+    local offset = tonumber(string.match(ARGV[ao + 4], ':(%d+)$'))
+    if offset > top then top = offset end
+  end
   ko = ko + n_keys
   ao = ao + 2 + n_args
 end
 for key, fields in pairs(acc) do
   for f, n in pairs(fields) do redis.call('HINCRBY', key, f, n) end
+end
+if top >= 0 then
+  local field = 'a' .. mine
+  if top > tonumber(redis.call('HGET', generations, field) or '-1') then
+    redis.call('HSET', generations, field, top)
+  end
 end
 return applied

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -188,7 +190,11 @@ def test_an_idle_session_is_one_small_listpack_hash(
         456 if isinstance(projection_store.client, SyncCluster) else 440
     )
     keys = sorted(projection_store.client.scan_iter(match=projection_store.keys.pattern()))
-    shared = (projection_store.keys.stat("events", 0), projection_store.keys.fleet_counts(0))
+    shared = (  # and the partition's generation hash (its highest offset committed)
+        projection_store.keys.stat("events", 0),
+        projection_store.keys.fleet_counts(0),
+        projection_store.keys.generation_key(0),
+    )
     assert keys == sorted(  # the session's one key, and the counters shared by all
         k.encode() for k in (projection_store.keys.session(sid).state, *shared)
     )
@@ -422,3 +428,39 @@ def test_a_read_of_many_sessions_returns_each_as_read_alone(
             await client.aclose()
 
     assert asyncio.run(read_async()) == together
+
+
+def test_a_partition_moved_to_a_new_generation_refuses_commits_in_the_old_one(
+    projection_store: RedisProjectionStore,
+) -> None:
+    """The live rebuild's switch (lua/switch.lua) and the commit script's fence, in one slot."""
+    worker = projection_store
+    records = [*_idle("g"), _plan("g", "second plan", 3), _plan("g", "third plan", 4)]
+    _commit(worker, records[:3], 3)  # the worker, in generation 0
+    rebuild = dataclasses.replace(worker, keys=worker.keys.in_generations((1,)), follow=False)
+    # The rebuild has folded less than the worker committed: the switch waits.
+    rebuilt = BatchFolder().fold({}, records[:2])
+    assert not rebuild.commit(rebuilt).conflicts
+    assert rebuild.switch_generation(0, 0, 1) == 0
+    # It catches up: the partition moves.
+    caught = BatchFolder().fold({"g": Folded(rebuilt[0].state, rebuilt[0].mark)}, records[2:3])
+    assert not rebuild.commit(caught).conflicts
+    assert rebuild.switch_generation(0, 0, 1) == 1
+    assert rebuild.switch_generation(0, 0, 1) == -1  # no longer in generation 0
+    # The worker has not read the generations since: its next commit, in generation 0, is
+    # refused whole, and it reads the generations again.
+    known = {"g": Folded(caught[0].state, caught[0].mark)}
+    update = BatchFolder().fold(known, records[3:4])
+    assert worker.keys.generation(0) == 0
+    worker._generations_at = time.monotonic()  # as if it had just read them
+    result = worker.commit(update)
+    assert result.conflicts == ("g",) and not result.applied
+    assert worker.keys.generation(0) == 1
+    # Folded again onto the new generation's state, it applies there.
+    assert worker.folded(["g"]) == known
+    assert worker.commit(update).applied == ("g",)
+    assert worker.folded(["g"])["g"].mark == Position(0, 3)
+    # Nothing reached generation 0 after the switch; dropping it leaves generation 1 whole.
+    assert worker.drop_generation(0) > 0
+    assert worker.folded(["g"])["g"].mark == Position(0, 3)
+    assert worker.ids() == ["g"]

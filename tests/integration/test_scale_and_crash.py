@@ -258,15 +258,8 @@ def _diff(a: Any, b: Any, where: str) -> Iterator[tuple[str, Any, Any]]:
 
 def reached(store: RedisProjectionStore, last: dict[str, Position]) -> int:
     """How many sessions' stored marks reached their last position (one pipelined round trip)."""
-    sids = list(last)
-    pipe = store.client.pipeline(transaction=False)
-    for sid in sids:
-        pipe.hget(store.keys.session(sid).state, "mark")
     done = 0
-    for sid, raw in zip(sids, pipe.execute(), strict=True):
-        if raw is None:
-            continue
-        mark = Position.parse(raw.decode())
+    for sid, mark in store.marks(list(last)).items():
         want = last[sid]
         if mark.partition == want.partition and mark.offset >= want.offset:
             done += 1
@@ -495,14 +488,9 @@ def committed_offsets(settings: Settings) -> dict[int, int]:
 
 def highest_marks(store: RedisProjectionStore, sids: Sequence[str]) -> dict[int, int]:
     """partition → the highest offset any session's stored mark reached."""
-    pipe = store.client.pipeline(transaction=False)
-    for sid in sids:
-        pipe.hget(store.keys.session(sid).state, "mark")
     out: dict[int, int] = {}
-    for raw in pipe.execute():
-        if raw is not None:
-            mark = Position.parse(raw.decode())
-            out[mark.partition] = max(out.get(mark.partition, -1), mark.offset)
+    for mark in store.marks(sids).values():
+        out[mark.partition] = max(out.get(mark.partition, -1), mark.offset)
     return out
 
 

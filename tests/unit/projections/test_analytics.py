@@ -192,13 +192,18 @@ class _Pipe:
         self.client = client
         self.queued: list[str] = []
 
-    def execute_command(self, name: str, key: str) -> None:
-        assert name == "HGETALL"
+    def execute_command(self, name: str, key: str, *fields: str) -> None:
+        assert name in ("HGETALL", "HGET")
         self.queued.append(key)
 
-    def execute(self) -> list[dict[bytes, bytes]]:
+    def execute(self) -> list[Any]:
         self.client.round_trips.append(list(self.queued))
-        return [self.client.hashes.get(k, {}) for k in self.queued]
+        return [
+            self.client.generations.get(k)
+            if k in self.client.generations or ":generation:" in k
+            else self.client.hashes.get(k, {})
+            for k in self.queued
+        ]
 
 
 class _FakeRedis:
@@ -207,6 +212,7 @@ class _FakeRedis:
             k: {f.encode(): str(n).encode() for f, n in h.items()} for k, h in hashes.items()
         }
         self.round_trips: list[list[str]] = []
+        self.generations: dict[str, bytes] = {}  # generation hash -> its `g` field
 
     def pipeline(self, transaction: bool = True) -> _Pipe:
         return _Pipe(self)
@@ -240,7 +246,7 @@ def _fake() -> _FakeRedis:
 
 def test_since_reads_only_the_window_hours_in_one_round_trip() -> None:
     fake = _fake()
-    rows = Analytics(fake, KEYS).pauses(timedelta(minutes=30), NOW)  # type: ignore[arg-type]
+    rows = Analytics(fake, KEYS, follow=False).pauses(timedelta(minutes=30), NOW)  # type: ignore[arg-type]
     assert fake.round_trips == [
         [
             *KEYS.stat_shards("pauses", "2026031009"),
@@ -257,7 +263,7 @@ def test_since_reads_only_the_window_hours_in_one_round_trip() -> None:
 
 def test_all_time_reads_the_totals() -> None:
     fake = _fake()
-    analytics = Analytics(fake, KEYS)  # type: ignore[arg-type]
+    analytics = Analytics(fake, KEYS, follow=False)  # type: ignore[arg-type]
     assert analytics.pauses(None, NOW) == (
         PausesByReason("permission", 9, 4, 2, 3),
         PausesByReason("signature", 1, 0, 0, 1),
@@ -267,7 +273,7 @@ def test_all_time_reads_the_totals() -> None:
 
 
 def test_by_hour_lists_each_hour_and_reason() -> None:
-    analytics = Analytics(_fake(), KEYS)  # type: ignore[arg-type]
+    analytics = Analytics(_fake(), KEYS, follow=False)  # type: ignore[arg-type]
     h9, h10 = parse_hour("2026031009"), parse_hour("2026031010")
     assert analytics.pauses(timedelta(hours=2), NOW, "hour") == (
         PausesByHour(h9, "permission", 2),
@@ -282,7 +288,7 @@ def test_by_hour_lists_each_hour_and_reason() -> None:
 
 
 def test_tta_rejections_and_downgrades() -> None:
-    analytics = Analytics(_fake(), KEYS)  # type: ignore[arg-type]
+    analytics = Analytics(_fake(), KEYS, follow=False)  # type: ignore[arg-type]
     tta = analytics.time_to_answer()
     assert [r.bucket for r in tta] == list(tta_labels())
     assert tta[1] == TimeToAnswer("permission", "le_5s", 5, 3)
@@ -293,13 +299,13 @@ def test_tta_rejections_and_downgrades() -> None:
 
 
 def test_an_unknown_grouping_and_a_corrupt_counter_are_errors() -> None:
-    analytics = Analytics(_fake(), KEYS)  # type: ignore[arg-type]
+    analytics = Analytics(_fake(), KEYS, follow=False)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="grouping"):
         analytics.pauses(None, NOW, "weekday")  # type: ignore[call-overload]
     broken = _FakeRedis({})
     broken.hashes[KEYS.stat("rejections", 1)] = {b"late_answer": b"many"}
     with pytest.raises(ProjectionError, match="late_answer"):
-        Analytics(broken, KEYS).rejections()  # type: ignore[arg-type]
+        Analytics(broken, KEYS, follow=False).rejections()  # type: ignore[arg-type]
 
 
 # -- metrics --------------------------------------------------------------------------------------
@@ -390,3 +396,13 @@ def test_scrapes_tolerate_counters_growing_in_another_thread() -> None:
         stop.set()
         grower.join()
     assert totals == sorted(totals) and totals[-1] > 0
+
+
+def test_the_counters_are_read_in_each_partitions_current_generation() -> None:
+    """After a live rebuild moved partition 1 to generation 2, its shard is read there."""
+    fake = _fake()
+    fake.generations[KEYS.generation_key(1)] = b"2"
+    moved = KEYS.in_generations((0, 2))
+    fake.hashes[moved.stat("pauses", 1)] = {b"permission": b"7"}
+    assert Analytics(fake, KEYS).counter("pauses") == {"permission": 5 + 7, "signature": 1}
+    assert fake.round_trips[0] == [KEYS.generation_key(0), KEYS.generation_key(1)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -111,7 +112,7 @@ def test_every_script_call_touches_one_slot_and_groups_never_mix_partitions() ->
     records = [r for sid in sids for r in _records(sid, partition_for(sid, 6))]
     updates = BatchFolder().fold({}, records)
     calls = [commit_call(keys, u, 40, track=True) for u in updates]
-    request = commit(sids, calls, [u.mark.partition for u in updates])
+    request = commit(keys, sids, calls, [u.mark.partition for u in updates])
     assert len(request.commands) >= 6
     for command in request.commands:
         assert command[0] == "EVALSHA"
@@ -136,18 +137,54 @@ def test_a_commit_reports_each_session_under_its_own_id_whatever_the_grouping() 
         {}, [r for sid in sids for r in _records(sid, partition_for(sid, 6))]
     )
     calls = [commit_call(keys, u, 40) for u in updates]
-    request = commit(sids, calls, [u.mark.partition for u in updates])
+    request = commit(keys, sids, calls, [u.mark.partition for u in updates])
+    # Each group starts with its partition's generation hash and generation.
+    for command in request.commands:
+        assert command[3].startswith("ms:generation:{w:")
+        assert command[3 + command[2]] == 0
     # The script answers per group, in the order the groups' sessions were sent.
-    sent = [
-        command[4 + command[2] : 4 + command[2] + 1] for command in request.commands
-    ]  # the first ARGV of each group: its first session's key count
-    assert all(sent)
     replies = []
     for command in request.commands:
         n = sum(1 for k in command[3 : 3 + command[2]] if k.endswith(":state"))
         replies.append([1] * n)
     replies[0][0] = 0  # the first session of the first group conflicted
-    first = next(sid for sid in sids if keys.session(sid).state == request.commands[0][3])
-    result = request.parse(replies)
+    first = next(sid for sid in sids if keys.session(sid).state == request.commands[0][4])
+    result = request.parse(replies).result
     assert result.conflicts == (first,)
     assert sorted(result.applied) == sorted(set(sids) - {first})
+
+
+def test_a_partition_in_a_newer_generation_refuses_the_group_and_says_so() -> None:
+    keys = Keys("ms", partitions=6)
+    sids = [f"sess-{i}" for i in range(12)]
+    updates = BatchFolder().fold(
+        {}, [r for sid in sids for r in _records(sid, partition_for(sid, 6))]
+    )
+    request = commit(
+        keys, sids, [commit_call(keys, u, 40) for u in updates], [u.mark.partition for u in updates]
+    )
+    replies = [
+        [3 if i == 0 else 1] * sum(1 for k in c[3 : 3 + c[2]] if k.endswith(":state"))
+        for i, c in enumerate(request.commands)
+    ]
+    done = request.parse(replies)
+    assert done.stale_generation
+    assert len(done.result.conflicts) == len(replies[0])
+    assert not request.parse([[1] * len(r) for r in replies]).stale_generation
+
+
+def test_generation_keys_live_beside_their_partition_and_never_match_a_generations_pattern() -> (
+    None
+):
+    keys = Keys("ms", partitions=6, generations=(0, 2, 2, 0, 0, 1))
+    assert keys.tag(0) == "ms:" + keys.tag(0)[3:] and not keys.tag(0).startswith("ms:g")
+    assert keys.tag(1).startswith("ms:g2:{w:1")
+    for p in range(6):
+        assert len(_slots([keys.generation_key(p), keys.session(f"x{p}", p).state])) == 1
+    for g in (0, 1, 2):
+        pattern = keys.generation_pattern(g).replace("\\", "")
+        assert not fnmatch.fnmatchcase(keys.generation_key(1), pattern)
+    assert fnmatch.fnmatchcase(keys.session("a", 1).state, keys.generation_pattern(2))
+    assert not fnmatch.fnmatchcase(keys.session("a", 0).state, keys.generation_pattern(2))
+    assert keys.session_of(keys.session("a", 1).state) == "a"
+    assert keys.in_use() == (0, 1, 2)

@@ -1,0 +1,136 @@
+"""Rebuilding the projections while the workers serve them: a new generation, then a switch.
+
+Every key of a partition is in one generation (`projections.keys`: `<prefix>:g<n>:{<tag>}...`,
+generation 0 without the `g<n>:`), named by the partition's generation hash, which lives in the
+partition's hash slot. A live rebuild:
+
+1. writes the next generation beside the current one, from the snapshots and the topic, as
+   `replay` does (`processors.replay`), while the workers go on committing in the current one;
+2. catches up: folds what the topic received meanwhile into the new generation, and tries to
+   move each partition over with `lua/switch.lua`, which succeeds only if the new generation has
+   committed at least as far in that partition as the current one (the commit script keeps
+   each generation's highest offset committed). The script runs in the partition's slot, so it
+   is atomic with the workers' commits there: from the switch on, a worker's commit in the old
+   generation is refused (it answers 3), the worker reads the generations again and folds the
+   refused sessions onto their states in the new generation (their marks tell what is applied);
+3. once every partition moved, waits for readers that resolved the old generation just before
+   (they read the generations again at most every `GENERATIONS_TTL_S`) and drops it.
+
+Readers only ever read a generation that a partition's hash names, so they see the old
+projection or the new one, never a half-built one. Counters and indexes are rebuilt with the
+rest: the new generation's are exact by construction. One live rebuild at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Final
+
+from processors.replay import Progress, ReplayReport, end_offsets, fold_range, replay
+from producers.kafka_access import KafkaAccess
+from projections.keys import Keys
+from projections.redis_store import GENERATIONS_TTL_S, RedisProjectionStore
+from schemas.errors import BackendError
+from session_model.authority import Cutover
+from session_model.modes import Mode
+from session_model.signing import TrustedKeys
+
+log = logging.getLogger("milpa_sessions.replay")
+
+_MAX_ROUNDS: Final = 200  # catch-up rounds before a rebuild that cannot keep up gives up
+_ROUND_PAUSE_S: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class LiveReport:
+    """A live rebuild: the generation it built, its first pass, what it folded catching up, in
+    how many rounds, and how many keys of the old generation(s) it dropped."""
+
+    generation: int
+    first_pass: ReplayReport
+    caught_up: int
+    rounds: int
+    dropped: int
+
+
+def rebuild_live(
+    bootstrap: str | KafkaAccess,
+    topic: str,
+    store: RedisProjectionStore,
+    keys: TrustedKeys,
+    *,
+    start_mode: Mode = Mode.ASK,
+    cutover: Cutover | None = None,
+    snapshots_topic: str | None = None,
+    progress: Progress | None = None,
+    batch_size: int = 2000,
+    grace_s: float = 2 * GENERATIONS_TTL_S,
+) -> LiveReport:
+    """Rebuild every projection into the next generation while the workers serve the current
+    one, move each partition over once the new one has caught up, and drop the old one."""
+    access = KafkaAccess.of(bootstrap)
+    _, partitions = end_offsets(access, topic)
+    store = dataclasses.replace(store, keys=Keys(store.keys.prefix, partitions=partitions))
+    current = store.refresh_generations()
+    new = max(current) + 1
+    target = dataclasses.replace(
+        store, keys=store.keys.in_generations((new,) * partitions), follow=False
+    )
+    target.drop_generation(new)  # what an earlier attempt that died left there
+    log.info("live rebuild: generation %d, the partitions are in %s", new, sorted(set(current)))
+    first = replay(
+        access,
+        topic,
+        target,
+        keys,
+        progress=progress,
+        start_mode=start_mode,
+        cutover=cutover,
+        snapshots_topic=snapshots_topic,
+        batch_size=batch_size,
+        clear=False,
+    )
+    read = {p: first.ends.get(p, 0) for p in range(partitions)}
+    pending = set(range(partitions))
+    caught, rounds = 0, 0
+    while pending:
+        rounds += 1
+        if rounds > _MAX_ROUNDS:
+            raise BackendError(
+                f"live rebuild: partitions {sorted(pending)} still behind the workers after "
+                f"{_MAX_ROUNDS} rounds; generation {new} is left for the next attempt to drop"
+            )
+        ends, _ = end_offsets(access, topic)
+        more = fold_range(
+            access,
+            topic,
+            target,
+            keys,
+            starts=read,
+            ends={p: ends.get(p, 0) for p in pending},
+            partitions=partitions,
+            start_mode=start_mode,
+            cutover=cutover,
+            batch_size=batch_size,
+        )
+        caught += more.records
+        for p in pending:
+            read[p] = max(read[p], ends.get(p, 0))
+        for p in sorted(pending):
+            moved = target.switch_generation(p, current[p], new)
+            if moved == 1:
+                pending.discard(p)
+            elif moved == -1:
+                raise BackendError(
+                    f"live rebuild: partition {p} left generation {current[p]} meanwhile "
+                    "(another rebuild?)"
+                )
+        if pending:
+            time.sleep(_ROUND_PAUSE_S)
+    log.info("live rebuild: every partition in generation %d after %d round(s)", new, rounds)
+    time.sleep(grace_s)  # readers that resolved the old generation just before finish with it
+    dropped = sum(store.drop_generation(g) for g in sorted(set(current)))
+    return LiveReport(new, first, caught, rounds, dropped)
