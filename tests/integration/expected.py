@@ -53,6 +53,13 @@ def expected_feed(expected: dict[str, Expected]) -> set[tuple[str, int, str]]:
     return {(c.session_id, c.seq, c.status.value) for e in expected.values() for c in e.changes}
 
 
+def decided(expected: dict[str, Expected]) -> list[tuple[str, int, str]]:
+    """(session, seq, source event id) of every decision the fold made, sorted."""
+    return sorted(
+        (sid, d.seq, d.event_id) for sid, exp in expected.items() for d in exp.state.decisions
+    )
+
+
 def _normalised(entries: Sequence[dict[str, object]]) -> list[object]:
     # The store keeps JSON; compare in that form.
     return [json.loads(json.dumps(e, ensure_ascii=False, default=str)) for e in entries]
