@@ -45,6 +45,7 @@ from session_model.session import Question
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import with_keys
 from tests.integration.expected import (
+    assert_counters_exact,
     assert_projection_matches,
     decided,
     expected_feed,
@@ -482,36 +483,14 @@ def stats(store: RedisProjectionStore, name: str) -> dict[str, int]:
 def assert_counts_are_exact(
     settings: Settings, projections: RedisProjectionStore, expected: dict[str, Any]
 ) -> None:
-    """The fleet-wide figures equal the fold's: pauses and rejections counted once each, the
-    questions feed holds every question's changes, the waiting index and fleet counts exact."""
-    pauses: dict[str, int] = {}
-    rejections: dict[str, int] = {}
-    for exp in expected.values():
-        for reason, n in exp.state.pauses.items():
-            pauses[reason] = pauses.get(reason, 0) + n
-        for code, n in exp.state.rejection_counts().items():
-            rejections[code] = rejections.get(code, 0) + n
-    assert stats(projections, "pauses") == pauses
-    assert stats(projections, "rejections") == rejections
-    # The questions feed: every question opened (and every way one stopped being open) at least
-    # once, none invented; the waiting index holds exactly the questions still open.
+    """The fleet-wide figures equal the fold's: every counter counted once per step, the waiting
+    index and fleet counts exact (`assert_counters_exact`), and the questions feed holds every
+    question's changes, none invented."""
+    assert_counters_exact(projections, expected)
     feed = feed_in(settings)
     truth = expected_feed(expected)
     assert any(status == "open" for _, _, status in truth)
     assert set(feed) == truth, (sorted(truth - set(feed))[:5], sorted(set(feed) - truth)[:5])
-    waiting = {
-        sid for sid, e in expected.items() if e.state.question is not None and not e.state.ended
-    }
-    page = projections.waiting(limit=500)
-    assert page.total == len(waiting)
-    seen = [w.session_id for w in page.items]
-    while page.next is not None:
-        page = projections.waiting(after=page.next, limit=500)
-        seen += [w.session_id for w in page.items]
-    assert sorted(seen) == sorted(waiting)
-    fleet = projections.fleet()
-    assert sum(fleet.values()) == len(expected)
-    assert sum(n for (status, _), n in fleet.items() if status == "waiting") == len(waiting)
 
 
 def committed_offsets(settings: Settings) -> dict[int, int]:
