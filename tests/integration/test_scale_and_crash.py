@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError
 
 from deploy.harness import end_offsets, read_topic, wait_for
 from milpa_sessions.settings import Settings
@@ -364,6 +365,10 @@ def group_assignment(settings: Settings) -> dict[str, set[int]]:
     admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
     try:
         group = admin.describe_groups([settings.consumer_group])[settings.consumer_group]
+    except KafkaError as e:  # no coordinator yet (a fresh broker's offsets topic), or moving
+        if not e.retriable:
+            raise
+        return {}
     finally:
         admin.close()
     if group.get("group_state") != "Stable":
