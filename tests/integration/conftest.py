@@ -10,11 +10,14 @@ prefix, so tests never see each other's data.
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka import KafkaProducer
@@ -34,6 +37,7 @@ from producers.store import SessionStore
 from producers.topics import delete_topics, ensure_topics
 from projections.redis_store import RedisProjectionStore
 from schemas.errors import LogError
+from schemas.events import Event
 
 # Fixtures of their own modules, offered to every test here.
 from tests.integration.console_support import console_stack  # noqa: F401
@@ -213,3 +217,37 @@ def start_worker(settings: Settings, tmp_path: Path) -> Iterator[object]:
 def with_keys(settings: Settings, **changes: object) -> Settings:
     """A copy of `settings` with some fields changed."""
     return replace(settings, **changes)  # type: ignore[arg-type]
+
+
+class PacedProducer(threading.Thread):
+    """Sends `events` in chunks spread evenly over `seconds`, then flushes; keeps every future."""
+
+    CHUNK = 100
+
+    def __init__(self, log: KafkaEventLog, events: Sequence[Event], seconds: float) -> None:
+        super().__init__(name="paced-producer", daemon=True)
+        self.log, self.events, self.seconds = log, events, seconds
+        self.futures: list[tuple[Event, Any]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            starts = range(0, len(self.events), self.CHUNK)
+            t0 = time.monotonic()
+            for i, start in enumerate(starts):
+                for event in self.events[start : start + self.CHUNK]:
+                    self.futures.append((event, self.log.send(event)))
+                time.sleep(max(0.0, t0 + (i + 1) * self.seconds / len(starts) - time.monotonic()))
+            self.log.flush(timeout=180)
+        except BaseException as e:
+            self.error = e
+
+    @classmethod
+    def sent_after(cls, index: int, count: int, seconds: float) -> float:
+        """About how many seconds after the start the event at `index` of `count` is sent."""
+        chunks = -(-count // cls.CHUNK)
+        return (index // cls.CHUNK) * seconds / chunks
+
+    def acked(self) -> int:
+        """How many appends the broker acknowledged so far."""
+        return sum(1 for _, f in list(self.futures) if f.is_done and f.succeeded())

@@ -16,11 +16,10 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import threading
 import time
 import uuid
-from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from deploy.harness import (
     kill_broker,
     partition_states,
     read_env,
-    read_topic,
     stack_command,
     stack_dir_env,
     start_broker,
@@ -46,17 +44,19 @@ from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from producers.topics import ensure_topics, topic_specs
 from projections.redis_store import RedisProjectionStore
-from schemas.codec import EventCodec
-from schemas.events import Event
-from session_model.projection import Position
 from session_model.signing import TrustedKeys
-from tests.integration.expected import expected_feed, expected_projections
+from tests.integration.conftest import PacedProducer
+from tests.integration.expected import (
+    decided,
+    expected_projections,
+)
 from tests.integration.test_scale_and_crash import (
-    _decided,
+    assert_counts_are_exact,
     assert_equals_the_fold,
-    feed_in,
+    decisions_in,
+    events_in,
     generate,
-    stats,
+    ids_by_session,
     wait_for_all,
 )
 
@@ -151,32 +151,6 @@ def store(on_cluster: Settings) -> Iterator[RedisProjectionStore]:
     yield projections
     projections.clear()
     projections.client.close()
-
-
-class PacedProducer(threading.Thread):
-    """Sends `events` in chunks spread evenly over `seconds`, then flushes; keeps every future."""
-
-    def __init__(self, log: KafkaEventLog, events: Sequence[Event], seconds: float) -> None:
-        super().__init__(name="paced-producer", daemon=True)
-        self.log, self.events, self.seconds = log, events, seconds
-        self.futures: list[tuple[Event, Any]] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            chunk = 100
-            starts = range(0, len(self.events), chunk)
-            t0 = time.monotonic()
-            for i, start in enumerate(starts):
-                for event in self.events[start : start + chunk]:
-                    self.futures.append((event, self.log.send(event)))
-                time.sleep(max(0.0, t0 + (i + 1) * self.seconds / len(starts) - time.monotonic()))
-            self.log.flush(timeout=180)
-        except BaseException as e:
-            self.error = e
-
-    def acked(self) -> int:
-        return sum(1 for _, f in list(self.futures) if f.is_done and f.succeeded())
 
 
 def _made_replicated(bootstrap: str, topic: str) -> bool:
@@ -292,21 +266,9 @@ def test_a_broker_killed_mid_stream_and_restarted_loses_and_doubles_nothing(
     )
 
     # The topic holds exactly what was acknowledged, each session's events in the order sent.
-    codec = EventCodec()
-    in_topic: list[Event] = []
-    last: dict[str, Position] = {}
-    for record in read_topic(s.kafka_access().kafka_python(), s.events_topic, timeout=120):
-        event = codec.decode(record.value)
-        in_topic.append(event)
-        last[event.session_id] = Position(record.partition, record.offset)
-    by_session: dict[str, list[str]] = defaultdict(list)
-    for e in in_topic:
-        by_session[e.session_id].append(e.event_id)
-    sent_by_session: dict[str, list[str]] = defaultdict(list)
-    for e in sent:
-        sent_by_session[e.session_id].append(e.event_id)
+    in_topic, last = events_in(s)
     assert len(in_topic) == len(sent)
-    assert by_session == sent_by_session
+    assert ids_by_session(in_topic) == ids_by_session(sent)
 
     wait_for_all(store, last, timeout=90, why="after the broker's restart", workers=(worker,))
     assert worker.alive(), worker.log()[-3000:]
@@ -314,21 +276,7 @@ def test_a_broker_killed_mid_stream_and_restarted_loses_and_doubles_nothing(
     expected = expected_projections(in_topic, TrustedKeys.none())
     assert sorted(store.ids()) == sorted(expected)
     assert_equals_the_fold(store, expected)  # state, history, facts, timeline: nothing twice
-    pauses: Counter[str] = Counter()
-    rejections: Counter[str] = Counter()
-    for exp in expected.values():
-        pauses.update(exp.state.pauses)
-        rejections.update(exp.state.rejection_counts())
-    assert stats(store, "pauses") == dict(pauses)
-    assert stats(store, "rejections") == dict(rejections)
-    # What the worker published through the outage (acks=all): every question change and every
-    # decision at least once, none invented.
-    assert set(feed_in(s)) == expected_feed(expected)
-    published = {
-        (d["session_id"], d["seq"], d["event_id"])
-        for d in (
-            codec.decode_decision(r.value)
-            for r in read_topic(s.kafka_access().kafka_python(), s.decisions_topic)
-        )
-    }
-    assert published == set(_decided(expected))
+    # Counters, fleet, waiting: each step once. What the worker published through the outage
+    # (acks=all): every question change and every decision at least once, none invented.
+    assert_counts_are_exact(s, store, expected)
+    assert decisions_in(s) == set(decided(expected))
