@@ -89,11 +89,14 @@ def expected_counters(expected: dict[str, Expected], keys: Keys) -> dict[str, di
 
 
 def stored_counters(store: RedisProjectionStore) -> dict[str, dict[str, int]]:
-    """Every shard of every analytics counter hash under the store's prefix, as Redis holds it."""
+    """Every shard of every analytics counter hash under the store's prefix, in the generations
+    the partitions are in, as Redis holds it."""
     client = store.client
+    store.refresh_generations()
     return {
         key.decode(): {f.decode(): int(n) for f, n in client.hgetall(key).items()}
-        for key in client.scan_iter(match=store.keys.stats_pattern(), count=1000)
+        for generation in store.keys.in_use()
+        for key in client.scan_iter(match=store.keys.stats_pattern(generation), count=1000)
     }
 
 

@@ -88,9 +88,12 @@ def rebuild(settings: Settings, *, snapshots: bool = True) -> ReplayReport:
 
 def fleet_wide(store: RedisProjectionStore) -> dict[str, Any]:
     """Every key that is not one session's own (counters, indexes, waiting questions), but the
-    unsnapshotted index (a restored session is covered by its snapshot: not in it)."""
+    unsnapshotted index (a restored session is covered by its snapshot: not in it) and the
+    generation hashes (each generation's highest offset committed: bookkeeping of the writers)."""
     return {
-        k: v for k, v in dump(store).items() if "{s:" not in k and not k.endswith(":unsnapshotted")
+        k: v
+        for k, v in dump(store).items()
+        if "}:s:" not in k and not k.endswith(":unsnapshotted") and ":generation:{" not in k
     }
 
 
