@@ -9,7 +9,6 @@ are retried with backoff for as long as it takes; the consumer stalls instead of
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 from collections import Counter
@@ -166,7 +165,7 @@ class ProjectionWorker:
                 partitions,
                 keys.partitions,
             )
-            self.store.keys = dataclasses.replace(keys, partitions=partitions)
+            self.store.use_partitions(partitions)
 
     async def _drive(self, steps: Steps[T]) -> T:
         """Answer the cycle's requests: Redis calls retried until they succeed, pauses yielded."""

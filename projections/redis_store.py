@@ -343,6 +343,11 @@ class AsyncRedisProjectionStore:
         self._generations_at = time.monotonic()
         return found
 
+    def use_partitions(self, partitions: int) -> None:
+        """Name keys for a topic of `partitions` partitions (the generations read at next use)."""
+        self.keys = Keys(self.keys.prefix, partitions=partitions)
+        self._generations_at = float("-inf")
+
     async def _fresh(self) -> None:
         if self.follow and time.monotonic() - self._generations_at >= GENERATIONS_TTL_S:
             await self.refresh_generations()

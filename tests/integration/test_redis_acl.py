@@ -168,9 +168,8 @@ def test_a_tls_redis_is_reached_with_rediss_and_its_ca(settings: Settings, tmp_p
             tls.redis_url, tls.redis_keys(), auth=tls.redis_auth()
         )
         wait_for(lambda: _pings(store.client), timeout=20)
-        store.commit(
-            BatchFolder().fold({}, [Record(started("g", session_id="tls-1"), Position(0, 0))])
-        )
+        at = Position(store.keys.partition_of("tls-1"), 0)  # where its keys live
+        store.commit(BatchFolder().fold({}, [Record(started("g", session_id="tls-1"), at)]))
         assert store.load("tls-1") is not None
         store.client.close()
         listed = CliRunner().invoke(main, ["list"], env=tls.to_env())
