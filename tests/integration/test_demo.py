@@ -33,6 +33,11 @@ def _demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# The demo composes the worker, the console, the CLI's signing and a decisions subscriber; each of
+# them runs on the secured stack in the tests that check it (test_secure_stack's end-to-end path
+# with one principal per role, test_console_browser, test_cli): the demo itself is run once, in the
+# plain pass.
+@pytest.mark.fault_load
 @pytest.mark.parametrize("backend", ["kafka-and-redis", "in-memory"])
 def test_the_demo_runs_a_fleet_whose_authority_is_all_signed(
     settings: Settings, backend: str
@@ -49,6 +54,7 @@ def test_the_demo_runs_a_fleet_whose_authority_is_all_signed(
         assert "sign in as demo, password " in out
 
 
+@pytest.mark.fault_load  # as above
 def test_the_console_demo_keeps_the_fleet_waiting_for_a_person(settings: Settings) -> None:
     """`demo --console`: the console's URL and a demo operator's credentials are printed; the
     fleet's questions wait in the inbox until someone answers one over HTTP; Ctrl-C ends it."""

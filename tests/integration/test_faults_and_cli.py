@@ -121,6 +121,8 @@ def _env(settings: Settings, **extra: str) -> dict[str, str]:
     return {**os.environ, **settings.to_env(), **extra}
 
 
+# Every command fails on reading its settings, before it connects: TLS and ACLs change nothing here.
+@pytest.mark.fault_load
 @pytest.mark.parametrize(
     ("name", "value"),
     [("MILPA_PARTITIONS", "abc"), ("MILPA_REDIS_URL", "nope://x"), ("MILPA_REDIS_TIMEOUT", "x")],

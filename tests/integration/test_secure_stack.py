@@ -30,8 +30,23 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A broker of this module's own on SASL_SSL (SCRAM users, ACLs), and its Redis."""
+def secure_stack(
+    secured: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """A broker on SASL_SSL (SCRAM users, ACLs) and its Redis: the run's own when it is one
+    (`./dev test --secure`: its secrets directory holds every role's password beside the
+    admin's), else one of this module's own (the plain pass)."""
+    admin_secret = os.environ.get("MILPA_TEST_KAFKA_ADMIN_PASSWORD_FILE")
+    if secured.kafka_access().sasl and admin_secret is not None:
+        yield {
+            "env": {
+                "MILPA_KAFKA_BOOTSTRAP": secured.kafka_bootstrap,
+                "MILPA_REDIS_URL": secured.redis_url,
+                "MILPA_KAFKA_CA_FILE": str(secured.kafka_ca_file),
+            },
+            "secrets": Path(admin_secret).parent,
+        }
+        return
     state = tmp_path_factory.mktemp("secure") / "stack"
     env = {
         **os.environ,
