@@ -195,7 +195,7 @@ class Run:
         `redis_replicas` the Redis Cluster's nodes by their role now (`client` is not used);
         with two stacks in the run, `idle_stack` is the other one's servers.
         """
-        groups = {}
+        groups: dict[str, tuple[int, ...]] = {}
         if self.other_stack is not None:
             groups["idle_stack"] = stack_pids(self.other_stack)
         if not self.on_cluster:

@@ -60,7 +60,8 @@ def poll_marks(settings: Settings, interval: float, acked: Any, results: Any) ->
     Reads `(session, partition, offset, sent, acked)` items from `acked` until a None, polls
     every `interval` seconds the marks of the sessions with a pending event (one script call per
     partition, in one pipelined round trip per Redis master: the product's asyncio client and
-    executor), and puts `(send times, ms from send, ms from ack, polls)` on `results` once
+    executor), and puts `(send times, ms from send, ms from ack, polls, seconds the polls' round
+    trips took)` on `results` once
     nothing is pending (or after 30 s).
     """
     asyncio.run(_poll_marks(settings, interval, acked, results))
@@ -77,6 +78,7 @@ async def _poll_marks(settings: Settings, interval: float, acked: Any, results: 
     from_send: list[float] = []
     from_ack: list[float] = []
     polls = 0
+    polling = 0.0
     done_at: float | None = None
     try:
         while True:
@@ -94,9 +96,11 @@ async def _poll_marks(settings: Settings, interval: float, acked: Any, results: 
                 pending.setdefault(sid, collections.deque()).append((offset, sent, ack))
             if pending:
                 groups, calls = marks_calls(keys, {sid: partition_of[sid] for sid in pending})
+                asked = time.perf_counter()
                 replies = await execute_async(client, Request(calls, list, "reading the marks"))
                 seen = time.perf_counter()
                 polls += 1
+                polling += seen - asked
                 for sids, marks in zip(groups, replies, strict=True):
                     for sid, raw in zip(sids, marks, strict=True):
                         if not raw:
@@ -115,7 +119,7 @@ async def _poll_marks(settings: Settings, interval: float, acked: Any, results: 
             await asyncio.sleep(max(interval - (time.perf_counter() - t0), 0))
     finally:
         await client.aclose()
-    results.put((sent_at, from_send, from_ack, polls))
+    results.put((sent_at, from_send, from_ack, polls, polling))
 
 
 def _end_process(process: Any) -> None:
@@ -146,6 +150,7 @@ class _Measured:
     from_send: list[float] = field(default_factory=list)
     from_ack: list[float] = field(default_factory=list)
     polls: int = 0
+    polling_s: float = 0.0  # the polls' round trips, in all
 
 
 @dataclass(frozen=True)
@@ -236,6 +241,7 @@ def measure_e2e(run: Run, name: str) -> E2e:
         "it, so each can be late by up to one poll interval plus one Redis round trip",
         "measured_from": "the KafkaEventLog.send call (a pending entry is polled from its ack on)",
         "polls": m.polls,
+        "poll_round_trip_ms_mean": 1000 * m.polling_s / m.polls if m.polls else None,
         "poller": "a separate process (one Lua call per partition per poll reading every pending "
         "session's mark)",
         "from_ack_ms": ack,
@@ -317,7 +323,7 @@ def _measure(
     m = _Measured(started, produced_in, behind, cpu.stop(), ack_times)
     poller.acked.put(None)  # no more: the poller drains what is pending (30 s at most) and reports
     try:
-        m.sent_at, m.from_send, m.from_ack, m.polls = poller.results.get(timeout=45)
+        m.sent_at, m.from_send, m.from_ack, m.polls, m.polling_s = poller.results.get(timeout=45)
     except queue.Empty:
         raise RuntimeError(f"the e2e poller reported nothing\n{worker.log(4000)}") from None
     poller.process.join(timeout=10)
