@@ -20,7 +20,9 @@ from producers.kafka_log import KafkaEventLog
 
 SINGLE_PROJECTOR = "projector_events_per_s_per_worker_1w"
 SINGLE_E2E_P50 = "e2e_latency_p50_ms"
-SINGLE_E2E_P99 = "e2e_latency_p99_ms"
+SINGLE_E2E_P99 = "e2e_latency_p99_ms"  # its CPU report is in the p50 figure's params
+CLUSTER_PROJECTOR = "projector_cluster_events_per_s_per_worker_1w"
+CLUSTER_E2E_P50 = "e2e_cluster_latency_p50_ms"
 
 
 def reference(results: Mapping[str, Figure], name: str) -> float | None:
@@ -39,6 +41,16 @@ def per_event(
         return None
     value = found.params.get(key, {}).get(process)
     return None if value is None else float(value)
+
+
+def flagged(results: Mapping[str, Figure], *names: str) -> dict[str, str]:
+    """`{"disturbed": why}` if a figure this one is read against (or whose CPU report it
+    shares) was disturbed, else {}: a ratio to a disturbed reference is no result either."""
+    for name in names:
+        found = results.get(name)
+        if found is not None and "disturbed" in found.params:
+            return {"disturbed": f"its reference {name} was disturbed: {found.params['disturbed']}"}
+    return {}
 
 
 def projector_cluster(run: Run) -> None:
@@ -61,12 +73,13 @@ def projector_cluster(run: Run) -> None:
     one, wait = _median_run(plain), _median_run(waiting)
     single_rate = reference(run.results, SINGLE_PROJECTOR)
     crun.put(
-        "projector_cluster_events_per_s_per_worker_1w",
+        CLUSTER_PROJECTOR,
         one.per_process,
         "events/s",
         baseline=single_rate,
         target=TARGETS["projector_cluster"],
         params={
+            **flagged(run.results, SINGLE_PROJECTOR),
             **one.params,
             "baseline": f"{SINGLE_PROJECTOR} of this run (one broker, one Redis)",
             "prefill": produced,
@@ -83,6 +96,7 @@ def projector_cluster(run: Run) -> None:
         baseline=one.per_process,
         target=TARGETS["projector_cluster_wait"],
         params={
+            **flagged(run.results, CLUSTER_PROJECTOR),
             **wait.params,
             "baseline": "the same on the cluster without WAIT (projector_cluster_events_per_s_"
             "per_worker_1w)",
@@ -99,6 +113,7 @@ def projector_cluster(run: Run) -> None:
         baseline=per_event(run.results, SINGLE_PROJECTOR, "redis", above),
         target=TARGETS["redis_master_per_event"],
         params={
+            **flagged(run.results, CLUSTER_PROJECTOR, SINGLE_PROJECTOR),
             "what": "CPU the Redis Cluster's masters used (/proc) per event folded by one worker "
             "beyond what they use at rest, over the timed window of projector_cluster_events_per_"
             "s_per_worker_1w; each event is served by the one master owning its partition's slot",
@@ -148,11 +163,11 @@ def e2e_cluster(run: Run) -> None:
     single_ack = run.results.get("e2e_p99_vs_produce_ack_p99")
     single_ack_p99 = None if single_ack is None else single_ack.params.get("produce_ack_p99_ms")
     crun.put(
-        "e2e_cluster_latency_p50_ms",
+        CLUSTER_E2E_P50,
         m.send["p50"],
         "ms",
         baseline=reference(run.results, SINGLE_E2E_P50),
-        params=m.params,
+        params={**flagged(run.results, SINGLE_E2E_P50), **m.params},
     )
     crun.put(
         "e2e_cluster_latency_p99_ms",
@@ -161,6 +176,7 @@ def e2e_cluster(run: Run) -> None:
         baseline=reference(run.results, SINGLE_E2E_P99),
         target=TARGETS["e2e_cluster"],
         params={
+            **flagged(run.results, CLUSTER_E2E_P50, SINGLE_E2E_P50),
             "baseline": f"{SINGLE_E2E_P99} of this run (one broker, one Redis)",
             "from_ack_p99_ms": m.ack["p99"],
             "produce_ack_p99_ms": m.produce["p99"],
@@ -175,6 +191,7 @@ def e2e_cluster(run: Run) -> None:
         "×",
         target=TARGETS["e2e_vs_ack"],
         params={
+            **flagged(run.results, CLUSTER_E2E_P50),
             "e2e_p99_ms": m.send["p99"],
             "produce_ack_p99_ms": m.produce["p99"],
             "why": "as e2e_p99_vs_produce_ack_p99, on the cluster: the ack itself waits for a "

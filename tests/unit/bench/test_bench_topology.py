@@ -13,7 +13,7 @@ from redis.crc import key_slot
 
 from bench import run as bench_run
 from bench.figures import CALIBRATION, FIGURES, ON_CLUSTER, STEPS, plan
-from bench.figures.cluster import per_event, reference
+from bench.figures.cluster import flagged, per_event, reference
 from bench.figures.common import CLUSTER_TOPOLOGY, TARGETS, Run, Sizes, stack_pids
 from bench.figures.e2e import marks_calls
 from bench.stats import Figure, cpu_per_event
@@ -161,6 +161,22 @@ def test_a_cluster_figure_is_a_ratio_to_the_single_node_figure_of_the_same_run(
     assert met.params["topology"] == CLUSTER_TOPOLOGY
     assert "topology" not in emitted[0].params
     assert run.results is crun.results  # one run: the later figures read the earlier ones
+
+
+def test_a_cluster_figure_read_against_a_disturbed_reference_is_disturbed_too(
+    tmp_path: Path,
+) -> None:
+    emitted: list[Figure] = []
+    run = _run(tmp_path, emitted, other_stack=REPLICATED)
+    run.put("e2e_latency_p50_ms", 9.0, "ms", params={"cpu": {"unaccounted_cpu_pct": 80.0}})
+    run.put("e2e_latency_p99_ms", 20.0, "ms")
+    assert "disturbed" in emitted[0].params and "disturbed" not in emitted[1].params
+    why = flagged(run.results, "e2e_cluster_latency_p50_ms", "e2e_latency_p50_ms")
+    assert why["disturbed"].startswith("its reference e2e_latency_p50_ms was disturbed")
+    assert flagged(run.results, "e2e_latency_p99_ms", "absent") == {}
+    crun = run.cluster_run()
+    figure = crun.put("e2e_cluster_latency_p99_ms", 25.0, "ms", baseline=20.0, params=why)
+    assert figure.params["disturbed"] == why["disturbed"]
 
 
 def test_the_e2e_and_per_event_targets_bound_the_ratio_from_above() -> None:
