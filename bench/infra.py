@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from deploy.harness import Cleanup, Proc, Stack, free_port, start_python, unlink_matching
 from milpa_sessions.settings import Settings
 from producers.topics import delete_topics, describe_group, ensure_topics
+from projections.redis_store import RedisProjectionStore
 from session_model.signing import Signer
 
 # Faust reads these from the environment; a dead member must not hold a partition for a minute.
@@ -30,12 +31,23 @@ FAST_GROUP_ENV = {
 }
 
 
-def figure_settings(stack: Stack, tag: str, name: str, **changes: Any) -> Settings:
-    """Settings (the product's defaults) with this figure's own topics, group and key prefix."""
+def figure_settings(
+    stack: Stack, tag: str, name: str, *, cluster: bool = False, **changes: Any
+) -> Settings:
+    """Settings (the product's defaults) with this figure's own topics, group and key prefix;
+    topics replicated as the stack's brokers ask; with `cluster`, the projections on the stack's
+    Redis Cluster (`MILPA_REDIS_CLUSTER`)."""
     base = f"bench-{tag}-{name}"
+    if cluster and stack.redis_cluster_url is None:
+        raise RuntimeError(f"the stack ({stack.source}) has no Redis Cluster")
     s = Settings(
         kafka_bootstrap=stack.kafka_bootstrap,
-        redis_url=stack.redis_url,
+        redis_url=stack.redis_cluster_url
+        if cluster and stack.redis_cluster_url
+        else stack.redis_url,
+        redis_cluster=cluster,
+        replication_factor=stack.replication_factor,
+        min_insync_replicas=stack.min_insync_replicas,
         redis_prefix=f"bench{tag}{name}",
         events_topic=f"{base}-events",
         decisions_topic=f"{base}-decisions",
@@ -54,12 +66,24 @@ def create_topics(settings: Settings, cleanup: Cleanup) -> None:
 
 
 def register_prefix(settings: Settings, cleanup: Cleanup) -> None:
-    """Clear the figure's Redis keys at cleanup."""
+    """Clear the figure's Redis keys at cleanup (on a Redis Cluster, on every master)."""
     pattern = settings.redis_keys().pattern()
     cleanup.push(
         f"clear redis prefix {settings.redis_prefix}",
-        lambda: unlink_matching(settings.redis_url, pattern),
+        lambda: (
+            _clear(settings)
+            if settings.redis_cluster
+            else unlink_matching(settings.redis_url, pattern)
+        ),
     )
+
+
+def _clear(settings: Settings) -> None:
+    client = settings.redis_sync()
+    try:
+        RedisProjectionStore(client, settings.redis_keys()).clear()  # a SCAN of every master
+    finally:
+        client.close()
 
 
 def start_worker(

@@ -1,10 +1,12 @@
-"""`python -m bench.run [--quick] [--only NAME,...] [--out FILE] [--profile DIR]`
+"""`python -m bench.run [--quick] [--only NAME,...] [--topology single|cluster] [--out FILE]`
 
 Starts or reuses the local stack (`deploy/stack.py up`; never stops it), measures every figure on
 it, prints one JSON line per figure on stdout as soon as it is measured, then a table. Progress goes
 to stderr. Figures: producer, projector (1 and 2 workers, naive baseline, Redis ceiling), replay,
-e2e, expiry, memory. Exit status: 0 when every figure was measured (targets met or not), 1 when a
-figure failed, 130 on Ctrl-C.
+e2e, expiry, memory. With `--topology cluster` it also starts or reuses a replicated stack (`up
+--brokers 3 --redis-cluster` in `<state dir>-cluster`; never stops it) and measures the projector
+and e2e figures on it too, each against its single-node figure of the same run. Exit status: 0
+when every figure was measured (targets met or not), 1 when a figure failed, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bench.figures import CALIBRATION, FIGURES, Run, Sizes
+from bench.figures import FIGURES, ON_CLUSTER, STEPS, TOPOLOGIES, Run, Sizes, plan
 from bench.stats import Figure, table
 from deploy import harness
 from deploy.host import describe_machine, git_state
@@ -59,6 +61,12 @@ PROTECTED = {
     "snapshots_topic",
     "consumer_group",
     "metrics_port",
+    # The topology's (--topology): where the projections live, how topics are replicated, and
+    # what a projection write waits for.
+    "redis_cluster",
+    "replication_factor",
+    "min_insync_replicas",
+    "redis_wait_replicas",
 }
 
 
@@ -80,7 +88,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m bench.run` (and `./dev bench`)."""
     parser = argparse.ArgumentParser(
         prog="python -m bench.run", description=__doc__.split("\n\n")[1]
     )
@@ -108,16 +117,26 @@ def main(argv: list[str] | None = None) -> int:
         "--set batch_max_records=1000 (repeatable; the default is the product's defaults)",
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--topology",
+        choices=TOPOLOGIES,
+        default="single",
+        help="single: one broker and one Redis (default); cluster: also measure "
+        f"{', '.join(ON_CLUSTER)} on 3 brokers (RF 3, min.insync.replicas 2) and a Redis Cluster "
+        "(3 masters + 3 replicas), started or reused in <state dir>-cluster, each as a ratio to "
+        "its single-node figure of the same run",
+    )
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
     try:
         overrides = parse_overrides(args.set)
+        ordered = plan([n.strip() for n in args.only.split(",") if n.strip()], args.topology)
     except ValueError as e:
-        parser.error(str(e))
-    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(FIGURES)
-    unknown = [n for n in names if n not in FIGURES]
-    if unknown:
-        parser.error(f"unknown figure(s) {unknown}; known: {', '.join(FIGURES)}")
+        cli.error(str(e))
 
     def log(message: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -141,10 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         stack = harness.ensure_stack(log)
+        cluster = None
+        if args.topology == "cluster":
+            cluster = harness.ensure_cluster_stack(log)
         tag = uuid.uuid4().hex[:8]
         host = {"git": git_state(harness.REPO, PRODUCT_DIRS), **describe_machine(DISTRIBUTIONS)}
         host["servers"] = harness.server_versions(stack)
         log(f"run {tag}: kafka {stack.kafka_bootstrap}, redis {stack.redis_url}; {host}")
+        if cluster is not None:
+            host["servers_cluster"] = harness.server_versions(cluster, harness.cluster_stack_dir())
+            log(f"cluster: kafka {cluster.kafka_bootstrap}, redis {cluster.redis_cluster_url}")
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
         workdir = harness.scratch_dir(cleanup, keep=args.keep_logs)
@@ -161,16 +186,16 @@ def main(argv: list[str] | None = None) -> int:
             emit=emit,
             profile_dir=args.profile,
             overrides=overrides,
+            other_stack=cluster,
         )
         # The calibration goes first, in every run: the figures are read against it.
-        ordered = [n for n in FIGURES if n in names or n == CALIBRATION]
         for name in ordered:
             log(f"== {name}")
             t = time.monotonic()
             try:
                 with cleanup.scope() as scope:
                     run.cleanup = scope
-                    FIGURES[name](run)
+                    STEPS[name](run)
             except KeyboardInterrupt:
                 raise
             except Exception as e:
@@ -188,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
             "settings_overrides": {k: str(v) for k, v in overrides.items()},
             "stack": stack.source,
+            "topology": args.topology,
         }
+        if cluster is not None:
+            params["stack_cluster"] = cluster.source
         # The run itself, in the figures' format (not a figure: not in the table).
         write(Figure("_run", round(time.monotonic() - started, 1), "s", params=params).json_line())
     except KeyboardInterrupt:

@@ -74,6 +74,32 @@ def rate(count: float, seconds: float) -> float | None:
     return count / seconds
 
 
+def cpu_per_event(
+    usage: Mapping[str, Any],
+    events_per_s: float | None,
+    at_rest: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """µs of CPU per event of each process (or group) a CPU report names (`<name>_cpu_pct`, % of
+    a core) while `events_per_s` were processed; the machine's too, not what was unaccounted.
+
+    With `at_rest` (the same report's keys, taken while nothing was processed), only the
+    processes it names, and only what they used beyond it: what one more event costs them.
+    """
+    if not events_per_s or events_per_s <= 0:
+        return {}
+    out: dict[str, float] = {}
+    for key, used in usage.items():
+        name = key.removesuffix("_cpu_pct")
+        if name in (key, "unaccounted") or isinstance(used, bool):
+            continue
+        if at_rest is not None and key not in at_rest:
+            continue
+        if isinstance(used, int | float):
+            beyond = used - (at_rest[key] if at_rest is not None else 0.0)
+            out[name] = beyond / 100 * 1e6 / events_per_s
+    return out
+
+
 @dataclass(frozen=True)
 class Target:
     """A target such as `>= 15000` (events/s) or `<= 40` (ms); with `of_ratio`, a bound on the

@@ -28,7 +28,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaError
 
-from deploy.stack import DEFAULT_STATE_DIR, read_pid
+from deploy.stack import DEFAULT_STATE_DIR, Paths, cluster_nodes, read_json, read_pid
 
 REPO = Path(__file__).resolve().parents[1]
 STACK_SCRIPT = Path(__file__).with_name("stack.py")
@@ -46,6 +46,12 @@ class Stack:
     kafka_pid: int | None = None
     redis_pid: int | None = None
     redis_cluster_url: str | None = None  # a node of the Redis Cluster (`up --redis-cluster`)
+    # A stack of `up --brokers 3 --redis-cluster` (`ensure_cluster_stack`): every broker's PID,
+    # every Redis Cluster node's URL and PID, and the replication its topics are made with.
+    kafka_pids: tuple[int, ...] = ()
+    redis_cluster_nodes: tuple[tuple[str, int], ...] = ()
+    replication_factor: int = 1
+    min_insync_replicas: int | None = None
 
 
 def stack_dir() -> Path:
@@ -89,6 +95,16 @@ def _stack(values: Mapping[str, str], source: str, state: Path) -> Stack | None:
     if not bootstrap or not url or not reachable(bootstrap, url):
         return None
     cluster = values.get("MILPA_REDIS_CLUSTER_URLS", "").split(",")[0] or None
+    paths = Paths(state)
+    brokers = [
+        read_pid(paths.kafka_node(int(n["node_id"])).pid)
+        for n in cluster_nodes(read_json(paths.kafka_json))
+    ]
+    nodes = [
+        (f"redis://127.0.0.1:{n['port']}", read_pid(paths.redis_node(int(n["index"])).pid))
+        for n in cluster_nodes(read_json(paths.redis_cluster_json))
+    ]
+    min_isr = values.get("MILPA_MIN_INSYNC_REPLICAS")
     return Stack(
         bootstrap,
         url,
@@ -96,6 +112,10 @@ def _stack(values: Mapping[str, str], source: str, state: Path) -> Stack | None:
         read_pid(state / "kafka.pid"),
         read_pid(state / "redis.pid"),
         cluster,
+        tuple(pid for pid in brokers if pid is not None),
+        tuple((node, pid) for node, pid in nodes if pid is not None),
+        int(values.get("MILPA_REPLICATION_FACTOR") or 1),
+        int(min_isr) if min_isr else None,
     )
 
 
@@ -150,6 +170,44 @@ def ensure_stack(log: Callable[[str], None]) -> Stack:
     return found
 
 
+def cluster_stack_dir() -> Path:
+    """The state directory of the bench's replicated stack: `<stack_dir()>-cluster` (as `./dev
+    test --secure` keeps its stack in `<stack_dir()>-secure`)."""
+    base = stack_dir()
+    return base.with_name(base.name + "-cluster")
+
+
+CLUSTER_UP = ("up", "--brokers", "3", "--redis-cluster")
+"""`deploy/stack.py` arguments of the replicated stack: 3 brokers (RF 3, min.insync.replicas 2)
+and a Redis Cluster of 3 masters + 3 replicas."""
+
+
+def ensure_cluster_stack(log: Callable[[str], None], state: Path | None = None) -> Stack:
+    """The replicated stack in `state` (default `cluster_stack_dir()`), started or reused by
+    `deploy/stack.py up --brokers 3 --redis-cluster` (idempotent); never stopped here."""
+    state = state or cluster_stack_dir()
+    log(f"starting or reusing the replicated stack: python3 deploy/stack.py {' '.join(CLUSTER_UP)}")
+    stack_command(*CLUSTER_UP, env=stack_dir_env(state), timeout=600)
+    found = _stack(read_env(state / "stack.env"), f"deploy/stack.py ({state.name})", state)
+    if found is None or found.redis_cluster_url is None or not found.kafka_pids:
+        raise RuntimeError(f"the replicated stack is not reachable after `up` ({state}/stack.env)")
+    return found
+
+
+def redis_roles(urls: Sequence[str]) -> dict[str, str]:
+    """url -> `master` or `slave` (INFO replication) of each Redis node that answers."""
+    out: dict[str, str] = {}
+    for url in urls:
+        client = redis.Redis.from_url(url, socket_timeout=2)
+        try:
+            out[url] = str(client.info("replication")["role"])
+        except redis.RedisError:
+            continue
+        finally:
+            client.close()
+    return out
+
+
 def stack_dir_env(state: Path) -> dict[str, str]:
     """This environment, with `state` as deploy/stack.py's state directory and no fixed ports (a
     stack of a test's own beside the shared one)."""
@@ -184,11 +242,13 @@ def start_redis_node(state: Path, node: int, timeout: float = 60.0) -> None:
     stack_command("start-redis-node", str(node), env=stack_dir_env(state), timeout=timeout)
 
 
-def server_versions(stack: Stack) -> dict[str, str]:
-    """Kafka's version (from deploy/stack.py's state, when it started it) and Redis's."""
+def server_versions(stack: Stack, state: Path | None = None) -> dict[str, str]:
+    """Kafka's version (from deploy/stack.py's state in `state`, default `stack_dir()`, when it
+    started it) and Redis's."""
     out: dict[str, str] = {}
     with contextlib.suppress(OSError, ValueError, KeyError):
-        out["kafka"] = str(json.loads((stack_dir() / "kafka.json").read_text())["version"])
+        kafka = json.loads(((state or stack_dir()) / "kafka.json").read_text())
+        out["kafka"] = str(kafka["version"])
     with contextlib.suppress(redis.RedisError):
         client = redis.Redis.from_url(stack.redis_url)
         try:

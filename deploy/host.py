@@ -81,6 +81,8 @@ class CpuMeter:
     pids: dict[str, int]
     redis_client: redis.Redis | None = None
     quiet_pids: set[int] = field(default_factory=set)  # ours, but not reported (redis-server)
+    # Named groups of processes reported as one (the brokers of a cluster, its Redis masters).
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _start: dict[str, float | None] = field(default_factory=dict)
     _procs: dict[int, tuple[str, float]] = field(default_factory=dict)
     _t0: float = 0.0
@@ -88,6 +90,9 @@ class CpuMeter:
 
     def _sample(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        for name, pids in self.groups.items():
+            used = [cpu_seconds(pid) for pid in pids]
+            out[name] = None if None in used else sum(u or 0.0 for u in used)
         if self.redis_client is not None:
             out["redis"] = redis_cpu_seconds(self.redis_client)
         out["harness"] = cpu_seconds(os.getpid())
@@ -119,7 +124,8 @@ class CpuMeter:
                 if before is None or after is None or elapsed <= 0
                 else round(100 * (after - before) / elapsed, 1)
             )
-        ours = {os.getpid(), *self.pids.values(), *self.quiet_pids}
+        grouped = (pid for pids in self.groups.values() for pid in pids)
+        ours = {os.getpid(), *self.pids.values(), *self.quiet_pids, *grouped}
         others = []
         for pid, (cmd, after) in procs.items():
             if pid in ours or pid not in self._procs or elapsed <= 0:

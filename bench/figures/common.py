@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,14 @@ from redis import Redis as SyncRedis
 from bench import infra, workload
 from bench.profiling import summarize
 from bench.stats import Figure, Target
-from deploy.harness import Cleanup, Proc, Stack, wait_for
+from deploy.harness import Cleanup, Proc, Stack, redis_roles, wait_for
 from deploy.host import CpuMeter, PySpy, others_cpu, unaccounted_cpu
 from deploy.metrics import parse_counter
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from projections.analytics import Analytics
 from projections.keys import Keys
+from projections.redis_client import SyncClient
 from schemas.codec import EventCodec
 from schemas.events import Event
 
@@ -46,7 +47,21 @@ TARGETS = {
     "projector_vs_peer": Target(">=", 1.5),
     "projector_long_vs_short": Target("<=", 1.3),  # short-session / long-session events/s (#15)
     "rebuild_snapshots": Target(">=", 5),  # full rebuild's seconds / from snapshots' (#15)
+    # --topology cluster (#16), each against the same run's single-node figure (PERFORMANCE.md,
+    # "Single node and cluster"): one worker's events/s on 3 brokers + a Redis Cluster, the same
+    # with WAIT 1 against it without, a master's CPU per event against the one Redis's, and the
+    # e2e p99.
+    "projector_cluster": Target(">=", 0.8, of_ratio=True),
+    "projector_cluster_wait": Target(">=", 0.9, of_ratio=True),
+    "redis_master_per_event": Target("<=", 1.25, of_ratio=True),
+    "e2e_cluster": Target("<=", 1.5, of_ratio=True),
 }
+# What `--topology cluster` runs the projector and e2e figures on, beside the single node (the
+# figures' params say so): `deploy/stack.py up --brokers 3 --redis-cluster`.
+CLUSTER_TOPOLOGY = "3 brokers (RF 3, min.insync.replicas 2) + Redis Cluster (3 masters, 3 replicas)"
+# The servers' keys of a CPU report (`Run.cpu`), and how long they are measured at rest.
+SERVER_CPU = ("kafka_cpu_pct", "redis_cpu_pct", "redis_masters_cpu_pct", "redis_replicas_cpu_pct")
+REST_S = 2.0
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
 
 
@@ -129,16 +144,40 @@ class Run:
     overrides: dict[str, Any] = field(default_factory=dict)  # --set: Settings fields for all
     prefill: Prefill | None = None
     calibration: float | None = None  # this run's CPU calibration, events/s (the first figure)
+    # `--topology cluster`: the other stack of the run (the replicated one, or from the
+    # replicated run the single-node one), idle while this one is measured; and whether this
+    # run's figures are on the replicated stack (3 brokers, the Redis Cluster: `cluster_run`).
+    other_stack: Stack | None = None
+    on_cluster: bool = False
+    # Every figure emitted so far in the run, by name: the references of later figures.
+    results: dict[str, Figure] = field(default_factory=dict)
 
     def settings(self, name: str, **changes: Any) -> Settings:
-        """The product's default settings (plus `--set`) with this figure's own names."""
+        """The product's default settings (plus `--set`) with this figure's own names (on the
+        Redis Cluster when this run is on the replicated stack)."""
         trusted = infra.trusted_keys_dir(self.workdir, workload.OPERATOR)
         options = {"trusted_keys_dir": trusted, **self.overrides, **changes}
-        return infra.figure_settings(self.stack, self.tag, name, **options)
+        return infra.figure_settings(self.stack, self.tag, name, cluster=self.on_cluster, **options)
+
+    def cluster_run(self) -> Run:
+        """The same run on the replicated stack (`--topology cluster`): same tag, sizes, output
+        and references; its own pre-filled topic."""
+        if self.on_cluster or self.other_stack is None:
+            raise RuntimeError("no replicated stack in this run (--topology cluster)")
+        return replace(
+            self, stack=self.other_stack, other_stack=self.stack, on_cluster=True, prefill=None
+        )
 
     def redis(self) -> redis.Redis:
-        """A synchronous client (closed at cleanup)."""
+        """A synchronous client of the stack's single Redis (closed at cleanup)."""
         client = redis.Redis.from_url(self.stack.redis_url)
+        self.cleanup.push("close redis client", client.close)
+        return client
+
+    def store_client(self, settings: Settings) -> SyncClient:
+        """A synchronous client of the projections' Redis of `settings` (a cluster client on
+        the Redis Cluster; closed at cleanup)."""
+        client = settings.redis_sync()
         self.cleanup.push("close redis client", client.close)
         return client
 
@@ -150,9 +189,35 @@ class Run:
         return {"kafka": self.stack.kafka_pid} if self.stack.kafka_pid else {}
 
     def cpu(self, pids: dict[str, int], client: SyncRedis | None = None) -> CpuMeter:
-        """A CPU meter over these processes, the broker, Redis, the harness and the machine."""
-        quiet = {self.stack.redis_pid} if self.stack.redis_pid else set()
-        return CpuMeter({**pids, **self.kafka_pids()}, client, quiet)
+        """A CPU meter over these processes, the broker(s), Redis, the harness and the machine.
+
+        On the replicated stack: `kafka` is the three brokers, `redis_masters` and
+        `redis_replicas` the Redis Cluster's nodes by their role now (`client` is not used);
+        with two stacks in the run, `idle_stack` is the other one's servers.
+        """
+        groups: dict[str, tuple[int, ...]] = {}
+        if self.other_stack is not None:
+            groups["idle_stack"] = stack_pids(self.other_stack)
+        if not self.on_cluster:
+            quiet = {self.stack.redis_pid} if self.stack.redis_pid else set()
+            return CpuMeter({**pids, **self.kafka_pids()}, client, quiet, groups)
+        nodes = dict(self.stack.redis_cluster_nodes)
+        roles = redis_roles(list(nodes))
+        groups["kafka"] = self.stack.kafka_pids
+        groups["redis_masters"] = tuple(p for u, p in nodes.items() if roles.get(u) == "master")
+        groups["redis_replicas"] = tuple(p for u, p in nodes.items() if roles.get(u) != "master")
+        quiet = {self.stack.redis_pid} if self.stack.redis_pid else set()  # idle, beside
+        return CpuMeter(pids, None, quiet, groups)
+
+    def servers_at_rest(self, seconds: float = REST_S) -> dict[str, float]:
+        """% of a core the stack's servers use (keys of a `CpuMeter` report: the broker(s), Redis
+        or its masters and replicas) over `seconds` while nothing is started: what they cost
+        beside the events (the figures' `cpu_us_per_event_above_rest` leave it out)."""
+        meter = self.cpu({}, None if self.on_cluster else self.redis())
+        meter.start()
+        time.sleep(seconds)
+        usage = meter.stop()
+        return {k: float(usage[k]) for k in SERVER_CPU if isinstance(usage.get(k), int | float)}
 
     def prefilled(self) -> Prefill:
         """The pre-filled topic (made by the producer figure, or here untimed if it did not run)."""
@@ -223,8 +288,18 @@ class Run:
             )
         if self.overrides:
             figure.params["settings_overrides"] = {k: str(v) for k, v in self.overrides.items()}
+        if self.on_cluster:
+            figure.params["topology"] = CLUSTER_TOPOLOGY
+        self.results[name] = figure
         self.emit(figure)
         return figure
+
+
+def stack_pids(stack: Stack) -> tuple[int, ...]:
+    """The PIDs of every server of a stack that deploy/stack.py started (brokers, Redis)."""
+    pids = [stack.kafka_pid, *stack.kafka_pids, stack.redis_pid]
+    pids += [pid for _, pid in stack.redis_cluster_nodes]
+    return tuple(dict.fromkeys(p for p in pids if p))
 
 
 @dataclass
@@ -241,7 +316,7 @@ class Prefill:
 class FoldCounter:
     """The `folded` counter of a key prefix: every event its workers (`procs`) folded."""
 
-    client: redis.Redis
+    client: SyncClient
     keys: Keys
     procs: Sequence[Proc] = ()
 

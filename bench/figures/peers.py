@@ -225,7 +225,7 @@ def _own_e2e(run: Run) -> dict[str, Any]:
     log = KafkaEventLog(run.stack.kafka_bootstrap, settings.events_topic)
     run.cleanup.push("close the own e2e producer", lambda: log.close(timeout=5))
     n_warm = int(s.e2e_rate * s.e2e_warmup_s)
-    folding = FoldCounter(run.redis(), settings.redis_prefix, [worker])
+    folding = FoldCounter(run.store_client(settings), settings.redis_keys(), [worker])
     warm_s = _warm_up(run, folding, log, events[:n_warm])
     poller = _start_poller(run, settings)
     m = _measure(run, folding, log, poller, events[n_warm:])

@@ -16,7 +16,7 @@ import redis
 from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Prefill, Run, scrape_workers
 from bench.figures.consume import consume_ceiling
-from bench.stats import rate, ratio
+from bench.stats import cpu_per_event, rate, ratio
 from deploy.host import CpuMeter, PySpy, redis_cpu_seconds
 from milpa_sessions.settings import Settings
 from producers.topics import delete_topics
@@ -61,6 +61,7 @@ def measure_projector(
     module: str = "milpa_sessions.cli",
     window_s: float | None = None,
     profile: bool = False,
+    **changes: Any,
 ) -> ProjectorRun:
     """Start `workers` processes on a fresh group over the pre-filled topic; time the fold.
 
@@ -70,12 +71,14 @@ def measure_projector(
     partitions, so the rebalance when the second worker joins is not counted (and the restart in
     the new assignment is timed like the 1-worker run's start). With `window_s` (the naive
     baseline) it stops after that many seconds instead and reports the rate over the window.
+    `changes`: Settings fields of the workers (e.g. `redis_wait_replicas`).
     """
     prefill = run.prefilled()
     settings = run.settings(
-        name, events_topic=prefill.settings.events_topic, scheduler_enabled=True
+        name, events_topic=prefill.settings.events_topic, scheduler_enabled=True, **changes
     )
-    client = run.redis()
+    client = None if run.on_cluster else run.redis()  # Redis's INFO cpu (a cluster: /proc)
+    at_rest = run.servers_at_rest()
     with run.cleanup.scope() as scope:
         scope.push(
             f"delete topics of {name}",
@@ -93,7 +96,7 @@ def measure_projector(
             )
             scope.push("stop the group watcher", stop_watch.set)
         cpu = run.cpu({f"worker{i}": p.pid for i, p in enumerate(started)}, client)
-        folding = FoldCounter(client, settings.redis_keys(), started)
+        folding = FoldCounter(run.store_client(settings), settings.redis_keys(), started)
         polls = _poll_folded(run, name, folding, cpu, group, window_s=window_s, profile=profile)
         usage = cpu.stop() if polls.start is not None else {}
         profile_text = run.profile_summary(name, polls.spy)
@@ -117,7 +120,11 @@ def measure_projector(
         "startup_s": polls.first[0] - polls.launch,
         "batch_max_records": settings.batch_max_records,
         "scheduler_enabled": settings.scheduler_enabled,
+        "redis_wait_replicas": settings.redis_wait_replicas,
         **usage,
+        "cpu_us_per_event": cpu_per_event(usage, total_rate),
+        "servers_at_rest_cpu_pct": at_rest,
+        "cpu_us_per_event_above_rest": cpu_per_event(usage, total_rate, at_rest),
         **worker_metrics,
         **_window_params(polls, workers, group, window_s),
     }
