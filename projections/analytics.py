@@ -186,7 +186,7 @@ class Analytics:
     def _fresh(self) -> None:
         if self.follow:
             found = execute(self.client, generations(self.keys))
-            self.keys = self.keys.in_generations(found if any(found) else ())
+            self.keys = self.keys.in_generations(found)
 
     # -- pauses ----------------------------------------------------------------------------------
 

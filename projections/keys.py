@@ -89,8 +89,9 @@ class Keys:
         return self.generations[partition] if self.generations else 0
 
     def in_generations(self, generations: tuple[int, ...]) -> Keys:
-        """These keys with each partition in the given generation."""
-        return Keys(self.prefix, partitions=self.partitions, generations=generations)
+        """These keys with each partition in the given generation (all 0: none named)."""
+        named = generations if any(generations) else ()
+        return Keys(self.prefix, partitions=self.partitions, generations=named)
 
     def head(self, generation: int) -> str:
         """What every key of a generation starts with: `<prefix>:`, or `<prefix>:g<n>:`."""

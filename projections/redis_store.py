@@ -76,7 +76,7 @@ class RedisProjectionStore:
     def refresh_generations(self) -> tuple[int, ...]:
         """Read the generation each partition's keys are in, and use those keys from now on."""
         found = execute(self.client, requests.generations(self.keys))
-        self.keys = self.keys.in_generations(found if any(found) else ())
+        self.keys = self.keys.in_generations(found)
         self._generations_at = time.monotonic()
         return found
 
@@ -339,7 +339,7 @@ class AsyncRedisProjectionStore:
     async def refresh_generations(self) -> tuple[int, ...]:
         """Read the generation each partition's keys are in, and use those keys from now on."""
         found = await execute_async(self.client, requests.generations(self.keys))
-        self.keys = self.keys.in_generations(found if any(found) else ())
+        self.keys = self.keys.in_generations(found)
         self._generations_at = time.monotonic()
         return found
 

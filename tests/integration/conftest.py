@@ -10,6 +10,8 @@ prefix, so tests never see each other's data.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -189,6 +191,21 @@ def raw_producer(settings: Settings) -> Iterator[KafkaProducer]:
 def kafka_store(kafka_log: KafkaEventLog, projections: RedisProjectionStore) -> SessionStore:
     """A SessionStore that writes to Kafka and reads the Redis projections."""
     return SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60.0)
+
+
+def run_cli(
+    settings: Settings, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`milpa-sessions --json ARGS` in a process of its own, with these settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "milpa_sessions.cli", "--json", *args],
+        env={**os.environ, **settings.to_env()},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture

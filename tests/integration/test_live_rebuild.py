@@ -8,21 +8,18 @@ and afterwards everything equals the fold, the counters are exact and the old ge
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from deploy.harness import REPO
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from projections.redis_store import RedisProjectionStore
 from session_model.projection import Folded, Position
 from session_model.signing import TrustedKeys
+from tests.integration.conftest import run_cli
 from tests.integration.expected import expected_projections
 from tests.integration.test_scale_and_crash import (
     assert_counts_are_exact,
@@ -33,18 +30,6 @@ from tests.integration.test_scale_and_crash import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault_load]
-
-
-def _replay_live(settings: Settings) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "milpa_sessions.cli", "--json", "replay", "--live"],
-        env={**os.environ, **settings.to_env()},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
 
 
 class Reader(threading.Thread):
@@ -99,7 +84,7 @@ def test_a_live_rebuild_switches_readers_and_workers_to_a_complete_new_generatio
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
     try:
-        done = _replay_live(settings)
+        done = run_cli(settings, "replay", "--live", timeout=240)
     finally:
         producer.join(timeout=120)
         reader.stop.set()

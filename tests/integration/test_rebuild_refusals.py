@@ -9,15 +9,11 @@ keep applying its later events after the rebuild.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 from kafka import KafkaProducer
 
-from deploy.harness import REPO
 from milpa_sessions.settings import Settings
 from processors.worker import DEADLETTER_CODE, DEADLETTER_SOURCE
 from producers.kafka_log import KafkaEventLog
@@ -29,6 +25,7 @@ from session_model import intake
 from session_model.partitioning import partition_for
 from session_model.projection import Position
 from session_model.signing import TrustedKeys
+from tests.integration.conftest import run_cli
 from tests.integration.expected import expected_projections
 from tests.integration.test_deadletter_and_replay import _consume_all, _event
 from tests.integration.test_scale_and_crash import assert_equals_the_fold, dump, wait_for_all
@@ -43,18 +40,6 @@ def _other_key(settings: Settings, sid: str) -> str:
     home = partition_for(sid, settings.partitions)
     return next(
         k for i in range(100) if partition_for(k := f"stray-{i}", settings.partitions) != home
-    )
-
-
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "milpa_sessions.cli", "--json", *args],
-        env={**os.environ, **settings.to_env()},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 
@@ -135,7 +120,7 @@ def test_replay_refuses_what_the_worker_dead_letters_and_later_events_still_appl
 
     worker.stop()
     assert not worker.alive()
-    done = _cli(settings, "replay")
+    done = run_cli(settings, "replay")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["refused"] == {
@@ -156,7 +141,7 @@ def test_replay_refuses_what_the_worker_dead_letters_and_later_events_still_appl
     assert "" not in projections.ids()
 
     for sid in (SID, "s-first"):
-        done = _cli(settings, "replay", "--session", sid)
+        done = run_cli(settings, "replay", "--session", sid)
         assert done.returncode == 0, done.stderr
         assert _kept(dump(projections)) == _kept(live), f"rebuilding {sid} alone differs"
 
