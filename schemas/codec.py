@@ -47,6 +47,7 @@ from schemas.avro_reader import (
     compile_reader,
     compile_tuple_reader,
 )
+from schemas.avro_writer import Unfit, Writer, compile_writer
 from schemas.errors import CodecError, CorruptRecordError, EncodeError, UnknownFingerprintError
 from schemas.events import Event, utc_millis
 
@@ -143,6 +144,7 @@ _READ_ERRORS: Final = (
 )
 # The compiled check runs first, so these are unexpected; wrapped all the same.
 _WRITE_ERRORS: Final = (ValueError, TypeError, OverflowError, AttributeError, struct.error)
+_FAST_MISSES: Final = (Unfit, KeyError, *_WRITE_ERRORS)
 
 
 def payload_schema_name(event_type: str) -> str:
@@ -461,12 +463,16 @@ class _ReadPlan:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _WritePlan:
-    """How to write a record with a current schema: its header, check and parsed schema."""
+    """How to write a record with a current schema: its header, check and parsed schema.
+
+    `fast` writes it header included when the value is in its plainest form (`avro_writer`).
+    """
 
     full_name: str
     header: bytes
     check: _Check
     schema: dict[str, Any]
+    fast: Writer | None = None
 
 
 class _DirectoryRepository(AbstractSchemaRepository):
@@ -544,7 +550,11 @@ class SchemaRegistry:
         for schema in self._readers.values():
             check = _compile(schema.schema, {})
             self._write_plans[schema.full_name] = _WritePlan(
-                schema.full_name, schema.header, check, schema.schema
+                schema.full_name,
+                schema.header,
+                check,
+                schema.schema,
+                compile_writer(schema.schema, schema.header),
             )
 
     @classmethod
@@ -757,6 +767,12 @@ class EventCodec:
         return self._read(data, SNAPSHOT_CHECKPOINT_SCHEMA, "snapshot checkpoint")[1]
 
     def _write(self, plan: _WritePlan, value: Any, what: str) -> bytes:
+        fast = plan.fast
+        if fast is not None:
+            try:
+                return fast(value)
+            except _FAST_MISSES:
+                pass  # the checked path writes it in the same bytes, or says what does not fit
         try:
             record = plan.check(value)
         except _Misfit as e:
