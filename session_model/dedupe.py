@@ -47,7 +47,7 @@ class RecentIds:
 
     def in_older(self, event_id: object) -> bool:
         """Whether the id is in one of the full chunks behind the current one."""
-        for chunk in self.older:  # noqa: SIM110 - a loop, not a generator, per event  # noqa: SIM110 - a loop, not a generator, per event
+        for chunk in self.older:  # noqa: SIM110 - a loop, not a generator, per event
             if event_id in chunk:
                 return True
         return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -302,6 +303,7 @@ def projector(run: Run) -> None:
                 else round(t.total_rate / o.total_rate, 3)
                 for o, t in zip(ones, twos, strict=True)
             ],
+            **_two_worker_bound(one.params, ratio(two.total_rate, one.total_rate)),
         },
     )
     run.put("projector_naive_events_per_s", naive.per_process, "events/s", params=naive.params)
@@ -315,8 +317,37 @@ def projector(run: Run) -> None:
             "consume_only_ceiling": consume,
             "why": "what folding and committing leave of the rate at which one process can "
             "merely fetch and decode the same topic: a ratio that travels between machines",
+            "fold_alone_share_of_consume_ceiling": ratio(run.calibration, consume),
+            "fold_alone": "the run's CPU calibration (the pure fold of this workload on one core, "
+            "no decode, no I/O) over the same ceiling: what one worker would reach if fetching, "
+            "decoding and committing cost nothing",
         },
     )
+
+
+def _two_worker_bound(one: dict[str, Any], reached: float | None) -> dict[str, Any]:
+    """What two workers can reach at most on this machine's cores, from the 1-worker run's CPU.
+
+    Per event, one worker spends w µs and the broker, Redis and the harness r + b + h more (above
+    what they use at rest); on `nproc` shared cores k workers fold at most
+    min(k, nproc) / (w + r + b + h) events per µs, one worker 1 / w at best. So two workers on
+    two cores reach at most 2w / (w + r + b + h) of one.
+    """
+    per_event = one.get("cpu_us_per_event") or {}
+    above = one.get("cpu_us_per_event_above_rest") or {}
+    w = per_event.get("worker0")
+    others = [above.get("kafka"), above.get("redis"), per_event.get("harness")]
+    cores = os.cpu_count() or 1
+    if not w or any(x is None for x in others):
+        return {}
+    total = w + sum(x for x in others if x is not None)
+    bound = min(2, cores) * w / total
+    return {
+        "cpu_bound": round(bound, 3),
+        "share_of_cpu_bound": ratio(reached, bound),
+        "cpu_bound_of": f"min(2, nproc={cores}) * w / (w + r + b + h), from the 1-worker run's "
+        "CPU per event: worker w, Redis r and broker b above rest, harness h",
+    }
 
 
 # -- the Redis ceiling -----------------------------------------------------------------------------
