@@ -139,6 +139,7 @@ def _grow(
     compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
     known: dict[str, Folded] = {}
     events = _script(sid, n)
+    partition = store.keys.partition_of(sid)  # where a worker would find it, and so `_bytes`
     offset, seq, pending, spent = 0, 0, [], dict.fromkeys(ages, 0.0)
     counted = dict.fromkeys(ages, 0)
     batch: list[Record] = []
@@ -147,7 +148,7 @@ def _grow(
             event = pending.pop() if pending else next(events, None)
             if event is None:
                 break
-            batch.append(Record(event, Position(0, offset)))
+            batch.append(Record(event, Position(partition, offset)))
             offset += 1
         if not batch:
             break
@@ -180,6 +181,8 @@ def _bytes(client: redis.Redis, keys: Keys, sid: str) -> Held:
     k = keys.session(sid)
     names = dict(zip(k.every(), ("state", "turns", "timeline", "ids", *HISTORY_KINDS), strict=True))
     by_key = {names[key]: used for key in k.every() if (used := _usage(client, key))}
+    if "state" not in by_key:  # never report a session it cannot find as one that takes 0 bytes
+        raise RuntimeError(f"long session {sid}: no state at {k.state}: read the wrong keys")
     hot = by_key.get("state", 0) + by_key.get("ids", 0)
     return Held(hot, sum(by_key.values()) - hot, by_key)
 
