@@ -18,14 +18,24 @@ partition's hash slot. A live rebuild:
 
 Readers only ever read a generation that a partition's hash names, so they see the old
 projection or the new one, never a half-built one. Counters and indexes are rebuilt with the
-rest: the new generation's are exact by construction. One live rebuild at a time.
+rest: the new generation's are exact by construction.
+
+One live rebuild at a time: each holds a lease in Redis (`lua/lease.lua`), renewed by a thread
+while it runs, and refuses to start (`RebuildInProgressError`) while another holds it; a plain
+`replay` refuses too. A rebuild that loses its lease (it stalled longer than the lease lives)
+stops before its next move. A rebuild killed outright leaves the lease to lapse after
+`LEASE_TTL_S`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
@@ -33,7 +43,7 @@ from processors.replay import Progress, ReplayReport, end_offsets, fold_range, r
 from producers.kafka_access import KafkaAccess
 from projections.keys import Keys
 from projections.redis_store import GENERATIONS_TTL_S, RedisProjectionStore
-from schemas.errors import BackendError
+from schemas.errors import BackendError, MilpaError, RebuildInProgressError
 from session_model.authority import Cutover
 from session_model.modes import Mode
 from session_model.signing import TrustedKeys
@@ -42,6 +52,7 @@ log = logging.getLogger("milpa_sessions.replay")
 
 _MAX_ROUNDS: Final = 200  # catch-up rounds before a rebuild that cannot keep up gives up
 _ROUND_PAUSE_S: Final = 0.05
+LEASE_TTL_S: Final = 30.0  # how long a rebuild's lease outlives its last renewal
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +81,73 @@ def rebuild_live(
     grace_s: float = 2 * GENERATIONS_TTL_S,
 ) -> LiveReport:
     """Rebuild every projection into the next generation while the workers serve the current
-    one, move each partition over once the new one has caught up, and drop the old one."""
+    one, move each partition over once the new one has caught up, and drop the old one
+    (`RebuildInProgressError` while another live rebuild runs)."""
+    with _lease(store, LEASE_TTL_S) as lost:
+        return _rebuild(
+            bootstrap,
+            topic,
+            store,
+            keys,
+            lost,
+            start_mode=start_mode,
+            cutover=cutover,
+            snapshots_topic=snapshots_topic,
+            progress=progress,
+            batch_size=batch_size,
+            grace_s=grace_s,
+        )
+
+
+@contextmanager
+def _lease(store: RedisProjectionStore, ttl_s: float) -> Iterator[threading.Event]:
+    """Hold the rebuild lease while the block runs; the event is set if it was lost."""
+    token, ttl_ms = uuid.uuid4().hex, int(ttl_s * 1000)
+    if not store.lease(token, ttl_ms, "take"):
+        raise RebuildInProgressError(
+            "another live rebuild of these projections is under way (it holds the rebuild "
+            f"lease {store.keys.rebuild_lease()}); wait for it to end"
+        )
+    lost, done = threading.Event(), threading.Event()
+
+    def renew() -> None:
+        while not done.wait(ttl_s / 3):
+            try:
+                held = store.lease(token, ttl_ms, "renew")
+            except MilpaError as e:  # Redis away for a moment: try again before it lapses
+                log.warning("live rebuild: renewing the lease failed: %s", e)
+                continue
+            if not held:
+                lost.set()
+                return
+
+    renewer = threading.Thread(target=renew, name="rebuild-lease", daemon=True)
+    renewer.start()
+    try:
+        yield lost
+    finally:
+        done.set()
+        renewer.join()
+        try:
+            store.lease(token, ttl_ms, "give")
+        except MilpaError as e:  # it lapses by itself
+            log.warning("live rebuild: giving the lease back failed: %s", e)
+
+
+def _rebuild(
+    bootstrap: str | KafkaAccess,
+    topic: str,
+    store: RedisProjectionStore,
+    keys: TrustedKeys,
+    lost: threading.Event,
+    *,
+    start_mode: Mode,
+    cutover: Cutover | None,
+    snapshots_topic: str | None,
+    progress: Progress | None,
+    batch_size: int,
+    grace_s: float,
+) -> LiveReport:
     access = KafkaAccess.of(bootstrap)
     _, partitions = end_offsets(access, topic)
     store = dataclasses.replace(store, keys=Keys(store.keys.prefix, partitions=partitions))
@@ -119,6 +196,11 @@ def rebuild_live(
         caught += more.records
         for p in pending:
             read[p] = max(read[p], ends.get(p, 0))
+        if lost.is_set():
+            raise RebuildInProgressError(
+                f"live rebuild: lost the rebuild lease; generation {new} is left for the next "
+                "attempt to drop"
+            )
         for p in sorted(pending):
             moved = target.switch_generation(p, current[p], new)
             if moved == 1:

@@ -61,7 +61,7 @@ from projections.requests import Restored
 from projections.snapshots import Plan
 from projections.snapshots import plan as plan_rebuild
 from schemas.codec import EventCodec
-from schemas.errors import BackendError, LogError, MilpaError
+from schemas.errors import BackendError, LogError, MilpaError, RebuildInProgressError
 from session_model.authority import Cutover
 from session_model.intake import Intake
 from session_model.modes import Mode
@@ -151,6 +151,11 @@ def replay(
     (the processes are forked), else 1.
     """
     codec = codec or EventCodec()
+    if session_id is None and clear and store.rebuild_running():
+        raise RebuildInProgressError(
+            "a live rebuild (replay --live) is under way: clearing every projection now would "
+            "pull the generations from under it; wait for it to end"
+        )
     if session_id is not None:
         # The session's pauses and outcomes are already in the global counters: rebuilding its
         # projection must not count them a second time.

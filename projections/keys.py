@@ -107,6 +107,10 @@ class Keys:
         generation its keys are in, and `a<n>`, the highest offset committed in generation n."""
         return f"{self.prefix}:generation:{{{partition_tag(partition, self.partitions)}}}"
 
+    def rebuild_lease(self) -> str:
+        """String: the token of the live rebuild under way (`lua/lease.lua`), while it runs."""
+        return f"{self.prefix}:rebuild-lease"
+
     def generation_pattern(self, generation: int) -> str:
         """A SCAN pattern matching every key of a generation (not the generation hashes)."""
         return f"{_glob_escape(self.head(generation))}{{*"

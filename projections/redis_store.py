@@ -289,6 +289,14 @@ class RedisProjectionStore:
             self.client, requests.switch(self.keys, partition, current, new), self.durability
         )
 
+    def lease(self, token: str, ttl_ms: int, action: requests.LeaseAction) -> bool:
+        """Take, renew or give up the live-rebuild lease as `token`: whether it happened."""
+        return execute(self.client, requests.lease(self.keys, token, ttl_ms, action))
+
+    def rebuild_running(self) -> bool:
+        """Whether a live rebuild holds the lease on these projections now."""
+        return execute(self.client, requests.lease_held(self.keys))
+
     def drop_generation(self, generation: int) -> int:
         """Delete every key of a generation and what the generation hashes note of it (its
         highest offsets committed); the keys deleted."""

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -793,6 +793,22 @@ def switch(keys: Keys, partition: int, current: int, new: int) -> Request[int]:
         f"moving partition {partition} to generation {new} failed",
         writes=True,
     )
+
+
+LeaseAction = Literal["take", "renew", "give"]
+
+
+def lease(keys: Keys, token: str, ttl_ms: int, action: LeaseAction) -> Request[bool]:
+    """Take, renew or give up the live-rebuild lease as `token` (lua/lease.lua): whether it
+    happened (False: another holder has it, or it lapsed)."""
+    command = ("EVALSHA", scripts.LEASE.sha, 1, keys.rebuild_lease(), token, ttl_ms, action)
+    return Request([command], lambda replies: replies[0] == 1, f"{action} the rebuild lease failed")
+
+
+def lease_held(keys: Keys) -> Request[bool]:
+    """Whether some live rebuild holds the lease now."""
+    key = keys.rebuild_lease()
+    return Request([("EXISTS", key)], lambda r: bool(r[0]), "reading the rebuild lease failed")
 
 
 # -- due work and timelines --------------------------------------------------------------------

@@ -157,3 +157,9 @@ class WorkersRunningError(MilpaError):
     """The operation needs the projector's workers stopped, and its consumer group has members."""
 
     code = "workers_running"
+
+
+class RebuildInProgressError(MilpaError):
+    """A live rebuild of these projections is under way (it holds the rebuild lease)."""
+
+    code = "rebuild_in_progress"
