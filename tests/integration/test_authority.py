@@ -69,7 +69,9 @@ def test_unsigned_authority_is_refused_by_the_worker_counted_and_signed_authorit
     _forged(agent, "a1", ev.PERMISSION_GRANTED, {"operation": "deploy"})
     _forged(agent, "a1", ev.MODE_CHANGED, {"mode": "auto"})
     stranger = Signer.generate("ops-1")  # the right key id, the wrong key
-    SessionStore(kafka_log, projections, producer="agent-7", signer=stranger).grant("a1", "rm")
+    SessionStore(
+        kafka_log, projections, producer="agent-7", signer=stranger, read_timeout=60
+    ).grant("a1", "rm")
     _forged(agent, "a2", ev.STARTED, {"goal": "sneak in", "mode": "auto", "parent_id": None})
     agent.record_turn("a1", "assistant", "trying anyway")
     session = agent.load("a1")

@@ -103,9 +103,13 @@ def test_forged_verified_answer_is_downgraded_and_decisions_reach_a_subscriber_a
     log = RecordingLog(kafka_log)
     # The agent's store holds no trusted key: it signs with a key of its own making.
     agent = SessionStore(
-        log, projections, producer="agent-7", signer=Signer.generate("ops-console")
+        log,
+        projections,
+        producer="agent-7",
+        signer=Signer.generate("ops-console"),
+        read_timeout=60,  # the worker may still be joining its group on a loaded machine
     )
-    human = SessionStore(log, projections, producer="console", signer=operator_key)
+    human = SessionStore(log, projections, producer="console", signer=operator_key, read_timeout=60)
 
     agent.start("s-forged", "approve myself")
     agent.ask("s-forged", permission_question("deploy", {"env": "prod"}))
