@@ -55,6 +55,17 @@ def machine_busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
+def machine_kernel_seconds() -> tuple[float, float] | None:
+    """CPU seconds the whole machine spent on (interrupts + softirqs, steal), all cores: the parts
+    of its busy time no process is charged for."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    irq, softirq, steal = (int(x) for x in fields[6:9])
+    return (irq + softirq) / _TICKS, steal / _TICKS
+
+
 def all_processes() -> dict[int, tuple[str, float]]:
     """pid → (command line, CPU seconds) of every process."""
     out: dict[int, tuple[str, float]] = {}
@@ -87,6 +98,7 @@ class CpuMeter:
     _procs: dict[int, tuple[str, float]] = field(default_factory=dict)
     _t0: float = 0.0
     _quiet: float = 0.0
+    _kernel: tuple[float, float] | None = None
 
     def _sample(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
@@ -109,6 +121,7 @@ class CpuMeter:
         self._t0 = time.monotonic()
         self._start = self._sample()
         self._quiet = self._quiet_seconds()
+        self._kernel = machine_kernel_seconds()
         self._procs = all_processes()
 
     def stop(self) -> dict[str, Any]:
@@ -149,6 +162,14 @@ class CpuMeter:
             if out.get("redis_cpu_pct") is None:
                 quiet = 100 * (self._quiet_seconds() - self._quiet) / elapsed
             out["unaccounted_cpu_pct"] = round(machine - accounted - quiet, 1)
+            # Of which: interrupts and softirqs (the loopback traffic of the processes measured
+            # lands here too) and steal (other tenants of the host), so a reader can tell them.
+            kernel = machine_kernel_seconds()
+            if kernel is not None and self._kernel is not None:
+                out["unaccounted_of_which"] = {
+                    "irq_softirq_cpu_pct": round(100 * (kernel[0] - self._kernel[0]) / elapsed, 1),
+                    "steal_cpu_pct": round(100 * (kernel[1] - self._kernel[1]) / elapsed, 1),
+                }
         out["loadavg_1m"] = round(os.getloadavg()[0], 2)
         return out
 
@@ -168,12 +189,22 @@ def others_cpu(params: dict[str, Any]) -> float:
 def unaccounted_cpu(params: dict[str, Any]) -> float:
     """The most CPU (% of a core) any `CpuMeter.stop()` report in `params` found the machine busy
     with beyond the processes it accounts for, at any depth (0 without a report)."""
-    found = 0.0
-    for key, value in params.items():
-        if key == "unaccounted_cpu_pct" and isinstance(value, int | float):
-            found = max(found, float(value))
-        elif isinstance(value, dict):
-            found = max(found, unaccounted_cpu(value))
+    return worst_unaccounted(params)[0]
+
+
+def worst_unaccounted(params: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """`unaccounted_cpu(params)` and, from the same report, how much of it was interrupts and
+    softirqs and how much steal (`unaccounted_of_which`; empty if not known)."""
+    found: tuple[float, dict[str, float]] = (0.0, {})
+    value = params.get("unaccounted_cpu_pct")
+    if isinstance(value, int | float) and float(value) > found[0]:
+        parts = params.get("unaccounted_of_which")
+        found = (float(value), dict(parts) if isinstance(parts, dict) else {})
+    for nested in params.values():
+        if isinstance(nested, dict):
+            deeper = worst_unaccounted(nested)
+            if deeper[0] > found[0]:
+                found = deeper
     return found
 
 

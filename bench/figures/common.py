@@ -17,7 +17,7 @@ from bench import infra, workload
 from bench.profiling import summarize
 from bench.stats import Figure, Target
 from deploy.harness import Cleanup, Proc, Stack, redis_roles, wait_for
-from deploy.host import CpuMeter, PySpy, others_cpu, unaccounted_cpu
+from deploy.host import CpuMeter, PySpy, others_cpu, worst_unaccounted
 from deploy.metrics import parse_counter
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
@@ -276,15 +276,22 @@ class Run:
         """Emit the figure (`Figure`'s fields), flagged if other processes disturbed it."""
         figure = Figure(name, value, unit, **fields)
         others = others_cpu(figure.params)
-        unaccounted = unaccounted_cpu(figure.params)
+        unaccounted, of_which = worst_unaccounted(figure.params)
         if others >= DISTURBED_PCT:
             figure.params["disturbed"] = (
                 f"other processes used {others:.0f}% of a core while this was measured"
             )
         elif unaccounted >= DISTURBED_PCT:
+            parts = (
+                f" (of which steal {of_which['steal_cpu_pct']:.0f}%, interrupts and softirqs "
+                f"{of_which['irq_softirq_cpu_pct']:.0f}%, the rest short-lived processes or the "
+                "kernel)"
+                if {"steal_cpu_pct", "irq_softirq_cpu_pct"} <= of_which.keys()
+                else " (short-lived processes, steal, the kernel)"
+            )
             figure.params["disturbed"] = (
                 f"the machine was busy {unaccounted:.0f}% of a core beyond the processes "
-                "measured (short-lived processes, steal, the kernel) while this was measured"
+                f"measured{parts} while this was measured"
             )
         if self.overrides:
             figure.params["settings_overrides"] = {k: str(v) for k, v in self.overrides.items()}

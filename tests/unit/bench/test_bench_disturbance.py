@@ -8,7 +8,7 @@ from typing import Any
 from bench.figures import CALIBRATION, FIGURES
 from bench.figures.common import DISTURBED_PCT, Run, Sizes
 from bench.stats import Figure
-from deploy.host import others_cpu, unaccounted_cpu
+from deploy.host import CpuMeter, others_cpu, unaccounted_cpu, worst_unaccounted
 
 
 def test_unaccounted_cpu_is_the_largest_report_at_any_depth() -> None:
@@ -45,6 +45,30 @@ def test_a_figure_is_disturbed_when_the_machine_was_busy_beyond_what_is_measured
     assert "beyond the processes measured" in busy.params["disturbed"]
     quiet = _put({"worker_cpu_pct": 90.0, "unaccounted_cpu_pct": DISTURBED_PCT - 1})
     assert "disturbed" not in quiet.params
+
+
+def test_the_flag_names_the_steal_and_the_interrupts_of_the_worst_report() -> None:
+    usage = {
+        "a": {"unaccounted_cpu_pct": 5.0, "unaccounted_of_which": {"steal_cpu_pct": 5.0}},
+        "b": {
+            "unaccounted_cpu_pct": 30.0,
+            "unaccounted_of_which": {"steal_cpu_pct": 22.0, "irq_softirq_cpu_pct": 6.0},
+        },
+    }
+    assert worst_unaccounted(usage) == (30.0, {"steal_cpu_pct": 22.0, "irq_softirq_cpu_pct": 6.0})
+    flag = _put(usage).params["disturbed"]
+    assert "busy 30% of a core" in flag
+    assert "steal 22%, interrupts and softirqs 6%" in flag
+
+
+def test_a_cpu_meter_reports_the_kernel_parts_of_what_it_could_not_account_for() -> None:
+    meter = CpuMeter({})
+    meter.start()
+    sum(i * i for i in range(200_000))  # some time passes, on this process (the harness)
+    report = meter.stop()
+    parts = report["unaccounted_of_which"]
+    assert set(parts) == {"irq_softirq_cpu_pct", "steal_cpu_pct"}
+    assert all(v >= 0 for v in parts.values())
 
 
 def test_named_other_processes_still_disturb_a_figure() -> None:
