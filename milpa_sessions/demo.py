@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from dataclasses import replace
@@ -61,11 +61,22 @@ def cli_process(settings: Settings, logfile: Path, *args: str) -> Iterator[subpr
     try:
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
+        stop_together([proc])
+
+
+def stop_together(procs: Sequence[subprocess.Popen[bytes]], grace: float = 30.0) -> None:
+    """SIGTERM to each child still running, all at once, then one shared `grace` for all of them
+    to exit; what is left is killed. Stopping them one after the other would add their graces."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 def worker_process(settings: Settings, logfile: Path) -> ContextManager[subprocess.Popen[bytes]]:
@@ -77,13 +88,18 @@ DEMO_OPERATOR = "demo"
 
 
 @contextmanager
-def console_process(settings: Settings, logfile: Path) -> Iterator[str]:
-    """A `milpa-sessions console` child process on a free port; yields its URL once it answers."""
+def console_process(
+    settings: Settings, logfile: Path, started: list[subprocess.Popen[bytes]] | None = None
+) -> Iterator[str]:
+    """A `milpa-sessions console` child process on a free port; yields its URL once it answers
+    (and adds the process to `started`)."""
     wanted = settings.console_port
     port = wanted if wanted and _port_free(wanted) else _free_port()
     chosen = replace(settings, console_port=port)
     url = f"http://{settings.console_host}:{port}"
     with cli_process(chosen, logfile, "console", "--loglevel", "warning") as proc:
+        if started is not None:
+            started.append(proc)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -180,27 +196,32 @@ def run_demo(
             console_users_file=users,
             console_secret_file=secret,
         )
+        children: list[subprocess.Popen[bytes]] = []
         with (
-            worker_process(worker_settings, Path(tmp) / "worker.log"),
-            console_process(console_settings, Path(tmp) / "console.log") as url,
+            worker_process(worker_settings, Path(tmp) / "worker.log") as worker,
+            console_process(console_settings, Path(tmp) / "console.log", children) as url,
         ):
-            out.print(
-                f"[bold]worker started[/bold] (projector + scheduler); agents write to "
-                f"{settings.events_topic} at {settings.kafka_bootstrap}, projections in Redis"
-            )
-            out.print(f"[bold]operator console[/bold]: {url}", highlight=False)
-            out.print(f"  sign in as {DEMO_OPERATOR}, password {password}", highlight=False)
-            shared = wiring.session_store(settings, producer="demo")
-            make = _factory(shared.log, shared.projections, signer, settings.read_timeout)
-            if console:
-                _keep_running(make, prefix, config, url)
-                return
-            ids = _drive(make, prefix, config)
-            reader = make("reader")
-            for sid in ids:  # read-your-writes: every agent's last event is projected
-                reader.load(sid)
-            decisions = _collect_decisions(settings, prefix, ids)
-            _report(reader, ids, decisions)
+            children.append(worker)
+            try:
+                out.print(
+                    f"[bold]worker started[/bold] (projector + scheduler); agents write to "
+                    f"{settings.events_topic} at {settings.kafka_bootstrap}, projections in Redis"
+                )
+                out.print(f"[bold]operator console[/bold]: {url}", highlight=False)
+                out.print(f"  sign in as {DEMO_OPERATOR}, password {password}", highlight=False)
+                shared = wiring.session_store(settings, producer="demo")
+                make = _factory(shared.log, shared.projections, signer, settings.read_timeout)
+                if console:
+                    _keep_running(make, prefix, config, url)
+                    return
+                ids = _drive(make, prefix, config)
+                reader = make("reader")
+                for sid in ids:  # read-your-writes: every agent's last event is projected
+                    reader.load(sid)
+                decisions = _collect_decisions(settings, prefix, ids)
+                _report(reader, ids, decisions)
+            finally:
+                stop_together(children)  # both at once, before each context's own stop
 
 
 def _keep_running(
