@@ -8,11 +8,10 @@ import dataclasses
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 
-from console.app import ConsoleDeps
-from processors.feed import follow_questions
 from processors.running import wait_for
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, PartitionedSink
@@ -27,6 +26,9 @@ from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionSt
 from projections.requests import Retention
 from schemas.errors import ConfigurationError, ProjectionError
 from session_model.signing import Signer, TrustedKeys
+
+if TYPE_CHECKING:
+    from console.app import ConsoleDeps
 
 
 def trusted_keys(settings: StackSettings) -> TrustedKeys:
@@ -113,6 +115,10 @@ CONSOLE_PRODUCER = "operator-console"
 def console_deps(settings: WriterSettings) -> ConsoleDeps:
     """The web console's adapters: it writes as an operator, reads the waiting index and the
     analytics, and relays the questions feed live."""
+    # Imported here: FastAPI costs every other command a second of start-up on a slow core.
+    from console.app import ConsoleDeps  # noqa: PLC0415
+    from processors.feed import follow_questions  # noqa: PLC0415
+
     store = session_store(settings, producer=CONSOLE_PRODUCER)
     access, topic = settings.kafka_access(), settings.questions_topic
     return ConsoleDeps(
