@@ -45,24 +45,32 @@ def redis_cpu_seconds(client: redis.Redis) -> float | None:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def machine_busy_seconds() -> float | None:
-    """CPU seconds the whole machine spent busy (all cores: user, nice, system, irq, steal)."""
+def _cpu_ticks() -> list[int] | None:
+    """The machine's `cpu` line of /proc/stat: user, nice, system, idle, iowait, irq, softirq,
+    steal (ticks, all cores); None if unreadable."""
     try:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()
-    except (OSError, IndexError):
+        return [int(x) for x in fields[1:9]]
+    except (OSError, IndexError, ValueError):
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine spent busy (all cores: user, nice, system, irq, steal)."""
+    ticks = _cpu_ticks()
+    if ticks is None:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
     return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
 def machine_kernel_seconds() -> tuple[float, float] | None:
     """CPU seconds the whole machine spent on (interrupts + softirqs, steal), all cores: the parts
     of its busy time no process is charged for."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()
-    except (OSError, IndexError):
+    ticks = _cpu_ticks()
+    if ticks is None:
         return None
-    irq, softirq, steal = (int(x) for x in fields[6:9])
+    irq, softirq, steal = ticks[5:8]
     return (irq + softirq) / _TICKS, steal / _TICKS
 
 

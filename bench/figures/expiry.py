@@ -108,11 +108,10 @@ def _expiry_loaded(run: Run, unloaded_p99: float | None, per_s: int, why: str) -
     """
     inside = _expiry_run(run, standalone=False, load=per_s)
     alone = _expiry_run(run, standalone=True, load=per_s)
-    rate = per_s
     ack = inside["params"]["load"].get("produce_ack_ms", {})
     ack_p99 = ack.get("p99")
     run.log(
-        f"expiry lateness under {rate} events/s of load: in the worker p99 {inside['p99']} ms, "
+        f"expiry lateness under {per_s} events/s of load: in the worker p99 {inside['p99']} ms, "
         f"standalone {alone['p99']} ms; the load's produce-ack p99 {ack_p99} ms"
     )
     run.put(
@@ -123,7 +122,7 @@ def _expiry_loaded(run: Run, unloaded_p99: float | None, per_s: int, why: str) -
         params={
             "scheduler": "inside the worker (its timer process)",
             "baseline": "the same with the scheduler as a process of its own",
-            "load": f"{rate} events/s of other sessions (the projector workload) sent "
+            "load": f"{per_s} events/s of other sessions (the projector workload) sent "
             "through the same topic from 1 s before the first deadline to the last",
             "load_rate": why,
             "p50_ms": inside["p50"],
