@@ -56,6 +56,7 @@ from tests.integration.test_scale_and_crash import (
     decisions_in,
     events_in,
     generate,
+    group_assignment,
     ids_by_session,
     wait_for_all,
 )
@@ -212,6 +213,18 @@ def test_a_broker_killed_mid_stream_and_restarted_loses_and_doubles_nothing(
     _, events = generate(SESSIONS, prefix="b", group=100)
     first = store.keys.session(events[0].session_id).state
     worker = start_worker()
+    # The producer's pace starts once the worker holds every partition: on a busy machine a
+    # worker's start-up can take most of PRODUCE_S, and the outage must still fall mid-stream.
+    wait_for(
+        lambda: (
+            sorted(p for ps in group_assignment(s).values() for p in ps)
+            == list(range(s.partitions))
+        ),
+        timeout=90,
+        interval=0.5,
+        what="the worker holding every partition",
+        procs=(worker,),
+    )
     log = KafkaEventLog(s.kafka_access(), s.events_topic)
     producer = PacedProducer(log, events, PRODUCE_S)
     try:
@@ -234,6 +247,10 @@ def test_a_broker_killed_mid_stream_and_restarted_loses_and_doubles_nothing(
         )
         fenced_at = producer.acked()
         fenced_after = time.monotonic() - killed
+        assert fenced_at + 500 < len(events), (
+            f"the outage did not fall mid-stream: {fenced_at}/{len(events)} acknowledged when the "
+            f"broker was fenced, {fenced_after:.1f}s after the kill"
+        )
         wait_for(  # two in-sync replicas of three are enough to acknowledge (acks=all)
             lambda: producer.acked() >= fenced_at + 500,
             timeout=30,

@@ -146,9 +146,13 @@ def _env(settings: Settings, **extra: str) -> dict[str, str]:
 def test_a_bad_setting_ends_every_command_with_one_line(
     settings: Settings, name: str, value: str
 ) -> None:
+    # Every command once (the settings are read in one place, the group's callback), then a
+    # reader, a writer and the worker for each other kind of bad value.
     commands = [*READERS, *WRITERS, ["worker"], ["scheduler"]]
     if name == "MILPA_REDIS_URL":  # read only by what touches Redis
-        commands = [*READERS, ["worker"], ["scheduler"]]
+        commands = [["show", "s1"], ["worker"], ["scheduler"]]
+    elif name != "MILPA_PARTITIONS":
+        commands = [["show", "s1"], ["grant", "s1", "deploy"], ["worker"]]
     results = _run_all(commands, _env(settings, **{name: value}))
     _assert_one_line_failures(results, "ConfigurationError", within=10)
 
