@@ -77,7 +77,6 @@ log = logging.getLogger("milpa_sessions.replay")
 CACHE_LIMIT: Final = 200_000
 # Batches fetched ahead of the fold.
 _AHEAD: Final = 4
-_ASSIGNMENT_TIMEOUT_S: Final = 30.0
 _POLL_S: Final = 0.2  # how often the parent looks for a rebuild process that died silently
 _RESTORE_BATCH: Final = 500  # sessions restored from snapshots per round trip
 
@@ -442,19 +441,15 @@ def _end_offsets(
 
     async def ask() -> None:
         async with _consumer(bootstrap) as consumer:
-            if topic not in await consumer.topics():  # before subscribing: never create it
+            # The partitions from the cluster's metadata, never from a subscription: a consumer
+            # unsubscribed while its fetcher runs fails it ("'NoneType' object has no attribute
+            # 'assignment'", seen in CI), and asking never creates the topic.
+            cluster = await consumer._client.fetch_all_metadata()
+            known = cluster.partitions_for_topic(topic)
+            if not known:
                 raise LogError(f"topic {topic} does not exist")
-            # The partitions, through a subscription without a group (public API only).
-            consumer.subscribe([topic])
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + _ASSIGNMENT_TIMEOUT_S
-            while not consumer.assignment():
-                if loop.time() > deadline:
-                    raise LogError(f"no partitions of {topic} after {_ASSIGNMENT_TIMEOUT_S}s")
-                await asyncio.sleep(0.01)
-            partitions = sorted(tp.partition for tp in consumer.assignment())
+            partitions = sorted(known)
             count.append(len(partitions))
-            consumer.unsubscribe()
             if session_id is not None:
                 partitions = [partition_for(session_id, len(partitions))]
             ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
