@@ -268,12 +268,3 @@ class PacedProducer(threading.Thread):
     def acked(self) -> int:
         """How many appends the broker acknowledged so far."""
         return sum(1 for _, f in list(self.futures) if f.is_done and f.succeeded())
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N` (`./dev test`), the long fault and scale tests run one after another on
-    one worker: each starts several processes of its own, and two at once on a two-core machine
-    would test the machine's contention more than the code. The short tests share the others."""
-    for item in items:
-        if item.get_closest_marker("fault_load") or item.get_closest_marker("plain_stack"):
-            item.add_marker(pytest.mark.xdist_group("long"))

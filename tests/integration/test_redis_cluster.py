@@ -35,7 +35,13 @@ from tests.integration.test_scale_and_crash import (
     wait_for_all,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.plain_stack]
+# One xdist worker runs every test on the shared Redis Cluster, one after another: this module
+# kills one of its masters.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.plain_stack,
+    pytest.mark.xdist_group("redis-cluster"),
+]
 
 
 @pytest.fixture

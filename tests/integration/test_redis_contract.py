@@ -39,7 +39,10 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _NOISE = base64.b85encode(random.Random(0).randbytes(1200)).decode()
 
 
-@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.plain_stack)])
+_ON_THE_CLUSTER = (pytest.mark.plain_stack, pytest.mark.xdist_group("redis-cluster"))
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=_ON_THE_CLUSTER)])
 def projection_store(
     request: pytest.FixtureRequest, secured: Settings
 ) -> Iterator[RedisProjectionStore]:
