@@ -92,7 +92,7 @@ def test_a_live_rebuild_gives_its_lease_back_when_it_ends(
 
 
 @pytest.mark.plain_stack
-@pytest.mark.xdist_group("redis-cluster")  # with the test that kills one of its masters
+@pytest.mark.redis_cluster  # run with the test that kills one of its masters, not beside it
 def test_on_a_redis_cluster_the_lease_has_one_holder_too(
     settings: Settings, redis_cluster_url: str
 ) -> None:

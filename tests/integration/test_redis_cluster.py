@@ -35,13 +35,9 @@ from tests.integration.test_scale_and_crash import (
     wait_for_all,
 )
 
-# One xdist worker runs every test on the shared Redis Cluster, one after another: this module
-# kills one of its masters.
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.plain_stack,
-    pytest.mark.xdist_group("redis-cluster"),
-]
+# `./dev test` runs the tests on the shared Redis Cluster after the others, in one process: this
+# module kills one of its masters.
+pytestmark = [pytest.mark.integration, pytest.mark.plain_stack, pytest.mark.redis_cluster]
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _NOISE = base64.b85encode(random.Random(0).randbytes(1200)).decode()
 
 
-_ON_THE_CLUSTER = (pytest.mark.plain_stack, pytest.mark.xdist_group("redis-cluster"))
+_ON_THE_CLUSTER = (pytest.mark.plain_stack, pytest.mark.redis_cluster)
 
 
 @pytest.fixture(params=["single", pytest.param("cluster", marks=_ON_THE_CLUSTER)])
