@@ -367,10 +367,15 @@ class AsyncRedisProjectionStore:
 
         `event_ids=False` leaves `Session.event_ids` empty, for readers that never fold (the
         scheduler): a session's ids are most of what a read carries once it has a long life.
+
+        With `durability` on, the read waits for the replicas as a write does. A worker that finds
+        events already applied moves its Kafka offsets past them: a commit whose own `WAIT` came
+        up short (or whose worker died before it) must be on the replicas before that happens,
+        or a failover could still lose it.
         """
         await self._fresh()
         request = requests.read(self.keys, session_ids, event_ids=event_ids)
-        return await execute_async(self.client, request)
+        return await execute_async(self.client, request, self.durability, settle=True)
 
     async def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
         """Apply every update (compare-and-set on its mark) in one pipelined round trip.

@@ -242,11 +242,16 @@ def execute(client: SyncClient, request: Request[T], durability: Durability = NO
 
 
 async def execute_async(
-    client: AsyncClient, request: Request[T], durability: Durability = NOT_DURABLE
+    client: AsyncClient,
+    request: Request[T],
+    durability: Durability = NOT_DURABLE,
+    *,
+    settle: bool = False,
 ) -> T:
     """Run a request on an asyncio client (never blocks the event loop; on a cluster: one
-    pipeline per master, all at once)."""
-    wait = durability if request.writes else NOT_DURABLE
+    pipeline per master, all at once). `settle`: a read waits for the replicas like a write, for
+    a caller that acts on what it read as if it were durable."""
+    wait = durability if request.writes or settle else NOT_DURABLE
     try:
         if not isinstance(client, AsyncCluster):
             return request.parse(await _pipeline_async(client, request.commands, wait))

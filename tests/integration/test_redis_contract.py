@@ -24,8 +24,9 @@ from projections.keys import HISTORY_KINDS, Keys
 from projections.layout import STATE_INLINE, stored_sizes
 from projections.redis_client import SyncCluster, async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from projections.requests import Durability
 from schemas import events as ev
-from schemas.errors import ProjectionError
+from schemas.errors import ProjectionError, ReplicationLagError
 from schemas.events import Event
 from session_model.dedupe import CHUNK, HORIZON, KEPT
 from session_model.fold import fold
@@ -431,6 +432,36 @@ def test_a_read_of_many_sessions_returns_each_as_read_alone(
             await client.aclose()
 
     assert asyncio.run(read_async()) == together
+
+
+def test_a_workers_read_waits_for_the_replicas_as_its_writes_do(
+    projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
+) -> None:
+    """A worker moves its offsets past events it finds applied: what it read must be replicated.
+
+    Each master of the test cluster has one replica, the single Redis none: a read asking for
+    one replica more than that comes back short, which shows the read did wait.
+    """
+    store = projection_store
+    cluster = isinstance(store.client, SyncCluster)
+    replicas = 1 if cluster else 0
+    _commit(store, _idle("settled"), 5)
+
+    async def read(durability: Durability) -> dict[str, Folded]:
+        if cluster:
+            client = async_client(request.getfixturevalue("redis_cluster_url"), cluster=True)
+        else:
+            client = async_client(secured.redis_url, auth=secured.redis_auth())
+        try:
+            worker = AsyncRedisProjectionStore(client, store.keys, durability=durability)
+            return await worker.folded(["settled"])
+        finally:
+            await client.aclose()
+
+    assert set(asyncio.run(read(Durability(replicas, 2000)))) == {"settled"}
+    with pytest.raises(ReplicationLagError, match=f"reached {replicas} of the {replicas + 1}"):
+        asyncio.run(read(Durability(replicas + 1, timeout_ms=50, attempts=1)))
+    assert set(store.folded(["settled"])) == {"settled"}  # readers (no durability) never wait
 
 
 def test_a_partition_moved_to_a_new_generation_refuses_commits_in_the_old_one(
