@@ -14,23 +14,15 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from milpa_sessions import wiring
 from milpa_sessions.console_cli import console
-from milpa_sessions.demo import run_demo
 from milpa_sessions.failures import CleanGroup
-from milpa_sessions.fleet import FleetConfig
-from milpa_sessions.keyfiles import write_key_pair
 from milpa_sessions.render import out, render_session, render_timeline, session_summary
 from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
-from processors.generations import rebuild_live
-from processors.replay import replay
-from producers.acls import Principals, apply_acls
 from producers.store import SessionStore
-from producers.topics import ensure_topics, group_members
 from schemas.errors import (
     InvalidCall,
     MilpaError,
@@ -41,9 +33,12 @@ from schemas.errors import (
 from session_model.deadlines import format_instant
 from session_model.principal import Principal
 from session_model.session import Session
-from session_model.signing import Signer
 
 err = Console(stderr=True)
+
+# What only one command needs (the demo, replays, Kafka's admin client, rich's progress bars) is
+# imported inside that command: every `milpa-sessions show` or `answer` is a process of its own,
+# and would pay for all of them at start-up.
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -148,6 +143,8 @@ def topics() -> None:
 @pass_ctx
 def topics_create(ctx: Ctx) -> None:
     """Create the events, decisions and dead-letter topics (idempotent)."""
+    from producers.topics import ensure_topics  # noqa: PLC0415 - start-up time: see the top
+
     result = ensure_topics(ctx.settings)
 
     def render() -> None:
@@ -170,6 +167,8 @@ def acls() -> None:
 def acls_apply(ctx: Ctx, agent: str, worker: str, operator: str) -> None:
     """Allow each role what it needs, no more (run with an administrator's credentials); returns
     once the broker enforces the ACLs."""
+    from producers.acls import Principals, apply_acls  # noqa: PLC0415 - start-up time: see the top
+
     created = apply_acls(ctx.settings, Principals(agent, worker, operator))
     _emit(ctx, {"created": created}, lambda: out.print(f"{created} ACL(s) in place"))
 
@@ -199,6 +198,11 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool, live: 
             raise click.UsageError("--live rebuilds every projection: it takes no --session")
         _replay_live(ctx, full)
         return
+    from rich.progress import Progress  # noqa: PLC0415 - start-up time: see the top
+
+    from processors.replay import replay  # noqa: PLC0415
+    from producers.topics import group_members  # noqa: PLC0415
+
     running = [] if force else group_members(ctx.settings)
     if running:
         raise WorkersRunningError(
@@ -266,6 +270,10 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool, live: 
 
 
 def _replay_live(ctx: Ctx, full: bool) -> None:
+    from rich.progress import Progress  # noqa: PLC0415 - start-up time: see the top
+
+    from processors.generations import rebuild_live  # noqa: PLC0415
+
     settings = ctx.settings
     snapshots = settings.snapshot_interval_s > 0 and not full
     store = wiring.projection_store_for_rebuild(settings)
@@ -476,6 +484,9 @@ def keys() -> None:
 @click.option("--dir", "directory", type=click.Path(path_type=Path), default=Path("."))
 def keys_generate(key_id: str, directory: Path) -> None:
     """Write <dir>/<key_id>.key (private) and <dir>/trusted/<key_id>.pem (public)."""
+    from milpa_sessions.keyfiles import write_key_pair  # noqa: PLC0415 - start-up time: see the top
+    from session_model.signing import Signer  # noqa: PLC0415
+
     private, trusted = write_key_pair(Signer.generate(key_id), directory)
     out.print(f"wrote {private} and {trusted / (key_id + '.pem')}")
 
@@ -498,6 +509,9 @@ def demo(ctx: Ctx, in_memory: bool, agents: int, seed: int, keep_console: bool) 
     """Run a simulated fleet through the real pipeline and show what an operator sees."""
     if in_memory and keep_console:
         raise click.UsageError("--console needs the real stack (the console reads Redis)")
+    from milpa_sessions.demo import run_demo  # noqa: PLC0415 - start-up time: see the top
+    from milpa_sessions.fleet import FleetConfig  # noqa: PLC0415
+
     config = FleetConfig(agents=agents, seed=seed)
     run_demo(ctx.settings, in_memory=in_memory, config=config, console=keep_console)
 

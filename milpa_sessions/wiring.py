@@ -14,15 +14,12 @@ import redis
 
 from processors.running import wait_for
 from processors.settings import WorkerSettings
-from processors.sinks import LazyProducer, PartitionedSink
-from processors.snapshots import snapshot_partitions
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import StackSettings, WriterSettings
 from producers.store import SessionStore
-from producers.topics import ensure_topics
 from projections.analytics import Analytics
 from projections.redis_client import redacted
-from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from projections.redis_store import RedisProjectionStore
 from projections.requests import Retention
 from schemas.errors import ConfigurationError, ProjectionError
 from session_model.signing import Signer, TrustedKeys
@@ -70,6 +67,12 @@ def projection_store_for_rebuild(settings: StackSettings) -> RedisProjectionStor
 def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
     """Snapshot every session of these partitions, applied through these offsets (after a
     rebuild, with no worker running), and write their checkpoints; the snapshots written."""
+
+    # Imported here, as in `wait_for_stack`: aiokafka and Kafka's admin client are start-up time
+    # that the CLI's readers and writers, each a process of its own, need not pay.
+    from processors.sinks import LazyProducer, PartitionedSink  # noqa: PLC0415
+    from processors.snapshots import snapshot_partitions  # noqa: PLC0415
+    from projections.redis_store import AsyncRedisProjectionStore  # noqa: PLC0415
 
     async def run() -> int:
         client = settings.redis_async()
@@ -146,6 +149,8 @@ def wait_for_stack(settings: WorkerSettings) -> None:
     For long-running processes started before their services: a status line every
     `startup_status_every` seconds; `startup_timeout` > 0 gives up with the last error.
     """
+    from producers.topics import ensure_topics  # noqa: PLC0415 - see `take_snapshots`
+
     with _quiet("kafka"):
         wait_for(
             f"Kafka at {settings.kafka_bootstrap}",
