@@ -36,9 +36,10 @@ from session_model.session import Session
 
 err = Console(stderr=True)
 
-# What only one command needs (the demo, replays, Kafka's admin client, rich's progress bars) is
-# imported inside that command: every `milpa-sessions show` or `answer` is a process of its own,
+# What only one command needs (the demo, replays, aiokafka, rich's progress bars) is imported
+# inside that command: every `milpa-sessions show` or `answer` is a process of its own,
 # and would pay for all of them at start-up.
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

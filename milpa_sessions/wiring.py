@@ -68,8 +68,8 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
     """Snapshot every session of these partitions, applied through these offsets (after a
     rebuild, with no worker running), and write their checkpoints; the snapshots written."""
 
-    # Imported here, as in `wait_for_stack`: aiokafka and Kafka's admin client are start-up time
-    # that the CLI's readers and writers, each a process of its own, need not pay.
+    # Imported here: aiokafka is start-up time that the CLI's readers and writers, each a process
+    # of its own, need not pay.
     from processors.sinks import LazyProducer, PartitionedSink  # noqa: PLC0415
     from processors.snapshots import snapshot_partitions  # noqa: PLC0415
     from projections.redis_store import AsyncRedisProjectionStore  # noqa: PLC0415
@@ -149,7 +149,7 @@ def wait_for_stack(settings: WorkerSettings) -> None:
     For long-running processes started before their services: a status line every
     `startup_status_every` seconds; `startup_timeout` > 0 gives up with the last error.
     """
-    from producers.topics import ensure_topics  # noqa: PLC0415 - see `take_snapshots`
+    from producers.topics import ensure_topics  # noqa: PLC0415 - only the long-running need it
 
     with _quiet("kafka"):
         wait_for(
