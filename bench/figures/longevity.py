@@ -140,7 +140,8 @@ def _grow(
     known: dict[str, Folded] = {}
     events = _script(sid, n)
     partition = store.keys.partition_of(sid)  # where a worker would find it, and so `_bytes`
-    offset, seq, pending, spent = 0, 0, [], dict.fromkeys(ages, 0.0)
+    offset, seq, spent = 0, 0, dict.fromkeys(ages, 0.0)
+    pending: list[Event] = []
     counted = dict.fromkeys(ages, 0)
     batch: list[Record] = []
     while True:

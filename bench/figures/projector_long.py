@@ -243,6 +243,6 @@ def _mean_bytes(codec: EventCodec, events: Sequence[Event]) -> float:
     sample = events[:: max(len(events) // 2000, 1)]
     others = [len(codec.encode(e)) for e in sample if e.type != ev.COMPACTED]
     other_mean = sum(others) / len(others) if others else 0.0
-    total = sum(len(codec.encode(e)) for e in compactions)
+    total = float(sum(len(codec.encode(e)) for e in compactions))
     total += other_mean * (len(events) - len(compactions))
     return total / len(events) if events else 0.0
