@@ -94,8 +94,10 @@ def _ask_the_scenario(
 ) -> list[str]:
     """The questions behind `EXPECTED`; returns the session ids once all of it is projected."""
     agent = SessionStore(kafka_log, projections, producer="it-agent", read_timeout=60)
-    loose = SessionStore(kafka_log, projections, producer="it-agent", checks=False)
-    human = SessionStore(kafka_log, projections, producer="console", signer=OPERATOR)
+    loose = SessionStore(kafka_log, projections, producer="it-agent", checks=False, read_timeout=60)
+    human = SessionStore(
+        kafka_log, projections, producer="console", signer=OPERATOR, read_timeout=60
+    )
     sids = [f"{prefix}-{n}" for n in range(7)]
     for sid in sids:
         agent.start(sid, "analytics")
@@ -334,7 +336,9 @@ def test_counters_are_not_counted_twice_after_a_kill_nine_or_a_full_redelivery( 
     third = start_worker(fresh)
 
     def replayed() -> bool:
-        return _sample(_scrape(port), "milpa_records_total") >= total
+        # Records are counted as a batch is taken, redeliveries once it is folded: wait for the
+        # group's commit too, which follows the whole batch.
+        return _sample(_scrape(port), "milpa_records_total") >= total and _group_caught_up(fresh)
 
     try:
         wait_for(replayed, timeout=90)

@@ -117,7 +117,7 @@ def test_answer_racing_the_expiry_yields_exactly_one_decision(
     pipeline: Any,
 ) -> None:
     pipeline()
-    agent = SessionStore(kafka_log, projections, producer="it-agent", checks=False)
+    agent = SessionStore(kafka_log, projections, producer="it-agent", checks=False, read_timeout=60)
     sessions = [f"race-{i}" for i in range(20)]
     for sid in sessions:
         agent.start(sid, "race")
@@ -151,7 +151,7 @@ def test_a_hundred_turn_session_is_compacted_and_keeps_every_turn_in_history(
 ) -> None:
     settings = with_keys(settings, compactor_max_turns=40, compactor_keep_recent=12)
     pipeline(settings)
-    agent = SessionStore(kafka_log, projections, producer="it-agent", checks=False)
+    agent = SessionStore(kafka_log, projections, producer="it-agent", checks=False, read_timeout=60)
     agent.start("long-1", "a long conversation")
     for i in range(100):
         agent.record_turn("long-1", "user" if i % 2 == 0 else "assistant", f"turn {i}")
