@@ -28,13 +28,17 @@ from deploy.host import describe_machine, git_state
 from milpa_sessions.settings import Settings
 from producers.settings import ENV_PREFIX
 
-PRODUCT_DIRS = (
+# What the figures depend on: an uncommitted file here goes with the run's description. The bench
+# and the stack it starts count too (how a figure is measured changes the figure).
+MEASURED_DIRS = (
     "schemas",
     "session_model",
     "projections",
     "producers",
     "processors",
     "milpa_sessions",
+    "bench",
+    "deploy",
 )
 
 
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.topology == "cluster":
             cluster = harness.ensure_cluster_stack(log)
         tag = uuid.uuid4().hex[:8]
-        host = {"git": git_state(harness.REPO, PRODUCT_DIRS), **describe_machine(DISTRIBUTIONS)}
+        host = {"git": git_state(harness.REPO, MEASURED_DIRS), **describe_machine(DISTRIBUTIONS)}
         host["servers"] = harness.server_versions(stack)
         log(f"run {tag}: kafka {stack.kafka_bootstrap}, redis {stack.redis_url}; {host}")
         if cluster is not None:

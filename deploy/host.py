@@ -354,7 +354,7 @@ def git_state(root: Path, paths: Sequence[str]) -> dict[str, object]:
         done = subprocess.run(
             ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
         )
-        return done.stdout.strip()
+        return done.stdout.rstrip("\n")
 
     try:
         changed = git("status", "--porcelain", "--", *paths).splitlines()

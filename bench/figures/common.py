@@ -79,7 +79,7 @@ class Sizes:
     e2e_seconds: float = 10.0
     e2e_warmup_s: float = 2.0
     e2e_rate: int = 1_000
-    e2e_poll_s: float = 0.002
+    e2e_sweep_s: float = 0.1  # the e2e watcher reads every pending mark this often too
     e2e_head_s: float = 2.0  # the window's first seconds, reported apart
     expiry_deadlines: int = 10_000
     expiry_spread_s: float = 5.0

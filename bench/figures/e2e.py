@@ -1,18 +1,22 @@
 """The end-to-end figures: produce at a fixed rate with a worker running; time until the event's
-mark is visible in Redis, seen by a poller in a process of its own."""
+mark is visible in Redis, seen by a watcher in a process of its own."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import math
 import multiprocessing
 import queue
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import redis
+import redis.asyncio as aioredis
 
 from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Run, paced
@@ -20,10 +24,11 @@ from bench.stats import by_slice, ratio, summary
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from projections.keys import Keys
+from projections.redis_client import SyncCluster
 from projections.requests import Request, execute_async
 from schemas.events import Event
 
-# The marks of many sessions of one partition in one command (cheaper for the poller than a
+# The marks of many sessions of one partition in one command (cheaper for the watcher than a
 # pipeline of HGETs). One call per partition: on a Redis Cluster a partition is one hash slot.
 _MARKS_SCRIPT = """
 local out = {}
@@ -31,6 +36,7 @@ for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'mark') or '' end
 return out
 """
 _MARKS_SHA = hashlib.sha1(_MARKS_SCRIPT.encode()).hexdigest()
+ACK_DRAIN_S = 0.002  # the watcher takes the acks handed to it at least this often
 
 
 def marks_calls(
@@ -54,35 +60,109 @@ def marks_calls(
     return sids, calls
 
 
-def poll_marks(settings: Settings, interval: float, acked: Any, results: Any) -> None:
-    """The e2e poller (its own process): time from send and from ack to the mark being visible.
+# Keyspace notifications of hash commands ("K": a message on `__keyspace@<db>__:<key>`, "h": for
+# HSET and the like): the commit script's write of a session's state hash tells the watcher to
+# read that session's mark, so it reads only what changed instead of every pending mark each poll.
+NOTIFY_EVENTS = "Kh"
+NOTIFY_SETTING = "notify-keyspace-events"
 
-    Reads `(session, partition, offset, sent, acked)` items from `acked` until a None, polls
-    every `interval` seconds the marks of the sessions with a pending event (one script call per
-    partition, in one pipelined round trip per Redis master: the product's asyncio client and
-    executor), and puts `(send times, ms from send, ms from ack, polls, seconds the polls' round
-    trips took)` on `results` once
-    nothing is pending (or after 30 s).
+
+def masters(settings: Settings) -> list[dict[str, Any]]:
+    """How to connect to each Redis master of the projections (one on a single Redis)."""
+    client = settings.redis_sync()
+    try:
+        if isinstance(client, SyncCluster):
+            primaries = client.get_primaries()  # type: ignore[no-untyped-call]
+            nodes = [node.redis_connection for node in primaries]
+        else:
+            nodes = [client]
+        wanted = ("host", "port", "db", "username", "password")
+        return [
+            {k: v for k, v in n.connection_pool.connection_kwargs.items() if k in wanted}
+            for n in nodes
+            if n is not None
+        ]
+    finally:
+        client.close()
+
+
+def enable_notifications(settings: Settings) -> Callable[[], None]:
+    """Turn keyspace notifications of hash commands on, on every master; returns the undo."""
+    before: list[tuple[redis.Redis, str]] = []
+    for master in masters(settings):
+        client = redis.Redis(**master)
+        old = str(client.config_get(NOTIFY_SETTING).get(NOTIFY_SETTING, ""))
+        client.config_set(NOTIFY_SETTING, "".join(sorted(set(old) | set(NOTIFY_EVENTS))))
+        before.append((client, old))
+
+    def undo() -> None:
+        for client, old in before:
+            client.config_set(NOTIFY_SETTING, old)
+            client.close()
+
+    return undo
+
+
+def watch_marks(settings: Settings, sweep_s: float, acked: Any, results: Any) -> None:
+    """The e2e watcher (its own process): time from send and from ack to the mark being visible.
+
+    Reads `(session, partition, offset, sent, acked)` items from `acked` until a None. A session
+    with a pending event has its mark read when a keyspace notification says its state hash was
+    written (or, if one came after the send but before the ack, as soon as the ack arrives), and
+    every `sweep_s` all pending marks are read (a safety net, counted apart). Each read is one
+    script call per partition, in one pipelined round trip per Redis master (the product's
+    asyncio client and executor). Puts `(send times, ms from send, ms from ack, reads, seconds
+    the reads' round trips took, samples the sweeps resolved)` on `results` once nothing is
+    pending (or after 30 s).
     """
-    asyncio.run(_poll_marks(settings, interval, acked, results))
+    asyncio.run(_watch_marks(settings, sweep_s, acked, results))
 
 
-async def _poll_marks(settings: Settings, interval: float, acked: Any, results: Any) -> None:
+async def _subscribe(settings: Settings, keys: Keys) -> list[Any]:
+    """A pattern subscription to the state hashes' notifications on every master."""
+    pattern = f"__keyspace@*__:{keys.state_pattern()}"
+    subscriptions = []
+    for master in masters(settings):
+        pubsub = aioredis.Redis(**master).pubsub(ignore_subscribe_messages=True)
+        await pubsub.psubscribe(pattern)
+        subscriptions.append(pubsub)
+    return subscriptions
+
+
+async def _listen(pubsub: Any, keys: Keys, notified: dict[str, float], wake: asyncio.Event) -> None:
+    """Note when each session's state hash was written (perf_counter), and wake the watcher."""
+    async for message in pubsub.listen():
+        if message.get("type") != "pmessage":
+            continue
+        key = message["channel"].decode().split(":", 1)[1]  # `__keyspace@0__:<key>`
+        sid = keys.session_of(key)
+        if sid is not None:
+            notified[sid] = time.perf_counter()
+            wake.set()
+
+
+async def _watch_marks(settings: Settings, sweep_s: float, acked: Any, results: Any) -> None:
     keys = settings.redis_keys()
     client = settings.redis_async()
     await client.script_load(_MARKS_SCRIPT)  # on a cluster: on every master
+    notified: dict[str, float] = {}
+    wake = asyncio.Event()
+    subscriptions = await _subscribe(settings, keys)
+    listeners = [asyncio.create_task(_listen(p, keys, notified, wake)) for p in subscriptions]
     results.put("ready")
     pending: dict[str, collections.deque[tuple[int, float, float]]] = {}
     partition_of: dict[str, int] = {}
     sent_at: list[float] = []
     from_send: list[float] = []
     from_ack: list[float] = []
-    polls = 0
-    polling = 0.0
+    reads, reading, swept = 0, 0.0, 0
+    read_at: dict[str, float] = {}  # when each pending session's mark was last read
     done_at: float | None = None
+    last_sweep = time.perf_counter()
     try:
         while True:
             t0 = time.perf_counter()
+            due: set[str] = set()
             while True:
                 try:
                     item = acked.get_nowait()
@@ -94,15 +174,22 @@ async def _poll_marks(settings: Settings, interval: float, acked: Any, results: 
                 sid, partition, offset, sent, ack = item
                 partition_of[sid] = partition
                 pending.setdefault(sid, collections.deque()).append((offset, sent, ack))
-            if pending:
-                groups, calls = marks_calls(keys, {sid: partition_of[sid] for sid in pending})
+                read_at.setdefault(sid, sent)  # a write notified before the send is not this one
+            due.update(sid for sid in pending if notified.get(sid, -math.inf) > read_at[sid])
+            notified_due = frozenset(due)
+            if t0 - last_sweep >= sweep_s:
+                due = set(pending)
+                last_sweep = t0
+            if due:
+                groups, calls = marks_calls(keys, {sid: partition_of[sid] for sid in due})
                 asked = time.perf_counter()
                 replies = await execute_async(client, Request(calls, list, "reading the marks"))
                 seen = time.perf_counter()
-                polls += 1
-                polling += seen - asked
+                reads += 1
+                reading += seen - asked
                 for sids, marks in zip(groups, replies, strict=True):
                     for sid, raw in zip(sids, marks, strict=True):
+                        read_at[sid] = asked
                         if not raw:
                             continue
                         mark = int(raw.split(b":", 1)[1])
@@ -112,14 +199,23 @@ async def _poll_marks(settings: Settings, interval: float, acked: Any, results: 
                             sent_at.append(sent)
                             from_send.append((seen - sent) * 1000)
                             from_ack.append((seen - ack) * 1000)
+                            swept += sid not in notified_due
                         if not waiting:
                             del pending[sid]
+                            del read_at[sid]
             if done_at is not None and (not pending or t0 - done_at > 30):
                 break
-            await asyncio.sleep(max(interval - (time.perf_counter() - t0), 0))
+            # Woken by a notification; otherwise the acks are drained every `ACK_DRAIN_S`.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), ACK_DRAIN_S)
+            wake.clear()
     finally:
+        for task in listeners:
+            task.cancel()
+        for pubsub in subscriptions:
+            await pubsub.aclose()
         await client.aclose()
-    results.put((sent_at, from_send, from_ack, polls, polling))
+    results.put((sent_at, from_send, from_ack, reads, reading, swept))
 
 
 def _end_process(process: Any) -> None:
@@ -129,8 +225,8 @@ def _end_process(process: Any) -> None:
 
 
 @dataclass
-class _Poller:
-    """The poller process (`poll_marks`), its input queue and its output queue."""
+class _Watcher:
+    """The watcher process (`watch_marks`), its input queue and its output queue."""
 
     process: Any
     acked: Any
@@ -139,7 +235,7 @@ class _Poller:
 
 @dataclass
 class _Measured:
-    """What the measured phase saw: the sends, the acks and the poller's samples (ms)."""
+    """What the measured phase saw: the sends, the acks and the watcher's samples (ms)."""
 
     started: float  # time.perf_counter() of the first send
     produced_in: float
@@ -149,8 +245,9 @@ class _Measured:
     sent_at: list[float] = field(default_factory=list)
     from_send: list[float] = field(default_factory=list)
     from_ack: list[float] = field(default_factory=list)
-    polls: int = 0
-    polling_s: float = 0.0  # the polls' round trips, in all
+    reads: int = 0
+    reading_s: float = 0.0  # the reads' round trips, in all
+    swept: int = 0  # samples resolved by a sweep, not by a notification
 
 
 @dataclass(frozen=True)
@@ -209,8 +306,8 @@ def measure_e2e(run: Run, name: str) -> E2e:
     folding = FoldCounter(run.store_client(settings), settings.redis_keys(), [worker])
     warmup_visible_after_s = _warm_up(run, folding, log, events[:n_warm])
     measured_events = events[n_warm:]
-    poller = _start_poller(run, settings)
-    m = _measure(run, folding, log, poller, measured_events)
+    watcher = _start_watcher(run, settings)
+    m = _measure(run, folding, log, watcher, measured_events)
     worker.stop()
     send = summary(m.from_send)
     ack = summary(m.from_ack)
@@ -234,16 +331,18 @@ def measure_e2e(run: Run, name: str) -> E2e:
         "unresolved": len(measured_events) - len(m.from_send),
         "sends_late_over_5ms": m.behind,
         "workers": 1,
-        "poll_interval_ms": s.e2e_poll_s * 1000,
-        "resolution": "the marks of every session with a pending event are read every "
-        "poll_interval_ms (one Lua call per partition: HGET mark per session; one pipelined "
-        "round trip per Redis master); a sample is the reply time of the first poll that saw "
-        "it, so each can be late by up to one poll interval plus one Redis round trip",
-        "measured_from": "the KafkaEventLog.send call (a pending entry is polled from its ack on)",
-        "polls": m.polls,
-        "poll_round_trip_ms_mean": 1000 * m.polling_s / m.polls if m.polls else None,
-        "poller": "a separate process (one Lua call per partition per poll reading every pending "
-        "session's mark)",
+        "sweep_interval_ms": s.e2e_sweep_s * 1000,
+        "resolution": "a session's mark is read when a keyspace notification says its state hash "
+        "was written (one Lua call per partition: HGET mark per session; one pipelined round trip "
+        "per Redis master); a sample is the reply time of the first read that saw it, so each is "
+        "late by the notification's delivery plus one Redis round trip; every sweep_interval_ms "
+        "all pending marks are read too (a safety net: `resolved_by_sweep`)",
+        "measured_from": "the KafkaEventLog.send call (a pending entry is read from its ack on)",
+        "reads": m.reads,
+        "read_round_trip_ms_mean": 1000 * m.reading_s / m.reads if m.reads else None,
+        "resolved_by_sweep": m.swept,
+        "watcher": "a separate process subscribed to the state hashes' keyspace notifications "
+        "(the measured phase only; notify-keyspace-events Kh, set back after the figure)",
         "from_ack_ms": ack,
         "produce_ack_ms": produce,
         f"first_{head_s:g}s_ms": summary(head),
@@ -276,57 +375,59 @@ def _warm_up(run: Run, folding: FoldCounter, log: KafkaEventLog, warm_events: li
     return time.perf_counter() - t_warm
 
 
-def _start_poller(run: Run, settings: Settings) -> _Poller:
-    """The poller (`poll_marks`), started and ready.
+def _start_watcher(run: Run, settings: Settings) -> _Watcher:
+    """The watcher (`watch_marks`), started and ready, with the notifications it needs on.
 
     It runs in a process of its own (spawned): the producer's threads in this one would otherwise
     delay its timestamps through the GIL. Both use time.perf_counter (CLOCK_MONOTONIC, one clock
     for the whole machine).
     """
+    run.cleanup.push("keyspace notifications back off", enable_notifications(settings))
     ctx = multiprocessing.get_context("spawn")
     acked: Any = ctx.Queue()
     results: Any = ctx.Queue()
-    poller = ctx.Process(
-        target=poll_marks,
-        args=(settings, run.sizes.e2e_poll_s, acked, results),
+    watcher = ctx.Process(
+        target=watch_marks,
+        args=(settings, run.sizes.e2e_sweep_s, acked, results),
         daemon=True,
     )
-    poller.start()
-    run.cleanup.push("stop the e2e poller", lambda: _end_process(poller))
+    watcher.start()
+    run.cleanup.push("stop the e2e watcher", lambda: _end_process(watcher))
     try:
         ready = results.get(timeout=60)
     except queue.Empty:
         ready = None
     if ready != "ready":
-        raise RuntimeError("the e2e poller did not start")
-    return _Poller(poller, acked, results)
+        raise RuntimeError("the e2e watcher did not start")
+    return _Watcher(watcher, acked, results)
 
 
 def _measure(
-    run: Run, folding: FoldCounter, log: KafkaEventLog, poller: _Poller, events: list[Event]
+    run: Run, folding: FoldCounter, log: KafkaEventLog, watcher: _Watcher, events: list[Event]
 ) -> _Measured:
-    """Send `events` at the rate, each ack handed to the poller; then collect its samples."""
+    """Send `events` at the rate, each ack handed to the watcher; then collect its samples."""
     worker = folding.procs[0]
     ack_times: list[float] = []
 
     def on_ack(sid: str, sent: float, metadata: Any) -> None:
         now = time.perf_counter()
         ack_times.append(now - sent)
-        poller.acked.put((sid, metadata.partition, metadata.offset, sent, now))
+        watcher.acked.put((sid, metadata.partition, metadata.offset, sent, now))
 
-    pids = {"worker0": worker.pid, "poller": poller.process.pid or 0}
+    pids = {"worker0": worker.pid, "watcher": watcher.process.pid or 0}
     cpu = run.cpu(pids, None if run.on_cluster else run.redis())
     cpu.start()
     started = time.perf_counter()
     produced_in, behind = paced(log, events, run.sizes.e2e_rate, on_ack)
     log.flush(timeout=30)
     m = _Measured(started, produced_in, behind, cpu.stop(), ack_times)
-    poller.acked.put(None)  # no more: the poller drains what is pending (30 s at most) and reports
+    watcher.acked.put(None)  # no more: it drains what is pending (30 s at most) and reports
     try:
-        m.sent_at, m.from_send, m.from_ack, m.polls, m.polling_s = poller.results.get(timeout=45)
+        reported = watcher.results.get(timeout=45)
     except queue.Empty:
-        raise RuntimeError(f"the e2e poller reported nothing\n{worker.log(4000)}") from None
-    poller.process.join(timeout=10)
+        raise RuntimeError(f"the e2e watcher reported nothing\n{worker.log(4000)}") from None
+    m.sent_at, m.from_send, m.from_ack, m.reads, m.reading_s, m.swept = reported
+    watcher.process.join(timeout=10)
     if not worker.alive():
         raise RuntimeError(f"the e2e worker died\n{worker.log(4000)}")
     return m

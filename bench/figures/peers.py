@@ -14,7 +14,7 @@ from typing import Any
 
 from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Run, paced
-from bench.figures.e2e import _measure, _start_poller, _warm_up
+from bench.figures.e2e import _measure, _start_watcher, _warm_up
 from bench.figures.projector import measure_projector
 from bench.peers.common import DIR_ENV, EXPECT_ENV, STAMPS_ENV, latencies, parse_stamps
 from bench.stats import rate, ratio, summary
@@ -211,7 +211,7 @@ def _peer_e2e(run: Run, peer: str) -> dict[str, Any]:
 
 
 def _own_e2e(run: Run) -> dict[str, Any]:
-    """Ours, exactly as the e2e figure measures it (its warm-up, poller and window)."""
+    """Ours, exactly as the e2e figure measures it (its warm-up, watcher and window)."""
     s = run.sizes
     settings = run.settings("pe2eown")
     infra.create_topics(settings, run.cleanup)
@@ -227,8 +227,8 @@ def _own_e2e(run: Run) -> dict[str, Any]:
     n_warm = int(s.e2e_rate * s.e2e_warmup_s)
     folding = FoldCounter(run.store_client(settings), settings.redis_keys(), [worker])
     warm_s = _warm_up(run, folding, log, events[:n_warm])
-    poller = _start_poller(run, settings)
-    m = _measure(run, folding, log, poller, events[n_warm:])
+    watcher = _start_watcher(run, settings)
+    m = _measure(run, folding, log, watcher, events[n_warm:])
     worker.stop()
     send = summary(m.from_send)
     run.log(f"projector e2e (peers figure): p50 {send['p50']} ms, p99 {send['p99']} ms")
@@ -264,8 +264,9 @@ def peers(run: Run) -> None:
         "e2e_rate_events_per_s": run.sizes.e2e_rate,
         "e2e_seconds": run.sizes.e2e_seconds,
         "e2e_method": "bench/figures/e2e.py's: the same workload, rate, warm-up and window; from "
-        "the send call to the state updated. Ours: the mark visible in Redis to a poller process "
-        "(every 2 ms, so up to a poll late); a peer: its own stamp when it set the session's "
+        "the send call to the state updated. Ours: the mark visible in Redis to a watcher process "
+        "(read on the state hash's keyspace notification: a round trip late); a peer: its own "
+        "stamp when it set the session's "
         "state (exact, and in its process only; Quix's state reaches RocksDB and its changelog "
         "at the next checkpoint), matched to the send by partition and offset",
         "state_encoding": "peers: the Session pickled (protocol 5) per update; ours: "

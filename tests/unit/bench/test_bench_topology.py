@@ -222,7 +222,7 @@ def test_beyond_rest_only_the_servers_measured_at_rest_count_and_only_what_they_
     assert cpu_per_event(usage, 10_000, {}) == {}
 
 
-# -- the replicated stack: settings, CPU, the poller's calls ------------------------------------
+# -- the replicated stack: settings, CPU, the watcher's calls -----------------------------------
 
 
 def test_a_cluster_run_reads_and_writes_the_redis_cluster_and_replicates_its_topics(
@@ -279,7 +279,7 @@ def test_the_replicated_stack_lives_beside_the_stack_s_state_dir(
     assert harness.CLUSTER_UP == ("up", "--brokers", "3", "--redis-cluster")
 
 
-def test_the_poller_reads_each_partition_s_marks_in_one_call_of_one_hash_slot() -> None:
+def test_the_watcher_reads_each_partition_s_marks_in_one_call_of_one_hash_slot() -> None:
     keys = Keys("bench", partitions=6)
     sessions = {f"s{i}": keys.partition_of(f"s{i}") for i in range(40)}
     groups, calls = marks_calls(keys, sessions)
