@@ -220,7 +220,7 @@ def start_worker(settings: Settings, tmp_path: Path) -> Iterator[object]:
             [command, "--loglevel", "info"],
             tmp_path / f"{command}-{len(started)}.log",
             env=(extra or settings).to_env(),
-            cwd=REPO,
+            cwd=tmp_path,  # Faust's data directory goes there, not into the checkout
             grace=30.0,
         )
         started.append(worker)

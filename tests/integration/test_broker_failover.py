@@ -28,7 +28,6 @@ import pytest
 from kafka.net import inet
 
 from deploy.harness import (
-    REPO,
     Proc,
     kill_broker,
     partition_states,
@@ -188,7 +187,7 @@ def start_worker(on_cluster: Settings, tmp_path: Path) -> Iterator[Any]:
             ["worker", "--loglevel", "info"],
             tmp_path / f"worker-{len(started)}.log",
             env=on_cluster.to_env(),
-            cwd=REPO,
+            cwd=tmp_path,  # Faust's data directory goes there, not into the checkout
             grace=30.0,
         )
         started.append(worker)
