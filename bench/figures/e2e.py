@@ -68,7 +68,11 @@ NOTIFY_SETTING = "notify-keyspace-events"
 
 
 def masters(settings: Settings) -> list[dict[str, Any]]:
-    """How to connect to each Redis master of the projections (one on a single Redis)."""
+    """How to connect to each Redis master of the projections (one on a single Redis).
+
+    Not the product's clients (`settings.redis_async()`, `node_client`): they carry the settings'
+    read timeout, and a subscription would fail at the first quiet spell that long.
+    """
     client = settings.redis_sync()
     try:
         if isinstance(client, SyncCluster):
