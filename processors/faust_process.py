@@ -17,6 +17,11 @@ class Worker(faust.Worker):
 
     def __init__(self, *args: Any, grace: float = 10.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Faust's start-up spinner sets the root logger to DEBUG so that every record turns it:
+        # every debug line of aiokafka, Faust and mode (several per fetch and per produce) is
+        # then built and handed to the handlers, only to be dropped by their level, for as long
+        # as the worker runs. A service has no terminal to spin on.
+        self.spinner = None
         self.grace = grace
         self._watchdog: threading.Thread | None = None
 
