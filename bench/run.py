@@ -108,9 +108,10 @@ def parser() -> argparse.ArgumentParser:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="py-spy the 1-worker projector while it folds, the harness during replay and the "
-        "expiry worker while it closes windows; raw stacks and summaries go to DIR (profiled "
-        "figures are perturbed a little and say so in their params)",
+        help="py-spy the 1-worker projector while it folds, the harness during replay, the "
+        "expiry worker while it closes windows and the e2e worker at its paced rate; raw stacks "
+        "and summaries go to DIR (profiled figures are perturbed a little and say so in their "
+        "params)",
     )
     parser.add_argument(
         "--set",

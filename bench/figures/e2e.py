@@ -252,6 +252,7 @@ class _Measured:
     reads: int = 0
     reading_s: float = 0.0  # the reads' round trips, in all
     swept: int = 0  # samples resolved by a sweep, not by a notification
+    profiled: bool = False  # py-spy sampled the worker during the measured phase
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,7 @@ def measure_e2e(run: Run, name: str) -> E2e:
     warmup_visible_after_s = _warm_up(run, folding, log, events[:n_warm])
     measured_events = events[n_warm:]
     watcher = _start_watcher(run, settings)
-    m = _measure(run, folding, log, watcher, measured_events)
+    m = _measure(run, folding, log, watcher, measured_events, profile_as=name)
     worker.stop()
     send = summary(m.from_send)
     ack = summary(m.from_ack)
@@ -358,6 +359,7 @@ def measure_e2e(run: Run, name: str) -> E2e:
         "redis_cluster": settings.redis_cluster,
         "per_second": per_second,
         "per_second_columns": ["second", "events", "p50_ms", "p99_ms", "max_ms"],
+        "profiled": m.profiled,
         **m.usage,
     }
     run.log(f"{name}: p50 {send['p50']} ms, p99 {send['p99']} ms, max {send['max']} ms")
@@ -407,9 +409,18 @@ def _start_watcher(run: Run, settings: Settings) -> _Watcher:
 
 
 def _measure(
-    run: Run, folding: FoldCounter, log: KafkaEventLog, watcher: _Watcher, events: list[Event]
+    run: Run,
+    folding: FoldCounter,
+    log: KafkaEventLog,
+    watcher: _Watcher,
+    events: list[Event],
+    *,
+    profile_as: str | None = None,
 ) -> _Measured:
-    """Send `events` at the rate, each ack handed to the watcher; then collect its samples."""
+    """Send `events` at the rate, each ack handed to the watcher; then collect its samples.
+
+    With `profile_as` (and `--profile`), py-spy samples the worker under that name meanwhile.
+    """
     worker = folding.procs[0]
     ack_times: list[float] = []
 
@@ -420,11 +431,15 @@ def _measure(
 
     pids = {"worker0": worker.pid, "watcher": watcher.process.pid or 0}
     cpu = run.cpu(pids, None if run.on_cluster else run.redis())
+    spy = None if profile_as is None else run.start_profile(profile_as, worker.pid)
     cpu.start()
     started = time.perf_counter()
     produced_in, behind = paced(log, events, run.sizes.e2e_rate, on_ack)
     log.flush(timeout=30)
     m = _Measured(started, produced_in, behind, cpu.stop(), ack_times)
+    if profile_as is not None:
+        run.profile_summary(profile_as, spy)
+    m.profiled = spy is not None
     watcher.acked.put(None)  # no more: it drains what is pending (30 s at most) and reports
     try:
         reported = watcher.results.get(timeout=45)
