@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 
 from projections import layout
@@ -32,11 +32,11 @@ class Script:
 
     name: str
     source: str
+    # The SHA1 of the source (what `SCRIPT LOAD` returns), hashed once: every call names it.
+    sha: str = field(init=False, compare=False)
 
-    @property
-    def sha(self) -> str:
-        """The SHA1 of the source (what `SCRIPT LOAD` returns)."""
-        return hashlib.sha1(self.source.encode()).hexdigest()
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
 def _text(name: str) -> str:
