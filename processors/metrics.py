@@ -105,7 +105,12 @@ class StatsCollector(Collector):
 
     def _worker_metrics(self, w: WorkerStats) -> Iterator[Metric]:
         yield _labelled("milpa_events", "Events folded, by outcome kind.", "outcome", w.outcomes)
-        yield _counter("milpa_records", "Records consumed from the events topic.", w.records)
+        yield _counter(
+            "milpa_records",
+            "Records consumed from the events topic (counted when their batch is taken, before "
+            "its fold and commit count their outcomes in the other counters).",
+            w.records,
+        )
         yield _counter(
             "milpa_redelivered",
             "Records skipped as already applied (at or below the mark).",
