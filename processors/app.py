@@ -107,6 +107,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         broker_commit_every=settings.commit_every,
         broker_max_poll_records=settings.batch_max_records,
         fetch_max_wait=settings.fetch_max_wait,
+        fetch_min_bytes=settings.fetch_min_bytes,
     )
     events = raw_topic(app, settings.events_topic, settings.partitions)
     # Decisions and dead letters share a producer; closings have their own (see processors.sinks).

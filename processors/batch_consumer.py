@@ -51,9 +51,13 @@ class BatchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
+        # Both are read when the consumer starts its fetcher.
         wait_ms: int | None = getattr(self.app, "fetch_max_wait_ms", None)
         if wait_ms is not None:
-            consumer._fetch_max_wait_ms = wait_ms  # read when the consumer starts its fetcher
+            consumer._fetch_max_wait_ms = wait_ms
+        min_bytes: int | None = getattr(self.app, "fetch_min_bytes", None)
+        if min_bytes is not None:
+            consumer._fetch_min_bytes = min_bytes
         return consumer
 
 
@@ -188,11 +192,19 @@ class BatchTransport(faust_aiokafka.Transport):
 class BatchApp(faust.App):
     """A Faust app whose registered topics are consumed a fetched batch at a time."""
 
-    def __init__(self, *args: Any, fetch_max_wait: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        fetch_max_wait: float | None = None,
+        fetch_min_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.batch_handlers: dict[str, BatchHandler] = {}
-        # How long the broker may hold a fetch with no data (None: Faust's 1,500 ms).
+        # How long the broker may hold a fetch with no data (None: Faust's 1,500 ms), and how
+        # many bytes it waits for within that (None: aiokafka's 1).
         self.fetch_max_wait_ms = None if fetch_max_wait is None else int(fetch_max_wait * 1000)
+        self.fetch_min_bytes = fetch_min_bytes
 
     def batch_topic(self, topic: Any, handler: BatchHandler) -> None:
         """Subscribe to `topic` and give every fetched batch of it to `handler`."""

@@ -15,6 +15,11 @@ class WorkerSettings(StackSettings):
     # Redis script among more of its events (docs/PERFORMANCE.md: 500 -> 4000 records).
     batch_max_records: int = 4000
     fetch_max_wait: float = 0.02  # seconds the broker may hold a fetch that finds no data
+    # Bytes a fetch waits for (at most fetch_max_wait) before the broker answers. 1: answer with
+    # whatever is there, the lowest latency. Below saturation every batch costs the worker the
+    # same few milliseconds however few records it holds; a larger value makes fewer, larger
+    # batches at low rates, for up to fetch_max_wait more latency (docs/PERFORMANCE.md).
+    fetch_min_bytes: int = 1
     commit_interval: float = 0.5  # seconds between offset commits (of batches fully applied)
     commit_every: int = 10_000  # or after this many records
     scheduler_enabled: bool = True  # the in-worker scheduler (expiry and compaction events)

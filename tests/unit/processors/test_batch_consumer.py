@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 from faust.types import TP
 
+from milpa_sessions.settings import Settings
+from processors.app import create_app
 from processors.batch_consumer import BatchApp, BatchConsumer, BatchConsumerThread, _finish
 from processors.ports import RawRecord
+from session_model.signing import TrustedKeys
 
 EV0 = TP("ev", 0)
 EV1 = TP("ev", 1)
@@ -37,7 +40,12 @@ def _close_harnesses() -> Iterator[None]:
 class Harness:
     """A BatchApp with one registered topic; nothing connects to a broker."""
 
-    def __init__(self, fail: bool = False, fetch_max_wait: float | None = None) -> None:
+    def __init__(
+        self,
+        fail: bool = False,
+        fetch_max_wait: float | None = None,
+        fetch_min_bytes: int | None = None,
+    ) -> None:
         _made.append(self)
         self.app = BatchApp(
             "test-batch",
@@ -45,6 +53,7 @@ class Harness:
             autodiscover=False,
             web_enabled=False,
             fetch_max_wait=fetch_max_wait,
+            fetch_min_bytes=fetch_min_bytes,
         )
         self.calls: list[list[RawRecord]] = []
         self.offsets_seen_during_call: list[int | None] = []
@@ -274,12 +283,13 @@ def test_cancelling_the_fetch_loop_waits_for_the_batch_in_flight() -> None:
 
 def test_the_brokers_wait_for_a_fetch_is_the_apps_setting() -> None:
     async def main() -> None:
-        h = Harness(fetch_max_wait=0.02)
+        h = Harness(fetch_max_wait=0.02, fetch_min_bytes=16384)
         thread = h.consumer._thread
         assert isinstance(thread, BatchConsumerThread)
         consumer = thread._create_worker_consumer(h.app.transport)
         try:
             assert consumer._fetch_max_wait_ms == 20
+            assert consumer._fetch_min_bytes == 16384
         finally:
             await consumer.stop()
 
@@ -292,7 +302,23 @@ def test_without_the_setting_fausts_wait_stays() -> None:
         consumer = h.consumer._thread._create_worker_consumer(h.app.transport)
         try:
             assert consumer._fetch_max_wait_ms == 1500
+            assert consumer._fetch_min_bytes == 1
         finally:
             await consumer.stop()
+
+    asyncio.run(main())
+
+
+def test_the_workers_fetch_settings_reach_its_consumer_from_the_environment() -> None:
+    async def main() -> None:
+        env = {"MILPA_FETCH_MIN_BYTES": "16384", "MILPA_FETCH_MAX_WAIT": "0.05"}
+        projector = create_app(Settings.from_env(env), TrustedKeys())
+        app = projector.app
+        consumer = app.consumer._thread._create_worker_consumer(app.transport)
+        try:
+            assert (consumer._fetch_min_bytes, consumer._fetch_max_wait_ms) == (16384, 50)
+        finally:
+            await consumer.stop()
+            app.consumer._thread.thread_loop.close()
 
     asyncio.run(main())
