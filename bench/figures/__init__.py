@@ -18,6 +18,7 @@ from bench.figures.inbox import inbox
 from bench.figures.live import live
 from bench.figures.longevity import long_session
 from bench.figures.memory import memory
+from bench.figures.paced import paced_cost
 from bench.figures.peers import peers
 from bench.figures.producer import producer
 from bench.figures.projector import projector
@@ -34,6 +35,7 @@ FIGURES: dict[str, Callable[[Run], None]] = {
     "replay": rebuild,
     "replay_snapshots": rebuild_snapshots,
     "e2e": e2e,
+    "paced": paced_cost,
     "expiry": expiry,
     "memory": memory,
     "long": long_session,

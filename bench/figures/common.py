@@ -79,6 +79,9 @@ class Sizes:
     e2e_seconds: float = 10.0
     e2e_warmup_s: float = 2.0
     e2e_rate: int = 1_000
+    # Below saturation (`paced`): one worker at each rate, with and without fetch_min_bytes.
+    paced_rates: tuple[int, ...] = (300, 1_000)
+    paced_seconds: float = 15.0
     e2e_sweep_s: float = 0.1  # the e2e watcher reads every pending mark this often too
     e2e_head_s: float = 2.0  # the window's first seconds, reported apart
     expiry_deadlines: int = 10_000
@@ -114,6 +117,7 @@ class Sizes:
             projector_rounds=1,
             ceiling_events=20_000,
             e2e_seconds=5.0,
+            paced_seconds=5.0,
             memory_sessions=25_000,
             long_session_events=20_000,
             inbox_waiting=20_000,
