@@ -1,13 +1,8 @@
-"""Below saturation: one worker's CPU at paced rates, answering every fetch at once or not.
+"""Below saturation: one worker's CPU at paced rates, fetches answered at once or held.
 
-The projector figures feed a worker 4,000 waiting records at a time. A fleet's workers mostly run
-below that: the broker answers each fetch with whatever arrived, and every batch costs the worker
-the same few milliseconds however few records it holds. This figure paces the e2e workload at each
-of `paced_rates` into a fresh topic with one worker, twice per rate: with the product's default
-`fetch_min_bytes` (1: the broker answers at once) and with `PACED_MIN_BYTES` (the broker holds a
-fetch until that many bytes or `fetch_max_wait`). It reports the worker's CPU (% of a core), its
-batches and CPU per event for both, and the second's CPU as a ratio to the first. No target: it
-is the measurement behind `MILPA_FETCH_MIN_BYTES` (docs/PERFORMANCE.md, "Below saturation").
+At each of `paced_rates`, the e2e workload paced into a fresh topic with one worker, with the
+default `fetch_min_bytes` (1) and with `PACED_MIN_BYTES`: the worker's CPU, batches and CPU per
+event, and the second's CPU over the first's. No target (docs/PERFORMANCE.md, "Below saturation").
 """
 
 from __future__ import annotations
@@ -26,16 +21,10 @@ PACED_MIN_BYTES = 16_384
 def paced_cost(run: Run) -> None:
     """Per rate: the worker's CPU with fetches answered at once, then held for 16 KiB."""
     for rate in run.sizes.paced_rates:
-        at_once = measure_paced(run, rate, 1)
-        run.put(f"projector_paced_{rate}_cpu_pct", at_once["worker0_cpu_pct"], "%", params=at_once)
-        held = measure_paced(run, rate, PACED_MIN_BYTES)
-        run.put(
-            f"projector_paced_{rate}_min_bytes_cpu_pct",
-            held["worker0_cpu_pct"],
-            "%",
-            baseline=at_once["worker0_cpu_pct"],
-            params=held,
-        )
+        one, held = (measure_paced(run, rate, b) for b in (1, PACED_MIN_BYTES))
+        base = run.put(f"projector_paced_{rate}_cpu_pct", one["worker0_cpu_pct"], "%", params=one)
+        name, value = f"projector_paced_{rate}_min_bytes_cpu_pct", held["worker0_cpu_pct"]
+        run.put(name, value, "%", baseline=base.value, params=held)
 
 
 def measure_paced(run: Run, rate: int, min_bytes: int) -> dict[str, Any]:
@@ -67,13 +56,13 @@ def measure_paced(run: Run, rate: int, min_bytes: int) -> dict[str, Any]:
     produced_in, behind = paced(log, events[n_warm:], rate)
     log.flush(timeout=30)
     folding.wait(1 + total, 60, f"{name} all folded", 0.01)
-    usage = cpu.stop()
-    seconds = time.perf_counter() - started
+    usage, seconds = cpu.stop(), time.perf_counter() - started
     after = scrape_workers([worker])
     worker.stop()
     measured = total - n_warm
-    batches = _delta(after, before, "batches_per_worker")
-    trips = _delta(after, before, "redis_round_trips_per_worker")
+    batches, trips = (
+        _delta(after, before, k) for k in ("batches_per_worker", "redis_round_trips_per_worker")
+    )
     worker_pct = float(usage["worker0_cpu_pct"])
     return {
         "rate_events_per_s": rate,
@@ -84,12 +73,10 @@ def measure_paced(run: Run, rate: int, min_bytes: int) -> dict[str, Any]:
         "produced_in_s": produced_in,
         "sends_late_over_5ms": behind,
         "batches": batches,
-        "records_per_batch": None if not batches else measured / batches,
+        "records_per_batch": batches and measured / batches,
         "redis_round_trips": trips,
         "worker_cpu_us_per_event": worker_pct / 100 * seconds / measured * 1e6,
-        "worker_cpu_ms_per_batch": None
-        if not batches
-        else worker_pct / 100 * seconds / batches * 1e3,
+        "worker_cpu_ms_per_batch": batches and worker_pct / 100 * seconds / batches * 1e3,
         "what": "the e2e workload paced with kafka-python (KafkaEventLog, linger 5 ms) after a "
         "warm-up; CPU from the first measured send until the worker had folded the last",
         **usage,
@@ -98,7 +85,5 @@ def measure_paced(run: Run, rate: int, min_bytes: int) -> dict[str, Any]:
 
 def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> int | None:
     """A worker counter's growth between two scrapes (None if either lacks it)."""
-    a, b = after.get(key), before.get(key)
-    if not a or not b or a[0] is None or b[0] is None:
-        return None
-    return int(a[0] - b[0])
+    a, b = (after.get(key) or [None])[0], (before.get(key) or [None])[0]
+    return None if a is None or b is None else int(a - b)
