@@ -49,12 +49,17 @@ from session_model.signing import Signer
 
 @contextmanager
 def cli_process(settings: Settings, logfile: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A `milpa-sessions <args>` child process with `settings`, stopped (SIGTERM) on exit."""
+    """A `milpa-sessions <args>` child process with `settings`, stopped (SIGTERM) on exit.
+
+    It runs in the log's directory: a worker's Faust data directory goes there, not into the
+    directory the demo was started from.
+    """
     env = {**os.environ, **settings.to_env()}
     with logfile.open("ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "milpa_sessions.cli", *args],
             env=env,
+            cwd=logfile.parent,
             stdout=log,
             stderr=subprocess.STDOUT,
         )

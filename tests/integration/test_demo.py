@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,10 +22,10 @@ from milpa_sessions.settings import Settings
 pytestmark = pytest.mark.integration
 
 
-def _demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def _demo(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "milpa_sessions.cli", "demo", "--agents", "3", *args],
-        cwd=REPO,
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **env},
         capture_output=True,
         text=True,
@@ -40,9 +41,10 @@ def _demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.fault_load
 @pytest.mark.parametrize("backend", ["kafka-and-redis", "in-memory"])
 def test_the_demo_runs_a_fleet_whose_authority_is_all_signed(
-    settings: Settings, backend: str
+    settings: Settings, backend: str, tmp_path: Path
 ) -> None:
-    done = _demo(settings.to_env(), *(["--in-memory"] if backend == "in-memory" else []))
+    in_memory = ["--in-memory"] if backend == "in-memory" else []
+    done = _demo(settings.to_env(), tmp_path, *in_memory)
     out = done.stdout
     assert done.returncode == 0, (out + done.stderr)[-3000:]
     assert "signed by the operator" in out
@@ -52,15 +54,19 @@ def test_the_demo_runs_a_fleet_whose_authority_is_all_signed(
         assert "decisions received" in out
         assert "operator console: http://127.0.0.1:" in out
         assert "sign in as demo, password " in out
+    # Its worker ran in the demo's own temporary directory: nothing is left where it started.
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.fault_load  # as above
-def test_the_console_demo_keeps_the_fleet_waiting_for_a_person(settings: Settings) -> None:
+def test_the_console_demo_keeps_the_fleet_waiting_for_a_person(
+    settings: Settings, tmp_path: Path
+) -> None:
     """`demo --console`: the console's URL and a demo operator's credentials are printed; the
     fleet's questions wait in the inbox until someone answers one over HTTP; Ctrl-C ends it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "milpa_sessions.cli", "demo", "--agents", "2", "--console"],
-        cwd=REPO,
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **settings.to_env()},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
