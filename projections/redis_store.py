@@ -386,18 +386,22 @@ class AsyncRedisProjectionStore:
         await self._fresh()
         if not updates:
             return CommitResult()
+        # One generation for every call: the pauses below may let the worker's other work read
+        # the generations again (`self.keys` changes). Calls built before with the new
+        # generation's number would name the old one's keys, which the fence lets through, and
+        # their writes would land where a live rebuild is about to drop. With the keys read
+        # once, a partition that moved meanwhile refuses them (3) and they are folded again.
+        keys = self.keys
         calls = []
         for at in range(0, len(updates), COMMIT_GROUP):
             if at:
                 await asyncio.sleep(0)
             calls += [
-                commit_call(
-                    self.keys, u, self.compact_after, retention=self.retention, track=self.track
-                )
+                commit_call(keys, u, self.compact_after, retention=self.retention, track=self.track)
                 for u in updates[at : at + COMMIT_GROUP]
             ]
         sids = [u.session_id for u in updates]
-        request = requests.commit(self.keys, sids, calls, [u.mark.partition for u in updates])
+        request = requests.commit(keys, sids, calls, [u.mark.partition for u in updates])
         done = await execute_async(self.client, request, self.durability)
         if done.stale_generation:  # the refused sessions are read again in the new generation
             await self.refresh_generations()

@@ -24,7 +24,7 @@ from projections.keys import HISTORY_KINDS, Keys
 from projections.layout import STATE_INLINE, stored_sizes
 from projections.redis_client import SyncCluster, async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
-from projections.requests import Durability
+from projections.requests import COMMIT_GROUP, Durability
 from schemas import events as ev
 from schemas.errors import ProjectionError, ReplicationLagError
 from schemas.events import Event
@@ -498,3 +498,46 @@ def test_a_partition_moved_to_a_new_generation_refuses_commits_in_the_old_one(
     assert worker.drop_generation(0) > 0
     assert worker.folded(["g"])["g"].mark == Position(0, 3)
     assert worker.ids() == ["g"]
+
+
+def test_a_workers_commit_names_one_generation_though_it_reads_them_again_meanwhile(
+    projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
+) -> None:
+    """A commit of more than one script call's worth of sessions builds its calls with pauses
+    between them, where the worker's other work may read the generations again (a live rebuild
+    moved the partition). Every call must name the generation its keys are in: the calls built
+    before must not carry the new generation's number with the old generation's keys, which the
+    fence would let through, writing where the rebuild is about to drop."""
+    store = projection_store
+    sids = [f"w{i:03d}" for i in range(COMMIT_GROUP + 6)]
+    updates = BatchFolder().fold({}, [r for sid in sids for r in _idle(sid)])
+    rebuild = dataclasses.replace(store, keys=store.keys.in_generations((1,)), follow=False)
+    assert rebuild.switch_generation(0, 0, 1) == 1  # nothing committed yet: it moves at once
+
+    async def commit() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        if isinstance(store.client, SyncCluster):
+            client = async_client(request.getfixturevalue("redis_cluster_url"), cluster=True)
+        else:
+            client = async_client(secured.redis_url, auth=secured.redis_auth())
+        worker = AsyncRedisProjectionStore(client, store.keys)  # still in generation 0
+        worker._generations_at = time.monotonic()  # as if it had just read them
+
+        async def read_again() -> None:  # what `refresh_generations` does once answered
+            worker.keys = worker.keys.in_generations((1,))
+
+        try:
+            meanwhile = asyncio.ensure_future(read_again())
+            first = await worker.commit(updates)
+            await meanwhile
+            second = await worker.commit(updates)
+            return first.applied, first.conflicts, second.applied
+        finally:
+            await client.aclose()
+
+    applied, conflicts, applied_again = asyncio.run(commit())
+    # Refused whole (its keys are generation 0's), then applied in generation 1 once read again.
+    assert applied == () and sorted(conflicts) == sids
+    assert sorted(applied_again) == sids
+    assert sorted(rebuild.folded(sids)) == sids
+    old = dataclasses.replace(store, keys=store.keys.in_generations((0,)), follow=False)
+    assert old.folded(sids) == {}  # nothing written in generation 0
