@@ -70,7 +70,7 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
 
     # Imported here: aiokafka is start-up time that the CLI's readers and writers, each a process
     # of its own, need not pay.
-    from processors.sinks import LazyProducer, PartitionedSink  # noqa: PLC0415
+    from processors.sinks import FencedSnapshotSink  # noqa: PLC0415
     from processors.snapshots import snapshot_partitions  # noqa: PLC0415
     from projections.redis_store import AsyncRedisProjectionStore  # noqa: PLC0415
 
@@ -83,12 +83,10 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
             track=True,
             durability=settings.durability(),
         )
-        producer = LazyProducer(settings.kafka_access())
         try:
-            sink = PartitionedSink(producer, settings.snapshots_topic)
+            sink = FencedSnapshotSink(settings.kafka_access(), settings.snapshots_topic)
             return await snapshot_partitions(store, sink, applied)
         finally:
-            await producer.stop()
             await client.aclose()
 
     return asyncio.run(run())

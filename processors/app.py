@@ -29,7 +29,7 @@ from processors.metrics import Metrics
 from processors.ports import Consumed
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
-from processors.sinks import LazyProducer, PartitionedSink, ProducerSink
+from processors.sinks import FencedSnapshotSink, LazyProducer, ProducerSink
 from processors.snapshots import Snapshotter
 from processors.timer_feed import TimerFeed
 from processors.timer_link import TimerLink, combined
@@ -122,8 +122,13 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     retention = Retention.after(settings.projection_ttl_s)  # checked now, not in the loop
     durability = settings.durability()
     snapshotting = settings.snapshot_interval_s > 0
-    # Snapshots have a producer of their own: a round's records do not queue before decisions.
-    snapshot_output = LazyProducer(settings.kafka_access()) if snapshotting else None
+    # Snapshots have producers of their own (one per round, fenced): a round's records do not
+    # queue before decisions.
+    snapshot_output = (
+        FencedSnapshotSink(settings.kafka_access(), settings.snapshots_topic)
+        if snapshotting
+        else None
+    )
     folding = asyncio.Lock()  # created lazily by asyncio on first use, inside the app's loop
 
     def worker() -> ProjectionWorker:
@@ -153,7 +158,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             if snapshot_output is not None:
                 snapshots = Snapshotter(
                     store,
-                    PartitionedSink(snapshot_output, settings.snapshots_topic),
+                    snapshot_output,
                     lambda: s.owned,
                     w.stats.last_offsets.get,
                     interval_s=settings.snapshot_interval_s,
@@ -224,8 +229,6 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                 await feed.stop()
             await timer.stop()
         await scheduling.stop()
-        if snapshot_output is not None:
-            await snapshot_output.stop()
         try:
             # The batch being committed publishes its decisions first, if it can in time (with
             # Redis or the broker down it would retry for ever): unacknowledged, it is redelivered

@@ -10,13 +10,15 @@ per partition leader, ≈ 70 records each (docs/PERFORMANCE.md, "Two workers").
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 import aiokafka
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, ProducerFenced
 
 from processors.ports import OutRecord
 from producers.kafka_access import KafkaAccess
+from projections.snapshots import SNAPSHOT_MAX_BYTES, snapshot_writer_id
 from schemas.errors import LogError
 
 
@@ -106,29 +108,82 @@ class ProducerSink:
                 raise LogError(f"publishing to {self.topic} failed: {result}") from result
 
 
-class PartitionedSink:
-    """Publishes to explicit partitions of one topic through a `LazyProducer` (the snapshots:
-    a session's snapshot and its partition's checkpoint go to its events partition's number)."""
+class FencedSnapshotSink:
+    """Publishes a partition's snapshots through a transactional writer opened for one round.
 
-    def __init__(self, producer: LazyProducer, topic: str) -> None:
+    Every writer of partition p (whichever worker owns it, or a rebuild) uses the same
+    transactional id (`projections.snapshots.snapshot_writer_id`), and opening one makes the
+    broker abort the open transaction of every earlier one and refuse what it sends after. So
+    a worker that lost the partition but still runs (a zombie: paused, partitioned from the
+    group) cannot publish a snapshot it read before the new owner's round after that round's
+    newer one: compaction keeps a key's last record, and a stale last snapshot under a newer
+    checkpoint would make a rebuild skip the events between them. Readers of the topic read
+    committed records only (`processors.replay`).
+    """
+
+    def __init__(
+        self, access: str | KafkaAccess, topic: str, *, start_timeout_s: float = 30.0
+    ) -> None:
+        self.access = KafkaAccess.of(access)
+        self.topic = topic
+        self.start_timeout_s = start_timeout_s
+
+    @contextlib.asynccontextmanager
+    async def fenced(self, partition: int) -> AsyncIterator[FencedWriter]:
+        """The partition's writer, started (earlier writers fenced) before the round reads."""
+        writer_id = snapshot_writer_id(self.topic, partition)
+        producer = aiokafka.AIOKafkaProducer(
+            **self.access.aiokafka(),
+            transactional_id=writer_id,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=0,
+            max_request_size=SNAPSHOT_MAX_BYTES,
+        )
+        try:
+            # aiokafka retries a coordinator it cannot find for ever: bounded here.
+            await asyncio.wait_for(producer.start(), self.start_timeout_s)
+        except (KafkaError, TimeoutError) as e:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), self.start_timeout_s)
+            raise LogError(f"starting the snapshot writer {writer_id} failed: {e!r}") from e
+        try:
+            yield FencedWriter(producer, self.topic, partition)
+        finally:
+            await producer.stop()
+
+
+class FencedWriter:
+    """One round's writer of a partition of the snapshots topic (`FencedSnapshotSink.fenced`)."""
+
+    def __init__(self, producer: aiokafka.AIOKafkaProducer, topic: str, partition: int) -> None:
         self.producer = producer
         self.topic = topic
+        self.partition = partition
 
-    async def publish_to(self, records: Sequence[tuple[int, bytes, bytes]]) -> None:
-        """Queue all (partition, key, value), then wait for every acknowledgement."""
+    async def publish(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        """Publish (key, value) records to the partition in one transaction, committed on
+        return (LogError if not: fenced by a newer writer, or the broker refused)."""
         if not records:
             return
-        pending: list[asyncio.Future[object]] = []
+        producer = self.producer
         try:
-            producer = await self.producer.started()
-            for partition, key, value in records:
-                pending.append(
-                    await producer.send(self.topic, value=value, key=key, partition=partition)
-                )
-        except (KafkaError, AssertionError) as e:  # refused before it was queued (aiokafka)
+            await producer.begin_transaction()
+            try:
+                pending = [
+                    await producer.send(self.topic, value=v, key=k, partition=self.partition)
+                    for k, v in records
+                ]
+                await asyncio.gather(*pending)
+                await producer.commit_transaction()
+            except BaseException:
+                with contextlib.suppress(Exception):  # fenced: the broker aborted it already
+                    await producer.abort_transaction()
+                raise
+        except ProducerFenced as e:
+            raise LogError(
+                f"the snapshot writer of {self.topic} partition {self.partition} was fenced "
+                f"by a newer one (another worker owns the partition now): {e}"
+            ) from e
+        except (KafkaError, AssertionError) as e:
             raise LogError(f"publishing to {self.topic} failed: {e!r}") from e
-        finally:
-            results = await asyncio.gather(*pending, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise LogError(f"publishing to {self.topic} failed: {result}") from result

@@ -10,6 +10,11 @@ the index, and never beyond what this worker had applied when the round began (a
 committed may have applied part of its sessions only). A rebuild starts the partition after it
 (`projections.snapshots`).
 
+Each round publishes through a writer of its own, opened before it reads anything
+(`SnapshotSink.fenced`: a transactional producer whose id is the partition's), and each page is
+one committed transaction: a writer of the partition that is still running after losing it
+cannot land a snapshot it read earlier after a newer owner's round (compaction keeps the last).
+
 Why from Redis and not the worker's cache: the index is written by the same script call as the
 commit, so a worker that crashed, or a partition that moved, leaves nothing unaccounted for; the
 next owner's round snapshots what the last one did not.
@@ -22,6 +27,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,10 +54,17 @@ class SnapshotStore(Protocol):
     ) -> int | None: ...
 
 
-class PartitionSink(Protocol):
-    """Publishes records to given partitions of the snapshots topic, acknowledged."""
+class PartitionWriter(Protocol):
+    """Publishes (key, value) records to one partition of the snapshots topic, acknowledged."""
 
-    async def publish_to(self, records: Sequence[tuple[int, bytes, bytes]]) -> None: ...
+    async def publish(self, records: Sequence[tuple[bytes, bytes]]) -> None: ...
+
+
+class SnapshotSink(Protocol):
+    """Opens a partition's writer for a round; opening it fences off every earlier writer of
+    the partition, so nothing one of them read before this round lands after it."""
+
+    def fenced(self, partition: int) -> AbstractAsyncContextManager[PartitionWriter]: ...
 
 
 @dataclass
@@ -71,7 +84,7 @@ class Snapshotter:
     """Takes snapshot rounds of the owned partitions, on time or after enough events."""
 
     store: SnapshotStore
-    sink: PartitionSink
+    sink: SnapshotSink
     owned: Callable[[], set[int]]
     applied: Callable[[int], int | None]  # partition -> the last offset applied (None: unknown)
     interval_s: float = 300.0
@@ -118,22 +131,27 @@ class Snapshotter:
     async def round(self, partition: int) -> int:
         """Snapshot the partition's changed sessions, then write its checkpoint; the number of
         snapshots written."""
-        if self.guard is None:
-            return await self._round(partition)
-        async with self.guard:
-            if partition not in self.owned():
-                return 0  # revoked while it waited
-            return await self._round(partition)
-
-    async def _round(self, partition: int) -> int:
-        applied = self.applied(partition)  # before the index is read: a lower bound
         self._last[partition] = self.clock()
         self._since[partition] = 0
-        if applied is None:
-            # Nothing applied here yet (just assigned, or revoked: the worker forgets what it
-            # applied then). A round now could race the partition's next owner and publish an
-            # older snapshot after its newer one; the next round after a batch is safe.
+        if partition not in self.owned() or self.applied(partition) is None:
+            # Not ours, or nothing applied here yet (just assigned, or revoked: the worker
+            # forgets what it applied then): nothing of ours to cover, and opening a writer
+            # would fence off the partition's owner. The next round after a batch is the one.
             return 0
+        # The writer is opened (the broker fences earlier writers) before the folding lock is
+        # taken: starting it takes a round trip or three, which the folding need not wait for.
+        async with self.sink.fenced(partition) as writer:
+            if self.guard is None:
+                return await self._round(partition, writer)
+            async with self.guard:
+                if partition not in self.owned():
+                    return 0  # revoked while it waited
+                return await self._round(partition, writer)
+
+    async def _round(self, partition: int, writer: PartitionWriter) -> int:
+        applied = self.applied(partition)  # before the index is read: a lower bound
+        if applied is None:
+            return 0  # revoked while the writer started
         seen: set[str] = set()
         written = 0
         low: int | None = None
@@ -149,7 +167,7 @@ class Snapshotter:
             seen.update(fresh)
             raws = await self.store.raw_states(partition, fresh)
             taken = self.now_ms()
-            records: list[tuple[int, bytes, bytes]] = []
+            records: list[tuple[bytes, bytes]] = []
             covered: list[tuple[str, Position]] = []
             for sid in fresh:
                 raw = raws.get(sid)
@@ -157,10 +175,10 @@ class Snapshotter:
                     continue  # dropped meanwhile, or of another layout: nothing to cover
                 record = snapshot_record(sid, raw, taken)
                 value = self.codec.encode_snapshot(record)
-                records.append((partition, sid.encode(), value))
+                records.append((sid.encode(), value))
                 covered.append((sid, Position(record["partition"], record["offset"])))
                 self.stats.bytes += len(value)
-            await self.sink.publish_to(records)
+            await writer.publish(records)
             written += len(records)
             gone: list[tuple[str, Position | None]] = [
                 (sid, None) for sid in fresh if sid not in raws
@@ -172,9 +190,8 @@ class Snapshotter:
         self.stats.snapshots += written
         through = applied if low is None else min(applied, low - 1)
         checkpoint = checkpoint_record(partition, through, self.now_ms())
-        await self.sink.publish_to(
-            [(partition, checkpoint_key(partition), self.codec.encode_checkpoint(checkpoint))]
-        )
+        value = self.codec.encode_checkpoint(checkpoint)
+        await writer.publish([(checkpoint_key(partition), value)])
         self.stats.checkpoints += 1
         self.stats.checkpoint_lag[partition] = applied - through
         return written
@@ -182,7 +199,7 @@ class Snapshotter:
 
 async def snapshot_partitions(
     store: SnapshotStore,
-    sink: PartitionSink,
+    sink: SnapshotSink,
     applied: Mapping[int, int],
     codec: EventCodec | None = None,
 ) -> int:

@@ -2,8 +2,8 @@
 
 - an agent (a writer of session events) may only write the events topic;
 - the worker reads the events topic in its consumer group, writes decisions, dead letters,
-  snapshots and the scheduler's events, and owns the topics and groups prefixed by its group
-  (Faust's own);
+  snapshots (through the snapshot writers' transactional ids) and the scheduler's events, and
+  owns the topics and groups prefixed by its group (Faust's own);
 - an operator writes events (grants, answers), reads decisions and dead letters, rebuilds
   (`replay` reads the snapshots and the events topic) and may describe the workers' group
   (replay's guard).
@@ -35,11 +35,12 @@ from kafka.errors import KafkaError
 
 from producers.settings import StackSettings
 from producers.topics import admin_client
+from projections.snapshots import snapshot_writer_prefix
 from schemas.errors import LogError
 
 Grant = tuple[ResourceType, str, ACLResourcePatternType, tuple[ACLOperation, ...]]
 _LITERAL, _PREFIXED = ACLResourcePatternType.LITERAL, ACLResourcePatternType.PREFIXED
-_TOPIC, _GROUP = ResourceType.TOPIC, ResourceType.GROUP
+_TOPIC, _GROUP, _TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
 _READ, _WRITE, _DESCRIBE, _CREATE = (
     ACLOperation.READ,
     ACLOperation.WRITE,
@@ -67,6 +68,8 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
         settings.snapshots_topic,
     )
     group = settings.consumer_group
+    # Snapshots are written through transactional producers, one id per partition.
+    writers = (_TXN, snapshot_writer_prefix(snapshots), _PREFIXED, (_WRITE, _DESCRIBE))
     roles: list[tuple[str, list[Grant]]] = [
         (who.agent, [(_TOPIC, events, _LITERAL, (_WRITE, _DESCRIBE))]),
         (
@@ -77,6 +80,7 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
                 (_TOPIC, questions, _LITERAL, (_WRITE, _DESCRIBE)),
                 (_TOPIC, dead, _LITERAL, (_WRITE, _DESCRIBE)),
                 (_TOPIC, snapshots, _LITERAL, (_WRITE, _DESCRIBE)),
+                writers,
                 (_TOPIC, f"{group}-", _PREFIXED, (_CREATE, _READ, _WRITE, _DESCRIBE)),
                 (_GROUP, group, _PREFIXED, (_READ, _DESCRIBE)),
             ],
@@ -90,6 +94,7 @@ def grants(settings: StackSettings, who: Principals) -> dict[str, list[Grant]]:
                 (_TOPIC, dead, _LITERAL, (_READ, _DESCRIBE)),  # to inspect what was refused
                 # `replay` starts from them, and snapshots what it rebuilt
                 (_TOPIC, snapshots, _LITERAL, (_READ, _WRITE, _DESCRIBE)),
+                writers,
                 (_GROUP, group, _LITERAL, (_DESCRIBE,)),
                 (_GROUP, "milpa-", _PREFIXED, (_READ, _DESCRIBE)),
             ],

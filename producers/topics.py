@@ -14,6 +14,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from producers.settings import StackSettings
+from projections.snapshots import SNAPSHOT_MAX_BYTES
 from schemas.errors import LogError
 
 ADMIN_CLIENT_ID = "milpa-sessions-admin"
@@ -34,7 +35,7 @@ class TopicSpec:
 _COMPACTED = {
     "cleanup.policy": "compact",
     "retention.ms": "-1",
-    "max.message.bytes": str(8 * 1024 * 1024),
+    "max.message.bytes": str(SNAPSHOT_MAX_BYTES),
     "min.cleanable.dirty.ratio": "0.5",
 }
 

@@ -34,6 +34,8 @@ from schemas.errors import MilpaError
 from session_model.projection import Position
 
 CHECKPOINT_KEY: Final = b"\x00checkpoint:"
+# The largest record the topic takes (its `max.message.bytes`) and its writers send.
+SNAPSHOT_MAX_BYTES: Final = 8 * 1024 * 1024
 CORRUPT: Final = "corrupt"
 LAYOUT: Final = "layout"
 UNREADABLE: Final = "unreadable"
@@ -42,6 +44,17 @@ UNREADABLE: Final = "unreadable"
 def checkpoint_key(partition: int) -> bytes:
     """The key of a partition's checkpoint record."""
     return CHECKPOINT_KEY + str(partition).encode()
+
+
+def snapshot_writer_prefix(topic: str) -> str:
+    """What every snapshot writer's transactional id of this topic starts with (for ACLs)."""
+    return f"{topic}.writer-"
+
+
+def snapshot_writer_id(topic: str, partition: int) -> str:
+    """The transactional id of a partition's snapshot writer: one per partition, whoever owns
+    it, so that a new owner's writer fences off every earlier one (`processors.sinks`)."""
+    return f"{snapshot_writer_prefix(topic)}{partition}"
 
 
 def snapshot_record(session_id: str, raw: RawState, taken_at_ms: int) -> dict[str, Any]:

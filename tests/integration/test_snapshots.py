@@ -7,6 +7,7 @@ worker killed while snapshotting and a corrupt or foreign snapshot.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -15,13 +16,23 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
-from processors.replay import ReplayReport, replay
+from processors.replay import ReplayReport, _snapshot_plan, replay
+from processors.sinks import FencedSnapshotSink
 from producers.kafka_log import KafkaEventLog
-from projections.codec import STATE_VERSION
+from projections.codec import STATE_VERSION, session_to_blob
 from projections.redis_store import RedisProjectionStore
-from projections.snapshots import CHECKPOINT_KEY, plan
+from projections.snapshots import (
+    CHECKPOINT_KEY,
+    checkpoint_key,
+    checkpoint_record,
+    plan,
+    snapshot_record,
+)
 from schemas.codec import EventCodec
+from schemas.errors import LogError
 from session_model.partitioning import partition_for
+from session_model.projection import Position
+from session_model.session import Session
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import with_keys
 from tests.integration.expected import expected_projections
@@ -41,7 +52,11 @@ pytestmark = pytest.mark.integration
 
 def snapshot_records(settings: Settings) -> list[tuple[int, bytes | None, bytes | None]]:
     """Every record of the snapshots topic now: (partition, key, value), in log order."""
-    consumer = KafkaConsumer(**settings.kafka_access().kafka_python(), enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        **settings.kafka_access().kafka_python(),
+        enable_auto_commit=False,
+        isolation_level="read_committed",  # as `replay` reads it
+    )
     try:
         parts = [
             TopicPartition(settings.snapshots_topic, p)
@@ -241,3 +256,51 @@ def test_the_rebuild_plan_of_the_topic_names_every_session_once(settings: Settin
     got = plan(snapshot_records(settings), range(settings.partitions), EventCodec())
     assert got.starts == dict.fromkeys(range(settings.partitions), 0)
     assert got.restored_count() == 0 and not got.ignored
+
+
+def test_a_writer_that_lost_its_partition_cannot_land_an_older_snapshot_after_the_new_owners(
+    settings: Settings,
+) -> None:
+    """A zombie (a worker that lost the partition but still runs) read a session at offset 40
+    and publishes late, after the new owner's round wrote the session at offset 90 and a
+    checkpoint at 95. Compaction keeps a key's last record: had the zombie's landed last, a
+    rebuild would restore the session at 40 and start the partition at 96, skipping 41..95."""
+    codec = EventCodec()
+    sid = "zombie-target"
+    sink = FencedSnapshotSink(settings.kafka_access(), settings.snapshots_topic)
+
+    def snapshot(offset: int) -> tuple[bytes, bytes]:
+        state = session_to_blob(Session(sid))
+        raw = (state, f"0:{offset}".encode(), [], [], None, {}, None)
+        return sid.encode(), codec.encode_snapshot(snapshot_record(sid, raw, 0))
+
+    def checkpoint(offset: int) -> tuple[bytes, bytes]:
+        return checkpoint_key(0), codec.encode_checkpoint(checkpoint_record(0, offset, 0))
+
+    async def rounds() -> None:
+        async with sink.fenced(0) as zombie:  # its round began (and read) first
+            async with sink.fenced(0) as owner:  # the new owner's round, after the rebalance
+                await owner.publish([snapshot(90)])
+                await owner.publish([checkpoint(95)])
+            with pytest.raises(LogError, match="fenced"):
+                await zombie.publish([snapshot(40)])
+        async with sink.fenced(0) as owner:
+            await owner.publish([snapshot(120)])
+        # A round killed after it sent, before it committed (a worker killed mid-round): the
+        # next writer's opening aborts it, which leaves the partition ending in aborted records.
+        async with sink.fenced(0) as killed:
+            await killed.producer.begin_transaction()
+            await (await killed.producer.send(settings.snapshots_topic, b"x", b"k", partition=0))
+            async with sink.fenced(0):
+                pass
+
+    asyncio.run(rounds())
+    records = [(k, v) for _, k, v in snapshot_records(settings)]
+    assert [codec.decode_snapshot(v)["offset"] for k, v in records if k == sid.encode() and v] == [
+        90,
+        120,
+    ]  # the zombie's record was never committed: readers never see it
+    assert all(k != b"k" for k, _ in records)  # nor the killed round's
+    # The rebuild's plan reads the partition to its end, past the aborted records.
+    plan = _snapshot_plan(settings.kafka_access(), settings.snapshots_topic, [0], codec, None)
+    assert plan.sessions[0][sid].mark == Position(0, 120) and plan.starts[0] == 96

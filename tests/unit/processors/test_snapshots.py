@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ from processors.snapshots import Snapshotter
 from projections.codec import session_to_blob
 from projections.snapshots import CHECKPOINT_KEY
 from schemas.codec import EventCodec
+from schemas.errors import LogError
 from session_model.projection import Position
 from session_model.session import Session
 
@@ -24,11 +26,13 @@ class FakeStore:
     marks: dict[str, int]
     index: dict[str, int]
     commit_between: dict[str, int] = field(default_factory=dict)  # applied after the read
+    reads: int = 0
 
     async def unsnapshotted(self, partition: int, limit: int = 500) -> list[tuple[str, int]]:
         return sorted(self.index.items(), key=lambda kv: kv[1])[:limit]
 
     async def raw_states(self, partition: int, session_ids: Sequence[str]) -> dict[str, Any]:
+        self.reads += 1
         out = {
             sid: (
                 session_to_blob(Session(sid)),
@@ -60,10 +64,32 @@ class FakeStore:
 
 @dataclass
 class FakeSink:
-    sent: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    """Records what each round's writer published, and when writers were opened and closed."""
 
-    async def publish_to(self, records: Sequence[tuple[int, bytes, bytes]]) -> None:
-        self.sent.extend(records)
+    sent: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    refuse_after: int | None = None  # pages published before the writer counts as fenced
+
+    @contextlib.asynccontextmanager
+    async def fenced(self, partition: int) -> AsyncIterator[FakeWriter]:
+        self.log.append(f"open {partition}")
+        try:
+            yield FakeWriter(self, partition)
+        finally:
+            self.log.append(f"close {partition}")
+
+
+@dataclass
+class FakeWriter:
+    sink: FakeSink
+    partition: int
+
+    async def publish(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        pages = sum(1 for entry in self.sink.log if entry.startswith("publish"))
+        if self.sink.refuse_after is not None and pages >= self.sink.refuse_after:
+            raise LogError("fenced by a newer writer")
+        self.sink.log.append(f"publish {len(records)}")
+        self.sink.sent.extend((self.partition, k, v) for k, v in records)
 
 
 def _checkpoints(sink: FakeSink) -> list[int]:
@@ -111,6 +137,43 @@ def test_no_checkpoint_beyond_what_this_worker_applied_and_none_before_it_applie
     sink = FakeSink()
     assert asyncio.run(_taker(store, sink, applied=None).round(0)) == 0
     assert sink.sent == [] and store.index == {"a": 3}
+
+
+def test_a_round_publishes_through_one_writer_opened_before_it_reads_anything() -> None:
+    store = FakeStore({"a": 10, "b": 12, "c": 7}, {"a": 3, "b": 11, "c": 5})
+    sink = FakeSink()
+    reads_when_opened: list[int] = []
+    opening = sink.fenced
+
+    def fenced(partition: int) -> Any:
+        reads_when_opened.append(store.reads)
+        return opening(partition)
+
+    sink.fenced = fenced  # type: ignore[method-assign]
+    asyncio.run(_taker(store, sink, applied=12).round(0))
+    # Opened (earlier writers fenced off) before the first state was read; two pages and the
+    # checkpoint, each published once; closed at the end.
+    assert reads_when_opened == [0]
+    assert sink.log == ["open 0", "publish 2", "publish 1", "publish 1", "close 0"]
+
+
+def test_a_fenced_writer_fails_the_round_and_leaves_what_it_did_not_publish_in_the_index() -> None:
+    store = FakeStore({"a": 10, "b": 12, "c": 7}, {"a": 3, "b": 11, "c": 5})
+    sink = FakeSink(refuse_after=1)  # the first page lands, then a newer writer takes over
+    taker = _taker(store, sink, applied=12)
+    asyncio.run(taker.round_safely(0))
+    assert taker.stats.failures == 1
+    assert store.index == {"b": 11}  # the page it could not publish stays to be snapshotted
+    assert _checkpoints(sink) == []  # and no checkpoint vouches for it
+    assert sink.log[-1] == "close 0"
+
+
+def test_no_writer_is_opened_for_a_partition_not_owned_or_with_nothing_applied() -> None:
+    store = FakeStore({"a": 10}, {"a": 3})
+    sink = FakeSink()
+    assert asyncio.run(Snapshotter(store, sink, lambda: {1}, lambda p: 10).round(0)) == 0
+    assert asyncio.run(_taker(store, sink, applied=None).round(0)) == 0
+    assert sink.log == [] and store.index == {"a": 3}
 
 
 def test_a_session_without_a_state_leaves_the_index() -> None:

@@ -24,6 +24,7 @@ from kafka.errors import (
 import producers.acls as acls_module
 from producers.acls import Principals, acl_bindings, grants, wait_for_acls
 from producers.settings import StackSettings
+from projections.snapshots import snapshot_writer_id
 from schemas.errors import LogError
 
 
@@ -53,6 +54,21 @@ def test_the_worker_reads_events_in_its_group_and_writes_its_outputs() -> None:
     }
     assert (ResourceType.TOPIC, settings.decisions_topic, ACLOperation.READ) in operator
     assert (ResourceType.TOPIC, settings.deadletter_topic, ACLOperation.WRITE) not in operator
+
+
+def test_the_worker_and_the_operator_may_open_snapshot_writers_and_nobody_else() -> None:
+    settings = StackSettings(snapshots_topic="snaps")
+    writers = (
+        ResourceType.TRANSACTIONAL_ID,
+        "snaps.writer-",
+        ACLResourcePatternType.PREFIXED,
+        (ACLOperation.WRITE, ACLOperation.DESCRIBE),
+    )
+    allowed = grants(settings, Principals())
+    assert writers in allowed["User:worker"] and writers in allowed["User:operator"]
+    assert all(g[0] is not ResourceType.TRANSACTIONAL_ID for g in allowed["User:agent"])
+    # The id each partition's writer uses is under that prefix.
+    assert snapshot_writer_id("snaps", 3).startswith(writers[1])
 
 
 def test_one_user_holding_every_role_gets_all_of_them() -> None:
