@@ -30,7 +30,7 @@ from processors.ports import Consumed
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
 from processors.sinks import FencedSnapshotSink, LazyProducer, ProducerSink
-from processors.snapshots import Snapshotter
+from processors.snapshots import SnapshotStats, Snapshotter
 from processors.timer_feed import TimerFeed
 from processors.timer_link import TimerLink, combined
 from processors.timer_process import TimerConfig
@@ -303,7 +303,13 @@ def _serve_worker_metrics(
             log.debug("highwaters unavailable (rebalancing?): %s", e)  # next scrape retries
         return found
 
-    serve_metrics(app, port, worker_stats, scheduler_stats, highwaters, host=host)
+    def snapshot_stats() -> SnapshotStats | None:
+        taker: Snapshotter | None = holder.get("snapshots")
+        return taker.stats if taker is not None else None
+
+    serve_metrics(
+        app, port, worker_stats, scheduler_stats, highwaters, host=host, snapshots=snapshot_stats
+    )
 
 
 def serve_metrics(
@@ -314,9 +320,10 @@ def serve_metrics(
     highwaters: Callable[[], Mapping[int, int]],
     *,
     host: str = "127.0.0.1",
+    snapshots: Callable[[], SnapshotStats | None] = lambda: None,
 ) -> None:
     """Expose these stats on `host:port/metrics` while the app runs (loopback by default)."""
-    metrics = Metrics(worker_stats, scheduler_stats, highwaters)
+    metrics = Metrics(worker_stats, scheduler_stats, highwaters, snapshots)
 
     @app.task  # type: ignore[untyped-decorator]
     async def metrics_server() -> None:

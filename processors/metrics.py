@@ -1,4 +1,5 @@
-"""Prometheus metrics of a worker, read from its `WorkerStats` and `SchedulerStats` when scraped.
+"""Prometheus metrics of a worker, read from its `WorkerStats`, `SchedulerStats` and
+`SnapshotStats` when scraped.
 
 The batch path only bumps the plain counters it already keeps; this collector turns them into
 metric families when `/metrics` is scraped (in the HTTP server's thread), so serving metrics adds
@@ -26,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from processors.histogram import Histogram
 from processors.scheduler import SchedulerStats
+from processors.snapshots import SnapshotStats
 from processors.worker import WorkerStats
 from schemas.errors import ConfigurationError
 
@@ -91,10 +93,12 @@ class StatsCollector(Collector):
         worker: Callable[[], WorkerStats | None],
         scheduler: Callable[[], SchedulerStats | None],
         highwaters: Callable[[], Mapping[int, int]],
+        snapshots: Callable[[], SnapshotStats | None] = lambda: None,
     ) -> None:
         self._worker = worker
         self._scheduler = scheduler
         self._highwaters = highwaters
+        self._snapshots = snapshots
         self._lock = threading.Lock()  # scrapes may run concurrently (threaded HTTP server)
 
     def collect(self) -> Iterator[Metric]:
@@ -102,6 +106,7 @@ class StatsCollector(Collector):
         with self._lock:
             yield from self._worker_metrics(self._worker() or WorkerStats())
             yield from self._scheduler_metrics(self._scheduler() or SchedulerStats())
+            yield from self._snapshot_metrics(self._snapshots() or SnapshotStats())
 
     def _worker_metrics(self, w: WorkerStats) -> Iterator[Metric]:
         yield _labelled("milpa_events", "Events folded, by outcome kind.", "outcome", w.outcomes)
@@ -159,6 +164,32 @@ class StatsCollector(Collector):
             s.lateness,
         )
 
+    def _snapshot_metrics(self, s: SnapshotStats) -> Iterator[Metric]:
+        yield _counter("milpa_snapshot_rounds", "Snapshot rounds completed.", s.rounds)
+        yield _counter("milpa_snapshots", "Session snapshots published.", s.snapshots)
+        yield _counter("milpa_snapshot_bytes", "Bytes of session snapshots published.", s.bytes)
+        yield _counter(
+            "milpa_snapshot_failures",
+            "Snapshot rounds that failed (fenced by a newer writer, or Kafka or Redis refused), "
+            "tried again at the next interval.",
+            s.failures,
+        )
+        yield _counter(
+            "milpa_snapshots_too_large",
+            "Sessions left unsnapshotted because their record would exceed the topic's limit "
+            "(their partition's checkpoint stays below them).",
+            s.too_large,
+        )
+        lag = GaugeMetricFamily(
+            "milpa_snapshot_checkpoint_lag",
+            "Offsets applied beyond the partition's last checkpoint (what a rebuild would fold "
+            "from the log), as of its last round.",
+            labels=["partition"],
+        )
+        for partition, behind in _snapshot(s.checkpoint_lag):
+            lag.add_metric([str(partition)], behind)
+        yield lag
+
 
 class Metrics:
     """A dedicated registry holding the stats collector, and its HTTP endpoint."""
@@ -168,9 +199,10 @@ class Metrics:
         worker: Callable[[], WorkerStats | None],
         scheduler: Callable[[], SchedulerStats | None],
         highwaters: Callable[[], Mapping[int, int]] = dict,
+        snapshots: Callable[[], SnapshotStats | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = StatsCollector(worker, scheduler, highwaters)
+        self.collector = StatsCollector(worker, scheduler, highwaters, snapshots)
         self.registry.register(self.collector)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None

@@ -32,7 +32,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from projections.requests import RawState
-from projections.snapshots import checkpoint_key, checkpoint_record, snapshot_record
+from projections.snapshots import (
+    SNAPSHOT_MAX_BYTES,
+    checkpoint_key,
+    checkpoint_record,
+    snapshot_record,
+)
 from schemas.codec import EventCodec
 from schemas.errors import MilpaError
 from session_model.projection import Position, SessionUpdate
@@ -76,6 +81,7 @@ class SnapshotStats:
     checkpoints: int = 0
     failures: int = 0
     bytes: int = 0
+    too_large: int = 0  # sessions left unsnapshotted: their record would exceed the topic's limit
     checkpoint_lag: dict[int, int] = field(default_factory=dict)  # partition -> applied - covered
 
 
@@ -90,6 +96,8 @@ class Snapshotter:
     interval_s: float = 300.0
     every_events: int = 100_000
     page: int = 500
+    # The topic's record limit, less room for the key and the batch's framing.
+    max_record_bytes: int = SNAPSHOT_MAX_BYTES - 64 * 1024
     codec: EventCodec = field(default_factory=EventCodec)
     clock: Callable[[], float] = time.monotonic
     now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
@@ -175,6 +183,19 @@ class Snapshotter:
                     continue  # dropped meanwhile, or of another layout: nothing to cover
                 record = snapshot_record(sid, raw, taken)
                 value = self.codec.encode_snapshot(record)
+                if len(value) > self.max_record_bytes:
+                    # Left in the index, uncovered: the checkpoint stays below it (a rebuild folds
+                    # the session from the log), and the rest of the partition goes on.
+                    self.stats.too_large += 1
+                    log.warning(
+                        "the snapshot of %s is %d bytes, over the %d a record may have: not "
+                        "published (partition %d's checkpoint stays below its events)",
+                        sid,
+                        len(value),
+                        self.max_record_bytes,
+                        partition,
+                    )
+                    continue
                 records.append((sid.encode(), value))
                 covered.append((sid, Position(record["partition"], record["offset"])))
                 self.stats.bytes += len(value)

@@ -10,7 +10,7 @@ from typing import Any
 
 from processors.snapshots import Snapshotter
 from projections.codec import session_to_blob
-from projections.snapshots import CHECKPOINT_KEY
+from projections.snapshots import CHECKPOINT_KEY, snapshot_record
 from schemas.codec import EventCodec
 from schemas.errors import LogError
 from session_model.projection import Position
@@ -33,19 +33,8 @@ class FakeStore:
 
     async def raw_states(self, partition: int, session_ids: Sequence[str]) -> dict[str, Any]:
         self.reads += 1
-        out = {
-            sid: (
-                session_to_blob(Session(sid)),
-                f"{partition}:{self.marks[sid]}".encode(),
-                [],
-                [],
-                None,
-                {},
-                None,
-            )
-            for sid in session_ids
-            if sid in self.marks
-        }
+        marks = self.marks
+        out = {sid: _raw(sid, marks[sid], partition) for sid in session_ids if sid in marks}
         for sid, offset in self.commit_between.items():  # a commit lands while it publishes
             self.marks[sid] = offset
         return out
@@ -60,6 +49,11 @@ class FakeStore:
             elif mark is not None and sid in self.index:
                 self.index[sid] = max(self.index[sid], mark.offset + 1)
         return min(self.index.values()) if self.index else None
+
+
+def _raw(sid: str, offset: int, partition: int = 0) -> Any:
+    """A session's stored state as `raw_states` returns it."""
+    return (session_to_blob(Session(sid)), f"{partition}:{offset}".encode(), [], [], None, {}, None)
 
 
 @dataclass
@@ -174,6 +168,20 @@ def test_no_writer_is_opened_for_a_partition_not_owned_or_with_nothing_applied()
     assert asyncio.run(Snapshotter(store, sink, lambda: {1}, lambda p: 10).round(0)) == 0
     assert asyncio.run(_taker(store, sink, applied=None).round(0)) == 0
     assert sink.log == [] and store.index == {"a": 3}
+
+
+def test_a_session_too_large_for_one_record_is_left_out_and_holds_the_checkpoint_below_it() -> None:
+    store = FakeStore({"a": 10, "b": 12, "c": 7}, {"a": 3, "b": 11, "c": 5})
+    sink = FakeSink()
+    taker = _taker(store, sink, applied=12)
+    small = len(CODEC.encode_snapshot(snapshot_record("a", _raw("a", 10), 0)))
+    big = "b" * 200  # a longer id: a record larger than the others
+    store.marks[big], store.index[big] = 9, 4
+    taker.max_record_bytes = small + 100
+    assert asyncio.run(taker.round(0)) == 3
+    assert taker.stats.too_large == 1
+    assert store.index == {big: 4}  # left to be snapshotted, uncovered
+    assert _checkpoints(sink) == [3]  # below its first uncovered offset; a, b, c published
 
 
 def test_a_session_without_a_state_leaves_the_index() -> None:

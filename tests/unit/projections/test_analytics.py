@@ -367,6 +367,7 @@ def test_the_collector_reads_the_stats_when_scraped() -> None:
     assert got[("milpa_consumer_lag", (("partition", "0"),))] == 0
     assert got[("milpa_consumer_lag", (("partition", "2"),))] == 3
     assert ("milpa_consumer_lag", (("partition", "4"),)) not in got
+    assert got[("milpa_snapshots_total", ())] == 0  # no snapshot rounds (yet): zeros
     w.pauses["permission"] += 1
     s.lateness.observe(20.0)
     again = _scrape(metrics)
