@@ -1279,7 +1279,8 @@ class _Starting:
     proc: subprocess.Popen[bytes]
     port: int
     offset: int  # where its log was when it started: the ready marker must come after
-    seen: str = ""
+    seen: str = ""  # the end of what was read, for a marker split across two reads
+    marked: bool = False  # the ready marker was logged
     ready: bool = False
 
 
@@ -1300,8 +1301,12 @@ def _wait_ready(starting: list[_Starting], t0: float, timeout: float) -> list[St
                     fh.seek(s.offset)
                     chunk = fh.read()
                     s.offset = fh.tell()
-                s.seen = (s.seen + chunk)[-4096:]
-                if KAFKA_READY_MARKER in s.seen and port_open(s.port):
+                # The whole chunk is searched: a broker logs hundreds of lines right after the
+                # marker, which a slow poll reads in one chunk with the marker far from its end.
+                window = s.seen + chunk
+                s.marked = s.marked or KAFKA_READY_MARKER in window
+                s.seen = window[-len(KAFKA_READY_MARKER) :]
+                if s.marked and port_open(s.port):
                     s.ready = True
                     info(f"{s.node.label} ready in {time.monotonic() - t0:.1f}s")
             if all(s.ready for s in starting):

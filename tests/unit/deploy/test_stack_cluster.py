@@ -136,3 +136,42 @@ def test_info_replies_are_read_as_fields() -> None:
     reply = "# Replication\r\nrole:slave\r\nmaster_link_status:up\r\n"
     assert redis_fields(reply) == {"role": "slave", "master_link_status": "up"}
     assert redis_fields(None) == {}
+
+
+class _Running:
+    """A started process that keeps running."""
+
+    pid = 0
+
+    def poll(self) -> None:
+        return None
+
+
+def test_a_broker_is_ready_when_its_marker_was_logged_however_much_came_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow poll reads the marker and the hundreds of lines a broker logs after it in one chunk.
+    log = tmp_path / "kafka-3.log"
+    log.write_text("old run\n" + stack.KAFKA_READY_MARKER + "\n")  # before this start: ignored
+    offset = log.stat().st_size
+    with log.open("a") as fh:
+        fh.write("starting\n" + stack.KAFKA_READY_MARKER + " (kafka.server)\n")
+        fh.write("INFO unloading metadata for __consumer_offsets-1\n" * 400)
+    node = stack.KafkaNode(3, "kafka-3", tmp_path / "kafka-3.pid", log, tmp_path / "kafka-3")
+    monkeypatch.setattr(stack, "port_open", lambda port: True)
+    monkeypatch.setattr(stack, "stop_pid", lambda *args: None)  # on failure: nothing to stop
+    starting = [stack._Starting(node, _Running(), 9092, offset)]  # type: ignore[arg-type]
+    assert [s.state for s in stack._wait_ready(starting, 0.0, timeout=2)] == ["up"]
+
+
+def test_a_broker_that_never_logs_its_marker_is_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "kafka-3.log"
+    log.write_text(stack.KAFKA_READY_MARKER + "\n")  # only from an earlier run
+    node = stack.KafkaNode(3, "kafka-3", tmp_path / "kafka-3.pid", log, tmp_path / "kafka-3")
+    monkeypatch.setattr(stack, "port_open", lambda port: True)
+    monkeypatch.setattr(stack, "stop_pid", lambda *args: None)
+    starting = [stack._Starting(node, _Running(), 9092, log.stat().st_size)]  # type: ignore[arg-type]
+    with pytest.raises(stack.StackError, match="not ready"):
+        stack._wait_ready(starting, 0.0, timeout=0.3)
