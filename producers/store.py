@@ -31,6 +31,7 @@ from session_model.authority import authority_fields
 from session_model.canonical import argument_digest as digest_of
 from session_model.compaction import CompactionPlan
 from session_model.deadlines import format_instant
+from session_model.intake import CONTROL_CHARACTER
 from session_model.modes import Mode, less_strict, parse_mode
 from session_model.policy import ceiling_for
 from session_model.ports import EventLog, ProjectionStore
@@ -216,6 +217,8 @@ class SessionStore:
     ) -> Position:
         """Open a session."""
         _nonempty(session_id, "session id")
+        if CONTROL_CHARACTER.search(session_id):
+            raise InvalidCall(f"session id {session_id[:64]!r} holds a control character")
         parsed = parse_mode(mode)
         if parsed is None:
             raise InvalidCall(f"unknown mode {mode!r}")

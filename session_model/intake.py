@@ -1,14 +1,15 @@
 """What a projection may fold from `sessions.events`: one rule for the worker, replay and tools.
 
-A record is admitted when it decodes, carries a session id, is keyed by that session id (so the
-partitioner kept the session's events in order) and, when the topic's partition count is known,
-sits in the partition that key maps to. Everything else is refused with a stable code: the worker
-dead-letters it, a rebuild counts it, and neither ever folds it, so a rebuild applies exactly what
-the live path applied.
+A record is admitted when it decodes, carries a session id without control characters, is
+keyed by that session id (so the partitioner kept the session's events in order) and, when the
+topic's partition count is known, sits in the partition that key maps to. Everything else is
+refused with a stable code: the worker dead-letters it, a rebuild counts it, and neither ever
+folds it, so a rebuild applies exactly what the live path applied.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
 
@@ -21,9 +22,21 @@ from session_model.projection import Position, Record
 UNDECODABLE: Final = "undecodable"
 NO_VALUE: Final = "no_value"
 NO_SESSION_ID: Final = "no_session_id"
+BAD_SESSION_ID: Final = "bad_session_id"
 KEY_MISMATCH: Final = "key_mismatch"
 WRONG_PARTITION: Final = "wrong_partition"
-CODES: Final = (UNDECODABLE, NO_VALUE, NO_SESSION_ID, KEY_MISMATCH, WRONG_PARTITION)
+CODES: Final = (
+    UNDECODABLE,
+    NO_VALUE,
+    NO_SESSION_ID,
+    BAD_SESSION_ID,
+    KEY_MISMATCH,
+    WRONG_PARTITION,
+)
+# A session id is a name: no control characters. Besides what they would do to logs and pages,
+# the snapshots topic keys its partitions' checkpoints with a NUL-led key (`projections.snapshots`)
+# that a session's id must never equal.
+CONTROL_CHARACTER: Final = re.compile("[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +72,8 @@ class Intake:
         sid = event.session_id
         if not sid:
             return Refusal(NO_SESSION_ID, "the event has an empty session_id")
+        if CONTROL_CHARACTER.search(sid):
+            return Refusal(BAD_SESSION_ID, f"session_id {sid[:64]!r} holds a control character")
         if key is None or key != sid.encode():
             shown = "no key" if key is None else f"key {key[:64]!r}"
             return Refusal(

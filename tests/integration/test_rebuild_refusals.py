@@ -95,6 +95,13 @@ def test_replay_refuses_what_the_worker_dead_letters_and_later_events_still_appl
             codec.encode(_event("", 6, ev.STARTED, {"goal": "phantom", "mode": "ask"})),
             None,
         ),
+        # A session id its partition's snapshot checkpoint is keyed by: refused, never folded
+        # (its snapshot would have competed with the checkpoint under compaction).
+        intake.BAD_SESSION_ID: (
+            b"\x00checkpoint:0",
+            codec.encode(_event("\x00checkpoint:0", 8, ev.STARTED, {"goal": "x", "mode": "ask"})),
+            None,
+        ),
     }
     sources = {}
     for code, (key, value, partition) in strays.items():
@@ -127,6 +134,7 @@ def test_replay_refuses_what_the_worker_dead_letters_and_later_events_still_appl
         intake.KEY_MISMATCH: 2,
         intake.WRONG_PARTITION: 1,
         intake.NO_SESSION_ID: 1,
+        intake.BAD_SESSION_ID: 1,
     }, report
     # The rebuild snapshots what it built (the live worker had taken no round yet): its
     # unsnapshotted index is empty, and everything else is as the live projection had it.

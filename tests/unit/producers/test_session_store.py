@@ -510,6 +510,13 @@ def test_transfer_rerun_after_interruption_completes_without_duplicates() -> Non
     assert store.load("src") == full.load("src")
 
 
+def test_a_session_id_with_a_control_character_is_refused_before_anything_is_appended() -> None:
+    store = _store()
+    with pytest.raises(InvalidCall, match="control character"):
+        store.start("\x00checkpoint:0", "goal")
+    assert store.log.records == []
+
+
 def test_transfer_to_the_same_session_is_invalid() -> None:
     store = _with_open_cards()
     n = len(store.log.records)

@@ -73,6 +73,20 @@ def test_an_empty_session_id_is_refused() -> None:
     assert isinstance(refusal, Refusal) and refusal.code == intake.NO_SESSION_ID
 
 
+@pytest.mark.parametrize("sid", ["\x00checkpoint:3", "two\nlines", "tab\there", "del\x7f"])
+def test_a_session_id_with_a_control_character_is_refused(sid: str) -> None:
+    value = CODEC.encode(turn("user", "hi", session_id=sid))
+    refusal = Intake(CODEC, None).admit(sid.encode(), value, 0, 0)
+    assert isinstance(refusal, Refusal) and refusal.code == intake.BAD_SESSION_ID
+    assert repr(sid[:64]) in refusal.detail
+
+
+def test_a_session_id_of_any_printable_text_is_admitted() -> None:
+    sid = "ß-会话 with spaces/and:colons{}"
+    value = CODEC.encode(turn("user", "hi", session_id=sid))
+    assert isinstance(Intake(CODEC, None).admit(sid.encode(), value, 0, 0), Record)
+
+
 def test_a_record_outside_its_keys_partition_is_refused_only_when_the_count_is_known() -> None:
     value = CODEC.encode(turn("user", "hi", session_id="s1"))
     elsewhere = (_home("s1") + 1) % 6
