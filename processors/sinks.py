@@ -108,6 +108,9 @@ class ProducerSink:
                 raise LogError(f"publishing to {self.topic} failed: {result}") from result
 
 
+_ABORT_TIMEOUT_S = 10.0  # how long a failed round waits for its transaction's abort
+
+
 class FencedSnapshotSink:
     """Publishes a partition's snapshots through a transactional writer opened for one round.
 
@@ -177,8 +180,10 @@ class FencedWriter:
                 await asyncio.gather(*pending)
                 await producer.commit_transaction()
             except BaseException:
-                with contextlib.suppress(Exception):  # fenced: the broker aborted it already
-                    await producer.abort_transaction()
+                # Fenced: the broker aborted it already. Otherwise an open transaction would hold
+                # back the partition's readers until the broker times it out.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(producer.abort_transaction(), _ABORT_TIMEOUT_S)
                 raise
         except ProducerFenced as e:
             raise LogError(
