@@ -130,6 +130,11 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         else None
     )
     folding = asyncio.Lock()  # created lazily by asyncio on first use, inside the app's loop
+    # Held by a snapshot round, and by a revocation while it forgets what was applied: a round
+    # never straddles a clean hand-over. Not the folding lock: the batches go on meanwhile (their
+    # commits always did; a round copes with sessions committed during it), and a writer that
+    # outlives a hand-over anyway (a zombie) is fenced by the next owner's (`FencedSnapshotSink`).
+    snapshotting_lock = asyncio.Lock()
 
     def worker() -> ProjectionWorker:
         # The redis.asyncio client must be created inside the worker's running event loop.
@@ -163,7 +168,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                     w.stats.last_offsets.get,
                     interval_s=settings.snapshot_interval_s,
                     every_events=settings.snapshot_every,
-                    guard=folding,
+                    guard=snapshotting_lock,
                 )
                 w.listeners.append(snapshots.observe)
                 holder["snapshots"] = snapshots
@@ -219,7 +224,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         async with folding:
             await app.settle()
             worker().forget()
-        worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
+        async with snapshotting_lock:  # a round under way ends first; none starts after this
+            worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
 
     @app.on_before_shutdown.connect
     async def stop_producers(sender: Any, /, *args: Any, **kwargs: Any) -> None:

@@ -101,7 +101,7 @@ class Snapshotter:
     codec: EventCodec = field(default_factory=EventCodec)
     clock: Callable[[], float] = time.monotonic
     now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
-    guard: asyncio.Lock | None = None  # held during a round (the worker's folding lock)
+    guard: asyncio.Lock | None = None  # held during a round (the worker's, shared with revocation)
     stats: SnapshotStats = field(default_factory=SnapshotStats)
     _since: Counter[int] = field(default_factory=Counter)  # events applied since the last round
     _last: dict[int, float] = field(default_factory=dict)  # partition -> when its round ran
@@ -146,8 +146,8 @@ class Snapshotter:
             # forgets what it applied then): nothing of ours to cover, and opening a writer
             # would fence off the partition's owner. The next round after a batch is the one.
             return 0
-        # The writer is opened (the broker fences earlier writers) before the folding lock is
-        # taken: starting it takes a round trip or three, which the folding need not wait for.
+        # The writer is opened (the broker fences earlier writers) before the guard is taken:
+        # starting it takes a round trip or three, which a revocation need not wait for.
         async with self.sink.fenced(partition) as writer:
             if self.guard is None:
                 return await self._round(partition, writer)
