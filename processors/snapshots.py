@@ -96,6 +96,7 @@ class Snapshotter:
     interval_s: float = 300.0
     every_events: int = 100_000
     page: int = 500
+    retry_s: float = 10.0  # after a failed round
     # The topic's record limit, less room for the key and the batch's framing.
     max_record_bytes: int = SNAPSHOT_MAX_BYTES - 64 * 1024
     codec: EventCodec = field(default_factory=EventCodec)
@@ -117,7 +118,7 @@ class Snapshotter:
         return self._since[partition] >= self.every_events or self.clock() - last >= self.interval_s
 
     async def run(self) -> None:
-        """Take rounds for ever (a worker task); a failed round is tried again next time."""
+        """Take rounds for ever (a worker task); a failed round is tried again `retry_s` later."""
         tick = max(0.05, min(1.0, self.interval_s / 10))
         while True:
             await asyncio.sleep(tick)
@@ -130,11 +131,17 @@ class Snapshotter:
         try:
             await self.round(partition)
         except MilpaError as e:
-            self.stats.failures += 1
+            self._failed(partition)
             log.error("snapshots of partition %d failed, trying again: %s", partition, e)
         except Exception:  # a snapshot is an optimisation: it never stops the folding
-            self.stats.failures += 1
+            self._failed(partition)
             log.exception("snapshots of partition %d failed, trying again", partition)
+
+    def _failed(self, partition: int) -> None:
+        """Count a failed round and make the partition due again `retry_s` from now, not a
+        whole interval (a round fenced by a hand-over, or a broker away for a moment)."""
+        self.stats.failures += 1
+        self._last[partition] = self.clock() - self.interval_s + min(self.retry_s, self.interval_s)
 
     async def round(self, partition: int) -> int:
         """Snapshot the partition's changed sessions, then write its checkpoint; the number of

@@ -162,6 +162,26 @@ def test_a_fenced_writer_fails_the_round_and_leaves_what_it_did_not_publish_in_t
     assert sink.log[-1] == "close 0"
 
 
+def test_a_failed_round_is_due_again_after_retry_s_not_a_whole_interval() -> None:
+    now = [1000.0]
+    store = FakeStore({"a": 10}, {"a": 3})
+    sink = FakeSink(refuse_after=0)  # every publish is refused
+    taker = Snapshotter(
+        store, sink, lambda: {0}, lambda p: 10, interval_s=300, retry_s=10, clock=lambda: now[0]
+    )
+    asyncio.run(taker.round_safely(0))
+    assert taker.stats.failures == 1
+    now[0] += 9
+    assert not taker.due(0)
+    now[0] += 1
+    assert taker.due(0)
+    sink.refuse_after = None
+    asyncio.run(taker.round_safely(0))  # succeeds: the next one is a whole interval away
+    assert taker.stats.rounds == 1
+    now[0] += 299
+    assert not taker.due(0)
+
+
 def test_no_writer_is_opened_for_a_partition_not_owned_or_with_nothing_applied() -> None:
     store = FakeStore({"a": 10}, {"a": 3})
     sink = FakeSink()
