@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 from deploy.harness import free_port, read_env, stack_command, wait_for
 from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
+from processors.sinks import FencedSnapshotSink
 from producers.decisions import DecisionSubscriber
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
@@ -165,3 +167,20 @@ def test_the_end_to_end_path_works_with_tls_acls_and_signed_authority(
     finally:
         log.close(timeout=5)
         projections.client.close()
+
+
+def test_the_worker_and_the_operator_may_open_snapshot_writers_and_an_agent_may_not(
+    roles: dict[str, Settings],
+) -> None:
+    """Snapshots go through transactional producers: `acls apply` grants their ids to the roles
+    that write snapshots (the worker's rounds, the operator's `replay`), and to no one else."""
+
+    async def publish(who: Settings) -> None:
+        sink = FencedSnapshotSink(who.kafka_access(), who.snapshots_topic, start_timeout_s=20)
+        async with sink.fenced(0) as writer:
+            await writer.publish([(b"acl-check", b"not a snapshot")])
+
+    for role in ("worker", "operator"):
+        asyncio.run(publish(roles[role]))
+    with pytest.raises(LogError, match="TransactionalIdAuthorizationFailed"):
+        asyncio.run(publish(roles["agent"]))
