@@ -231,7 +231,10 @@ def test_a_worker_killed_while_snapshotting_leaves_snapshots_a_rebuild_can_start
     # on meanwhile), so the kill lands among rounds with checkpoints behind it.
     while reached(projections, last) < len(sids) // 3 or not checkpoints(settings):
         assert worker.alive(), worker.log()[-3000:]
-        assert time.monotonic() < deadline, "the worker did not get a third of the way"
+        assert time.monotonic() < deadline, (
+            f"in 60 s: {reached(projections, last)} of {len(sids)} sessions, "
+            f"checkpoints {checkpoints(settings)}"
+        )
         time.sleep(0.02)
     worker.kill9()
     assert reached(projections, last) < len(sids), "the worker finished before it was killed"
