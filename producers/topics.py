@@ -80,7 +80,8 @@ def ensure_topics(settings: StackSettings, timeout_ms: int = 30_000) -> dict[str
     outcome: dict[str, str] = {}
     try:
         existing = set(admin.list_topics())
-        for spec in topic_specs(settings):
+        specs = topic_specs(settings)
+        for spec in specs:
             if spec.name in existing:
                 outcome[spec.name] = "exists"
                 continue
@@ -99,11 +100,35 @@ def ensure_topics(settings: StackSettings, timeout_ms: int = 30_000) -> dict[str
                 outcome[spec.name] = "created"
             except TopicAlreadyExistsError:
                 outcome[spec.name] = "exists"
+        created = {s.name: s.partitions for s in specs if outcome[s.name] == "created"}
+        _wait_visible(admin, created, time.monotonic() + timeout_ms / 1000)
     except KafkaError as e:
         raise LogError(f"creating topics failed: {e}") from e
     finally:
         admin.close()
     return outcome
+
+
+def _wait_visible(admin: KafkaAdminClient, partitions: dict[str, int], deadline: float) -> None:
+    """Until the brokers' metadata holds every partition of these new topics (LogError if not).
+
+    A CreateTopics answer means the controller committed the topics; the brokers apply that to
+    the metadata they serve a moment later. A client that asks in between is told the topic
+    does not exist (a test's consumer was, in CI).
+    """
+    waiting = dict(partitions)
+    while waiting:
+        for topic in admin.describe_topics(list(waiting)):
+            name = topic.get("topic") or topic.get("name")
+            if not topic.get("error_code") and len(topic.get("partitions") or ()) == waiting.get(
+                name, -1
+            ):
+                waiting.pop(name, None)
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise LogError(f"created topics not in the brokers' metadata yet: {sorted(waiting)}")
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ def snapshot_records(settings: Settings) -> list[tuple[int, bytes | None, bytes 
             TopicPartition(settings.snapshots_topic, p)
             for p in consumer.partitions_for_topic(settings.snapshots_topic) or ()
         ]
+        assert parts, f"topic {settings.snapshots_topic} not in the metadata"
         consumer.assign(parts)
         consumer.seek_to_beginning(*parts)
         ends = consumer.end_offsets(parts)
