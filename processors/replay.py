@@ -52,6 +52,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from producers.kafka_access import KafkaAccess
@@ -440,15 +441,24 @@ def _end_offsets(
     count: list[int] = []
 
     async def ask() -> None:
+        # The partitions from the cluster's metadata, never from a subscription: a consumer
+        # unsubscribed while its fetcher runs fails it ("'NoneType' object has no attribute
+        # 'assignment'", seen in CI). Asked for all topics: a request that names the topic
+        # would create it where the brokers auto-create topics.
+        admin = AIOKafkaAdminClient(**bootstrap.aiokafka())
+        try:
+            try:
+                await admin.start()
+            except KafkaError as e:
+                raise LogError(f"cannot reach Kafka at {bootstrap.bootstrap}: {e}") from e
+            described = [t for t in await admin.describe_topics() if t["topic"] == topic]
+        finally:
+            await admin.close()
+        known = {p["partition"] for t in described if not t["error_code"] for p in t["partitions"]}
+        if not known:
+            raise LogError(f"topic {topic} does not exist")
+        partitions = sorted(known)
         async with _consumer(bootstrap) as consumer:
-            # The partitions from the cluster's metadata, never from a subscription: a consumer
-            # unsubscribed while its fetcher runs fails it ("'NoneType' object has no attribute
-            # 'assignment'", seen in CI), and asking never creates the topic.
-            cluster = await consumer._client.fetch_all_metadata()
-            known = cluster.partitions_for_topic(topic)
-            if not known:
-                raise LogError(f"topic {topic} does not exist")
-            partitions = sorted(known)
             count.append(len(partitions))
             if session_id is not None:
                 partitions = [partition_for(session_id, len(partitions))]
