@@ -239,14 +239,14 @@ def _snapshot_plan(
     if session_id is not None:  # its snapshot is in its own partition's number
         mine = partitions[0] if partitions else None
         ends = {p: end for p, end in ends.items() if p == mine}
-    records: list[tuple[int, bytes | None, bytes | None]] = []
     if not ends:  # nothing snapshotted yet
-        return plan_rebuild(records, partitions, codec, session_id)
+        return plan_rebuild((), partitions, codec, session_id)
     with _Fetcher(access, topic, ends, 2000) as fetcher:
-        for batch in fetcher.batches():
-            records.extend((p, key, value) for p, _, key, value in batch)
-    # A partition's records in log order (the fetcher keeps each partition's order).
-    return plan_rebuild(records, partitions, codec, session_id)
+        # Planned as the batches arrive: what is kept is each key's latest usable snapshot, never
+        # the topic's records (a key's older ones until compaction removes them). A partition's
+        # records come in log order (the fetcher keeps each partition's order).
+        records = ((p, key, value) for batch in fetcher.batches() for p, _, key, value in batch)
+        return plan_rebuild(records, partitions, codec, session_id)
 
 
 def _groups(partitions: Sequence[int], processes: int | None) -> list[list[int]]:
