@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import aiokafka
@@ -20,6 +21,8 @@ from processors.ports import OutRecord
 from producers.kafka_access import KafkaAccess
 from projections.snapshots import SNAPSHOT_MAX_BYTES, snapshot_writer_id
 from schemas.errors import LogError
+
+log = logging.getLogger(__name__)
 
 
 class LazyProducer:
@@ -125,11 +128,17 @@ class FencedSnapshotSink:
     """
 
     def __init__(
-        self, access: str | KafkaAccess, topic: str, *, start_timeout_s: float = 30.0
+        self,
+        access: str | KafkaAccess,
+        topic: str,
+        *,
+        start_timeout_s: float = 30.0,
+        publish_timeout_s: float = 60.0,
     ) -> None:
         self.access = KafkaAccess.of(access)
         self.topic = topic
         self.start_timeout_s = start_timeout_s
+        self.publish_timeout_s = publish_timeout_s
 
     @contextlib.asynccontextmanager
     async def fenced(self, partition: int) -> AsyncIterator[FencedWriter]:
@@ -146,23 +155,39 @@ class FencedSnapshotSink:
         try:
             # aiokafka retries a coordinator it cannot find for ever: bounded here.
             await asyncio.wait_for(producer.start(), self.start_timeout_s)
-        except (KafkaError, TimeoutError) as e:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), self.start_timeout_s)
-            raise LogError(f"starting the snapshot writer {writer_id} failed: {e!r}") from e
+        except BaseException as e:  # also cancelled while starting: its tasks are stopped
+            await self._stop(producer, writer_id)
+            if isinstance(e, (KafkaError, TimeoutError)):
+                raise LogError(f"starting the snapshot writer {writer_id} failed: {e!r}") from e
+            raise
         try:
-            yield FencedWriter(producer, self.topic, partition)
+            yield FencedWriter(producer, self.topic, partition, self.publish_timeout_s)
         finally:
-            await producer.stop()
+            await self._stop(producer, writer_id)
+
+    async def _stop(self, producer: aiokafka.AIOKafkaProducer, writer_id: str) -> None:
+        """Stop the writer, bounded: its flush waits for ever on batches a coordinator it cannot
+        reach holds back (they never expire), and a round must end to let a revocation in."""
+        try:
+            await asyncio.wait_for(producer.stop(), self.start_timeout_s)
+        except Exception as e:  # what it failed to send fails the round already
+            log.warning("stopping the snapshot writer %s: %r", writer_id, e)
 
 
 class FencedWriter:
     """One round's writer of a partition of the snapshots topic (`FencedSnapshotSink.fenced`)."""
 
-    def __init__(self, producer: aiokafka.AIOKafkaProducer, topic: str, partition: int) -> None:
+    def __init__(
+        self,
+        producer: aiokafka.AIOKafkaProducer,
+        topic: str,
+        partition: int,
+        timeout_s: float = 60.0,
+    ) -> None:
         self.producer = producer
         self.topic = topic
         self.partition = partition
+        self.timeout_s = timeout_s
 
     async def publish(self, records: Sequence[tuple[bytes, bytes]]) -> None:
         """Publish (key, value) records to the partition in one transaction, committed on
@@ -173,12 +198,9 @@ class FencedWriter:
         try:
             await producer.begin_transaction()
             try:
-                pending = [
-                    await producer.send(self.topic, value=v, key=k, partition=self.partition)
-                    for k, v in records
-                ]
-                await asyncio.gather(*pending)
-                await producer.commit_transaction()
+                # Bounded: aiokafka waits for ever on a transaction coordinator it cannot find,
+                # and a round that never ends holds the lock a revocation waits for.
+                await asyncio.wait_for(self._send_and_commit(records), self.timeout_s)
             except BaseException:
                 # Fenced: the broker aborted it already. Otherwise an open transaction would hold
                 # back the partition's readers until the broker times it out.
@@ -190,5 +212,19 @@ class FencedWriter:
                 f"the snapshot writer of {self.topic} partition {self.partition} was fenced "
                 f"by a newer one (another worker owns the partition now): {e}"
             ) from e
+        except TimeoutError as e:
+            raise LogError(
+                f"publishing to {self.topic} partition {self.partition} took over "
+                f"{self.timeout_s:g} s (its leader or transaction coordinator out of reach?)"
+            ) from e
         except (KafkaError, AssertionError) as e:
             raise LogError(f"publishing to {self.topic} failed: {e!r}") from e
+
+    async def _send_and_commit(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        producer = self.producer
+        pending = [
+            await producer.send(self.topic, value=v, key=k, partition=self.partition)
+            for k, v in records
+        ]
+        await asyncio.gather(*pending)
+        await producer.commit_transaction()

@@ -122,7 +122,10 @@ class Snapshotter:
         tick = max(0.05, min(1.0, self.interval_s / 10))
         while True:
             await asyncio.sleep(tick)
-            for p in sorted(self.owned()):
+            owned = self.owned()
+            for p in [p for p in self.stats.checkpoint_lag if p not in owned]:
+                del self.stats.checkpoint_lag[p]  # handed over: the new owner reports it
+            for p in sorted(owned):
                 if self.due(p):
                     await self.round_safely(p)
 
@@ -154,7 +157,9 @@ class Snapshotter:
             # would fence off the partition's owner. The next round after a batch is the one.
             return 0
         # The writer is opened (the broker fences earlier writers) before the guard is taken:
-        # starting it takes a round trip or three, which a revocation need not wait for.
+        # starting it takes a round trip or three, which a revocation need not wait for. A
+        # partition revoked while it starts can so fence its new owner's writer once: that
+        # round fails and is tried again `retry_s` later, and this one finds nothing applied.
         async with self.sink.fenced(partition) as writer:
             if self.guard is None:
                 return await self._round(partition, writer)
@@ -237,4 +242,10 @@ async def snapshot_partitions(
     The rounds run side by side: each has a writer of its own, whose start is mostly waiting.
     """
     taker = Snapshotter(store, sink, lambda: set(applied), applied.get, codec=codec or EventCodec())
-    return sum(await asyncio.gather(*(taker.round(p) for p in sorted(applied))))
+    # Every round runs to its end before a failure is raised: none is left running against a
+    # store or a sink the caller closes once this returns.
+    done = await asyncio.gather(*(taker.round(p) for p in sorted(applied)), return_exceptions=True)
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return sum(n for n in done if isinstance(n, int))

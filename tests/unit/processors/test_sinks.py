@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from processors.sinks import LazyProducer, ProducerSink
+from processors.sinks import FencedSnapshotSink, FencedWriter, LazyProducer, ProducerSink
 from schemas.errors import LogError
 
 
@@ -61,3 +61,86 @@ def test_every_record_is_queued_in_order_and_a_refused_one_fails_the_call() -> N
 
     asyncio.run(run())
     assert [key for _, key, _ in fake.sent] == [b"s0", b"s1", b"s3", b"s0", b"s1", b"s2", b"s3"]
+
+
+class StuckTransactions:
+    """A transactional producer whose records are never acknowledged (a coordinator out of
+    reach: aiokafka waits for ever), and whose start never ends either when told so."""
+
+    def __init__(self, *_: Any, hang_start: bool = False, **__: Any) -> None:
+        self.hang_start = hang_start
+        self.calls: list[str] = []
+
+    async def start(self) -> None:
+        self.calls.append("start")
+        if self.hang_start:
+            await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+    async def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    async def send(self, topic: str, *, value: bytes, key: bytes, partition: int) -> Any:
+        self.calls.append("send")
+        return asyncio.get_running_loop().create_future()  # never resolved
+
+    async def commit_transaction(self) -> None:
+        self.calls.append("commit")
+
+    async def abort_transaction(self) -> None:
+        self.calls.append("abort")
+
+
+def test_a_snapshot_page_that_is_never_acknowledged_fails_the_round_in_bounded_time() -> None:
+    """A round that waited for ever would hold the lock a revocation needs."""
+    producer = StuckTransactions()
+    writer = FencedWriter(producer, "snaps", 3, timeout_s=0.05)  # type: ignore[arg-type]
+    with pytest.raises(LogError, match=r"snaps partition 3 took over 0.05 s"):
+        asyncio.run(writer.publish([(b"s1", b"v1"), (b"s2", b"v2")]))
+    assert producer.calls == ["begin", "send", "send", "abort"]  # never committed
+
+
+def test_a_writer_cancelled_while_it_starts_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[StuckTransactions] = []
+
+    def producer(*args: Any, **kwargs: Any) -> StuckTransactions:
+        made.append(StuckTransactions(hang_start=True))
+        return made[-1]
+
+    monkeypatch.setattr("processors.sinks.aiokafka.AIOKafkaProducer", producer)
+    sink = FencedSnapshotSink("127.0.0.1:1", "snaps", start_timeout_s=30)
+
+    async def open_writer() -> None:
+        async with sink.fenced(0):
+            pytest.fail("the writer never started")
+
+    async def run() -> None:
+        task = asyncio.create_task(open_writer())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert made[0].calls == ["start", "stop"]
+
+
+def test_a_writer_whose_start_times_out_is_stopped_and_the_failure_is_a_log_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[StuckTransactions] = []
+    monkeypatch.setattr(
+        "processors.sinks.aiokafka.AIOKafkaProducer",
+        lambda *a, **k: made.append(StuckTransactions(hang_start=True)) or made[-1],
+    )
+    sink = FencedSnapshotSink("127.0.0.1:1", "snaps", start_timeout_s=0.05)
+
+    async def open_writer() -> None:
+        async with sink.fenced(2):
+            pytest.fail("the writer never started")
+
+    with pytest.raises(LogError, match=r"starting the snapshot writer snaps\.writer-2 failed"):
+        asyncio.run(open_writer())
+    assert made[0].calls == ["start", "stop"]

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from processors.snapshots import Snapshotter
+import pytest
+
+from processors.snapshots import Snapshotter, snapshot_partitions
 from projections.codec import session_to_blob
 from projections.snapshots import CHECKPOINT_KEY, snapshot_record
 from schemas.codec import EventCodec
@@ -244,3 +246,43 @@ def test_a_round_is_due_on_time_or_after_enough_events() -> None:
 
     taker2.observe([U(Position(1, 9), (1, 2, 3, 4, 5))])  # type: ignore[list-item]
     assert taker2.due(1)
+
+
+def test_a_rebuild_raises_a_failed_round_only_once_every_other_round_has_ended() -> None:
+    """None is left running against the store and sink the caller closes next."""
+    store = FakeStore({"a": 10}, {"a": 3})
+    ended: list[int] = []
+
+    @dataclass
+    class SlowOrRefusing:
+        partition: int
+
+        async def publish(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+            if self.partition == 1:
+                raise LogError("fenced by a newer writer")
+            await asyncio.sleep(0.05)
+            ended.append(self.partition)
+
+    class Sink:
+        @contextlib.asynccontextmanager
+        async def fenced(self, partition: int) -> AsyncIterator[SlowOrRefusing]:
+            yield SlowOrRefusing(partition)
+
+    with pytest.raises(LogError, match="fenced"):
+        asyncio.run(snapshot_partitions(store, Sink(), {0: 10, 1: 10}))
+    assert ended == [0, 0]  # partition 0's page and its checkpoint, both published
+
+
+def test_the_checkpoint_lag_of_a_partition_handed_over_is_no_longer_reported() -> None:
+    owned = {0}
+    taker = Snapshotter(
+        FakeStore({}, {}), FakeSink(), lambda: owned, lambda p: None, interval_s=0.5
+    )
+    taker.stats.checkpoint_lag.update({0: 5, 3: 7})
+
+    async def a_tick() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(taker.run(), 0.3)  # ticks every 0.05 s
+
+    asyncio.run(a_tick())
+    assert taker.stats.checkpoint_lag == {0: 5}
