@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio.connection import Connection
+from redis.connection import Connection as SyncConnection
 from redis.exceptions import DataError
 
 from projections.redis_client import (
@@ -14,6 +15,7 @@ from projections.redis_client import (
     HiredisUnixConnection,
     async_client,
     redacted,
+    sync_client,
 )
 from schemas.errors import ConfigurationError
 
@@ -82,3 +84,15 @@ def test_an_unsupported_scheme_is_refused() -> None:
 def test_messages_show_a_redis_url_without_its_password() -> None:
     assert redacted("redis://u:secret@h:1/0") == "redis://u:***@h:1/0"
     assert redacted("redis://h:1/0") == "redis://h:1/0"
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0"])
+def test_a_synchronous_clients_connections_pack_byte_for_byte_as_redis_pys(url: str) -> None:
+    """Packed by hiredis without redis-py's per-argument encoding (a rebuild's commits)."""
+    connection = sync_client(url).connection_pool.make_connection()
+    plain = SyncConnection()
+    assert b"".join(connection.pack_commands(COMMANDS)) == b"".join(plain.pack_commands(COMMANDS))
+    for command in COMMANDS:
+        assert connection.pack_command(*command) == [b"".join(plain.pack_command(*command))]
+    with pytest.raises(DataError):
+        connection.pack_command("SET", "k", object())
