@@ -24,9 +24,9 @@ def rebuild(run: Run) -> None:
     prefill = run.prefilled()
     settings = run.settings("replay")
     infra.register_prefix(settings, run.cleanup)
-    client = run.redis()
+    client = run.store_client(settings)  # the product's, as `milpa-sessions replay` makes it
     store = RedisProjectionStore(client, settings.redis_keys())
-    cpu = run.cpu({}, client)
+    cpu = run.cpu({}, run.redis())
     spy = run.start_profile("replay", os.getpid())
     processes = 1 if spy is not None else None
     threads = threading.active_count()
