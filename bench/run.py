@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.figures import FIGURES, ON_CLUSTER, STEPS, TOPOLOGIES, Run, Sizes, plan
+from bench.figures.common import SETTLE_LIMIT_PCT, SETTLE_SAMPLE_S
 from bench.stats import Figure, table
 from deploy import harness
 from deploy.host import describe_machine, git_state
@@ -123,6 +124,15 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs")
     parser.add_argument(
+        "--settle-max-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="before each figure, wait until the broker and Redis are at rest (each under "
+        f"{SETTLE_LIMIT_PCT:g} %% of a core over a second), at most S seconds (default 60; 0: "
+        "do not wait); the run's last line gives each wait",
+    )
+    parser.add_argument(
         "--topology",
         choices=TOPOLOGIES,
         default="single",
@@ -194,8 +204,16 @@ def main(argv: list[str] | None = None) -> int:
             other_stack=cluster,
         )
         # The calibration goes first, in every run: the figures are read against it.
+        settled: dict[str, dict[str, Any]] = {}
         for name in ordered:
             log(f"== {name}")
+            if args.settle_max_s > 0:
+                waited, servers = run.settle(args.settle_max_s)
+                settled[name] = {"waited_s": round(waited, 1), "servers_cpu_pct": servers}
+                if waited >= args.settle_max_s:
+                    log(f"   the servers were still busy after {waited:.0f}s: {servers}")
+                elif waited > 1.5 * SETTLE_SAMPLE_S:
+                    log(f"   waited {waited:.1f}s for the servers to be at rest")
             t = time.monotonic()
             try:
                 with cleanup.scope() as scope:
@@ -219,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings_overrides": {k: str(v) for k, v in overrides.items()},
             "stack": stack.source,
             "topology": args.topology,
+            "settled_before": settled,
         }
         if cluster is not None:
             params["stack_cluster"] = cluster.source

@@ -62,6 +62,12 @@ CLUSTER_TOPOLOGY = "3 brokers (RF 3, min.insync.replicas 2) + Redis Cluster (3 m
 # The servers' keys of a CPU report (`Run.cpu`), and how long they are measured at rest.
 SERVER_CPU = ("kafka_cpu_pct", "redis_cpu_pct", "redis_masters_cpu_pct", "redis_replicas_cpu_pct")
 REST_S = 2.0
+# Before each figure the harness waits until every server is at rest: under this share of a core
+# over a second (at rest the broker uses ~3 %, Redis < 1 %), at most `--settle-max-s`. What the
+# figure before left them to do (a deleted topic's segments, a compaction) loaded the broker to
+# 31–47 % of a core through the first second of an e2e window, and made it the slowest one.
+SETTLE_LIMIT_PCT = 12.0
+SETTLE_SAMPLE_S = 1.0
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
 
 
@@ -213,15 +219,30 @@ class Run:
         quiet = {self.stack.redis_pid} if self.stack.redis_pid else set()  # idle, beside
         return CpuMeter(pids, None, quiet, groups)
 
-    def servers_at_rest(self, seconds: float = REST_S) -> dict[str, float]:
+    def servers_at_rest(
+        self, seconds: float = REST_S, client: SyncRedis | None = None
+    ) -> dict[str, float]:
         """% of a core the stack's servers use (keys of a `CpuMeter` report: the broker(s), Redis
         or its masters and replicas) over `seconds` while nothing is started: what they cost
         beside the events (the figures' `cpu_us_per_event_above_rest` leave it out)."""
-        meter = self.cpu({}, None if self.on_cluster else self.redis())
+        if client is None and not self.on_cluster:
+            client = self.redis()
+        meter = self.cpu({}, client)
         meter.start()
         time.sleep(seconds)
         usage = meter.stop()
         return {k: float(usage[k]) for k in SERVER_CPU if isinstance(usage.get(k), int | float)}
+
+    def settle(self, max_s: float) -> tuple[float, dict[str, float]]:
+        """Wait until each server uses under `SETTLE_LIMIT_PCT` of a core over a second, at
+        most `max_s`; the seconds waited and the servers' last sample."""
+        began = time.monotonic()
+        client = None if self.on_cluster else self.redis()
+        while True:
+            sample = self.servers_at_rest(SETTLE_SAMPLE_S, client)
+            waited = time.monotonic() - began
+            if all(v < SETTLE_LIMIT_PCT for v in sample.values()) or waited >= max_s:
+                return waited, sample
 
     def prefilled(self) -> Prefill:
         """The pre-filled topic (made by the producer figure, or here untimed if it did not run)."""
