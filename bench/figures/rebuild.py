@@ -8,6 +8,7 @@ import threading
 import time
 
 from bench import infra, workload
+from bench.figures.calibration import calibrate
 from bench.figures.common import TARGETS, FoldCounter, Run
 from bench.stats import rate
 from processors.replay import replay
@@ -30,6 +31,10 @@ def rebuild(run: Run) -> None:
     spy = run.start_profile("replay", os.getpid())
     processes = 1 if spy is not None else None
     threads = threading.active_count()
+    # The reference next to the figure, before and after: this kind of machine's speed moves
+    # within minutes (the run's calibration, taken minutes earlier, was 37k one run and 64k the
+    # next on the same machine).
+    before, _ = calibrate()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu.start()
     started = time.perf_counter()
@@ -43,6 +48,10 @@ def rebuild(run: Run) -> None:
     elapsed = time.perf_counter() - started
     usage = cpu.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    calibrated_after, _ = calibrate()
+    # The faster of the two: whatever else takes the core slows a calibration, nothing speeds it
+    # up (one taken right after a rebuild once came out at a quarter of the one before it).
+    reference = max(before, calibrated_after)
     children_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
     run.profile_summary("replay", spy)
     folded = FoldCounter(client, settings.redis_keys()).read()
@@ -52,15 +61,18 @@ def rebuild(run: Run) -> None:
         "rebuild_events_per_s",
         rate(report.records, elapsed),
         "events/s",
-        baseline=run.calibration,
+        baseline=reference,
         target=TARGETS["replay"],
         params={
             "records": report.records,
             "folded": folded,
             "sessions": report.applied_sessions,
             "seconds": elapsed,
-            "baseline": "this run's CPU calibration (the pure fold on one core, events/s): the "
-            "ratio travels between machines of different single-core speed",
+            "baseline": "the CPU calibration (the pure fold on one core, events/s) measured right "
+            "before and right after the rebuild, the faster of the two: the ratio travels between "
+            "machines of different single-core speed, and between moments of one machine's",
+            "calibration_before_after": [round(before), round(calibrated_after)],
+            "calibration_at_run_start": None if run.calibration is None else round(run.calibration),
             "what": "processors.replay.replay(...) called in the harness process (which forks "
             "the rebuild processes), timed from the call (consumer connect included) to its "
             "return",
