@@ -119,11 +119,9 @@ def _wait_visible(admin: KafkaAdminClient, partitions: dict[str, int], deadline:
     waiting = dict(partitions)
     while waiting:
         for topic in admin.describe_topics(list(waiting)):
-            name = topic.get("topic") or topic.get("name")
-            if not topic.get("error_code") and len(topic.get("partitions") or ()) == waiting.get(
-                name, -1
-            ):
-                waiting.pop(name, None)
+            name = topic["name"]
+            if not topic["error_code"] and len(topic["partitions"]) == waiting.get(name):
+                waiting.pop(name)
         if not waiting:
             return
         if time.monotonic() > deadline:

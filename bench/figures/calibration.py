@@ -55,8 +55,8 @@ def calibration(run: Run) -> None:
             "what": "BatchFolder.fold of a fixed seeded workload (19 events per session, grants "
             "and relaxed modes signed: Ed25519 verification included), batches of 4,000 from "
             "empty states, in the harness process, with the worker's collector settings (since "
-            "this figure's 2026-12-05 change: earlier calibrations, taken with CPython's "
-            "defaults, were 30-40 % lower and are not comparable)",
+            "f10ab58: earlier calibrations, taken with CPython's defaults, were 30-40 % lower "
+            "and are not comparable)",
             "events": events,
             "rounds": ROUNDS,
             "statistic": "best round",

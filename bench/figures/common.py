@@ -63,9 +63,10 @@ CLUSTER_TOPOLOGY = "3 brokers (RF 3, min.insync.replicas 2) + Redis Cluster (3 m
 SERVER_CPU = ("kafka_cpu_pct", "redis_cpu_pct", "redis_masters_cpu_pct", "redis_replicas_cpu_pct")
 REST_S = 2.0
 # Before each figure the harness waits until every server is at rest: under this share of a core
-# over a second (at rest the broker uses ~3 %, Redis < 1 %), at most `--settle-max-s`. What the
-# figure before left them to do (a deleted topic's segments, a compaction) loaded the broker to
-# 31–47 % of a core through the first second of an e2e window, and made it the slowest one.
+# over a second (at rest the broker uses ~3 %, Redis < 1 %), at most `--settle-max-s`: what the
+# figure before left them to do (a deleted topic's segments, a compaction) is not the next
+# figure's to pay. An e2e run started right after another run's cleanup had the broker at 47 % of
+# a core and every second of its window slow (docs/PERFORMANCE.md).
 SETTLE_LIMIT_PCT = 12.0
 SETTLE_SAMPLE_S = 1.0
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged

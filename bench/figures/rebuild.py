@@ -32,8 +32,7 @@ def rebuild(run: Run) -> None:
     processes = 1 if spy is not None else None
     threads = threading.active_count()
     # The reference next to the figure, before and after: this kind of machine's speed moves
-    # within minutes (the run's calibration, taken minutes earlier, was 37k one run and 64k the
-    # next on the same machine).
+    # within minutes, and the run's own calibration was taken minutes earlier.
     before, _ = calibrate()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu.start()
@@ -50,7 +49,7 @@ def rebuild(run: Run) -> None:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     calibrated_after, _ = calibrate()
     # The faster of the two: whatever else takes the core slows a calibration, nothing speeds it
-    # up (one taken right after a rebuild once came out at a quarter of the one before it).
+    # up.
     reference = max(before, calibrated_after)
     children_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
     run.profile_summary("replay", spy)

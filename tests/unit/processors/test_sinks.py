@@ -102,7 +102,8 @@ def test_a_snapshot_page_that_is_never_acknowledged_fails_the_round_in_bounded_t
     assert producer.calls == ["begin", "send", "send", "abort"]  # never committed
 
 
-def test_a_writer_cancelled_while_it_starts_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+def _hanging_starts(monkeypatch: pytest.MonkeyPatch) -> list[StuckTransactions]:
+    """The producers the sink makes from now on, each of whose start never ends."""
     made: list[StuckTransactions] = []
 
     def producer(*args: Any, **kwargs: Any) -> StuckTransactions:
@@ -110,6 +111,11 @@ def test_a_writer_cancelled_while_it_starts_is_stopped(monkeypatch: pytest.Monke
         return made[-1]
 
     monkeypatch.setattr("processors.sinks.aiokafka.AIOKafkaProducer", producer)
+    return made
+
+
+def test_a_writer_cancelled_while_it_starts_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _hanging_starts(monkeypatch)
     sink = FencedSnapshotSink("127.0.0.1:1", "snaps", start_timeout_s=30)
 
     async def open_writer() -> None:
@@ -130,11 +136,7 @@ def test_a_writer_cancelled_while_it_starts_is_stopped(monkeypatch: pytest.Monke
 def test_a_writer_whose_start_times_out_is_stopped_and_the_failure_is_a_log_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    made: list[StuckTransactions] = []
-    monkeypatch.setattr(
-        "processors.sinks.aiokafka.AIOKafkaProducer",
-        lambda *a, **k: made.append(StuckTransactions(hang_start=True)) or made[-1],
-    )
+    made = _hanging_starts(monkeypatch)
     sink = FencedSnapshotSink("127.0.0.1:1", "snaps", start_timeout_s=0.05)
 
     async def open_writer() -> None:
