@@ -62,11 +62,9 @@ CLUSTER_TOPOLOGY = "3 brokers (RF 3, min.insync.replicas 2) + Redis Cluster (3 m
 # The servers' keys of a CPU report (`Run.cpu`), and how long they are measured at rest.
 SERVER_CPU = ("kafka_cpu_pct", "redis_cpu_pct", "redis_masters_cpu_pct", "redis_replicas_cpu_pct")
 REST_S = 2.0
-# Before each figure the harness waits until every server is at rest: under this share of a core
-# over a second (at rest the broker uses ~3 %, Redis < 1 %), at most `--settle-max-s`: what the
-# figure before left them to do (a deleted topic's segments, a compaction) is not the next
-# figure's to pay. An e2e run started right after another run's cleanup had the broker at 47 % of
-# a core and every second of its window slow (docs/PERFORMANCE.md).
+# Before each figure the harness waits (at most `--settle-max-s`) until every server uses under
+# this share of a core over a second (at rest: broker ~3 %, Redis < 1 %): what the figure before
+# left them to do (a deleted topic's segments) is not the next figure's to pay (PERFORMANCE.md).
 SETTLE_LIMIT_PCT = 12.0
 SETTLE_SAMPLE_S = 1.0
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
