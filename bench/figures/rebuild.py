@@ -48,8 +48,7 @@ def rebuild(run: Run) -> None:
     usage = cpu.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     calibrated_after, _ = calibrate()
-    # The faster of the two: whatever else takes the core slows a calibration, nothing speeds it
-    # up.
+    # The faster of the two: whatever else takes the core slows a calibration, nothing speeds it.
     reference = max(before, calibrated_after)
     children_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
     run.profile_summary("replay", spy)
