@@ -13,13 +13,10 @@ on its own:
   timeline entries (`SessionUpdate.timeline`) and their JSON, indexes, counters — the rest of the
   worker's per-event work before Redis.
 
-Only a batch's records and updates are alive at a time, and the cache of every session's state,
-as in the worker, so the collector sees the heap it would see there. `--gc default` keeps
-CPython's thresholds (the replay before it tuned them, the harness process); `--gc worker` is the
-worker's (`gc.freeze()` after start-up, threshold 1,000,000 since `22a4745`); `--gc rebuild` is the
-rebuild's (threshold 100,000: the worker's before); `--gc off` shows the cost without the
-collector. Each of R runs starts from an empty cache; the best run is reported (µs per event),
-with the median and the worst. One JSON line on stdout with `--json`, else a small table.
+Only a batch's records and updates are alive at a time, plus the cache, as in the worker. `--gc`
+sets the collector as CPython does (`default`), the worker (`worker`: milpa_sessions/cli.py), the
+rebuild (`rebuild`: processors/replay.py), or turns it `off`. Each of R runs starts from an empty
+cache; the best run is reported (µs per event) with the median and the worst (`--json`: one line).
 """
 
 from __future__ import annotations

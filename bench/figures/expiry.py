@@ -26,10 +26,8 @@ from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.events import Event
 
-# The load of the figures under load, as a share of what one worker folds in the same run: #15
-# asks for "~12k events/s of other sessions" on a machine where a worker folded 14,718 events/s
-# (756cb6c), 0.82 of its capacity. On a machine half as fast 12,000 events/s is more than a worker
-# folds at all: its backlog, not the deadlines, would be measured. Never more than asked.
+# The load under load: #15's "~12k events/s" was 0.82 of a worker's rate where it was asked
+# (756cb6c); on a slower machine 12k would measure a backlog, not deadlines. Never more than asked.
 LOAD_SHARE_OF_CAPACITY = 12_000 / 14_718
 CAPACITY_FIGURE = "projector_events_per_s_per_worker_1w"
 

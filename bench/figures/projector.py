@@ -317,12 +317,16 @@ def projector(run: Run) -> None:
             "consume_only_ceiling": consume,
             "why": "what folding and committing leave of the rate at which one process can "
             "merely fetch and decode the same topic: a ratio that travels between machines",
-            "fold_alone_share_of_consume_ceiling": ratio(run.calibration, consume),
-            "fold_alone": "the run's CPU calibration (the pure fold of this workload on one core, "
-            "no decode, no I/O) over the same ceiling: what one worker would reach if fetching, "
-            "decoding and committing cost nothing",
+            "bound_if_commits_were_free": fold_bound(run.calibration, consume),
+            "bound": "a worker that fetches and decodes as fast as the ceiling C and folds as fast "
+            "as the run's CPU calibration F, in one process, and commits for free: F / (F + C)",
         },
     )
+
+
+def fold_bound(fold: float | None, ceiling: float | None) -> float | None:
+    """The share of the ceiling a worker reaches at most: it fetches, decodes and folds."""
+    return None if fold is None or ceiling is None else round(fold / (fold + ceiling), 3)
 
 
 def _two_worker_bound(one: dict[str, Any], reached: float | None) -> dict[str, Any]:

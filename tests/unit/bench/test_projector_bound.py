@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench.figures.projector import _two_worker_bound
+from bench.figures.projector import _two_worker_bound, fold_bound
 
 
 def test_the_bound_is_two_worker_shares_of_the_cpu_one_event_costs(
@@ -34,3 +34,10 @@ def test_on_one_core_two_workers_can_at_most_match_one(monkeypatch: pytest.Monke
 def test_without_the_cpu_figures_there_is_no_bound() -> None:
     assert _two_worker_bound({}, 1.4) == {}
     assert _two_worker_bound({"cpu_us_per_event": {"worker0": 80.0}}, 1.4) == {}
+
+
+def test_a_worker_that_also_folds_reaches_at_most_fold_over_fold_plus_ceiling() -> None:
+    # Per event it spends 1/C fetching and decoding and 1/F folding: C / (1/C + 1/F) = F / (F + C).
+    assert fold_bound(62_582.0, 102_303.0) == pytest.approx(0.380, abs=1e-3)
+    assert fold_bound(100_000.0, 100_000.0) == 0.5
+    assert fold_bound(None, 100_000.0) is None
