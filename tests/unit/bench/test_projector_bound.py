@@ -37,7 +37,7 @@ def test_without_the_cpu_figures_there_is_no_bound() -> None:
 
 
 def test_a_worker_that_also_folds_reaches_at_most_fold_over_fold_plus_ceiling() -> None:
-    # Per event it spends 1/C fetching and decoding and 1/F folding: C / (1/C + 1/F) = F / (F + C).
+    # 1/C per event fetching and decoding, 1/F folding: a rate of C F / (F + C), F / (F + C) of C.
     assert fold_bound(62_582.0, 102_303.0) == pytest.approx(0.380, abs=1e-3)
     assert fold_bound(100_000.0, 100_000.0) == 0.5
     assert fold_bound(None, 100_000.0) is None
