@@ -266,8 +266,8 @@ def test_the_workers_own_exposition_parses_into_buckets_and_counters() -> None:
     assert as_dict[math.inf] == 6
     assert parse_counter(text, "milpa_expiry_lateness_ms_count") == 6
     assert parse_counter(text, "milpa_expiry_lateness_ms_sum") == pytest.approx(12026.5)
-    # rank 3 of 6 is the last sample of the (2, 5] bucket: its upper bound.
-    assert histogram_quantile(0.5, buckets) == 5.0
+    # rank 3 of 6 is the last sample of the (2, 3] bucket: its upper bound (the samples' 3.0).
+    assert histogram_quantile(0.5, buckets) == 3.0
 
 
 def test_parse_counter_reads_the_total_suffix_and_misses_as_none() -> None:
