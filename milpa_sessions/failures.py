@@ -13,7 +13,6 @@ from typing import Any, NoReturn
 
 import click
 import redis
-from kafka.errors import KafkaError
 from rich.console import Console
 
 from milpa_sessions.settings import Settings
@@ -43,8 +42,17 @@ class CleanGroup(click.Group):
             _fail(f"error: {type(e).__name__}: {e}", EXIT_FAILED)
         except redis.RedisError as e:  # a driver error an adapter did not wrap: still one line
             _fail(f"error: Redis at {_where(ctx, 'redis')}: {type(e).__name__}: {e}", EXIT_FAILED)
-        except KafkaError as e:
+        except Exception as e:
+            if not _kafka_error(e):
+                raise
             _fail(f"error: Kafka at {_where(ctx, 'kafka')}: {type(e).__name__}: {e}", EXIT_FAILED)
+
+
+def _kafka_error(e: Exception) -> bool:
+    """Whether `e` is kafka-python's. Read from `sys.modules`: a command that never imported
+    kafka (its import costs ~0.1 s; reading commands never need it) cannot have raised one."""
+    errors = sys.modules.get("kafka.errors")
+    return errors is not None and isinstance(e, errors.KafkaError)
 
 
 def _where(ctx: click.Context, service: str) -> str:

@@ -9,16 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from kafka import KafkaProducer
-from kafka.errors import KafkaError
+from typing import TYPE_CHECKING, Any
 
 from producers.kafka_access import KafkaAccess
 from schemas.codec import EventCodec
 from schemas.errors import LogError
 from schemas.events import Event
 from session_model.projection import Position
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+
+
+def _kafka_error() -> type[Exception]:
+    """kafka-python's error root, imported when first needed: kafka's import costs ~0.1 s, and a
+    reader's `SessionStore` holds a log it never writes to (the CLI's reading commands)."""
+    from kafka.errors import KafkaError  # noqa: PLC0415
+
+    error: type[Exception] = KafkaError
+    return error
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,8 @@ class KafkaEventLog:
     @property
     def _producer(self) -> KafkaProducer:
         if self._client is None:
+            from kafka import KafkaProducer  # noqa: PLC0415 - see `_kafka_error`
+
             c = self.config
             self.access.check_reachable(c.max_block)
             try:
@@ -77,7 +88,7 @@ class KafkaEventLog:
                     bootstrap_timeout_ms=int(c.max_block * 1000),
                     **c.extra,
                 )
-            except KafkaError as e:
+            except _kafka_error() as e:
                 raise LogError(f"cannot connect a producer to {self.bootstrap}: {e}") from e
         return self._client
 
@@ -86,7 +97,7 @@ class KafkaEventLog:
         value = self.codec.encode(event)
         try:
             return self._producer.send(self.topic, key=event.session_id.encode(), value=value)
-        except KafkaError as e:
+        except _kafka_error() as e:
             raise LogError(f"cannot send {event.type} for {event.session_id}: {e}") from e
 
     def append(self, event: Event) -> Position:
@@ -104,7 +115,7 @@ class KafkaEventLog:
             return
         try:
             self._producer.flush(timeout=timeout)
-        except KafkaError as e:
+        except _kafka_error() as e:
             raise LogError(f"flush failed: {e}") from e
 
     def close(self, timeout: float | None = 10.0) -> None:
@@ -113,13 +124,13 @@ class KafkaEventLog:
             return
         try:
             self._client.close(timeout=timeout)
-        except KafkaError as e:
+        except _kafka_error() as e:
             raise LogError(f"close failed: {e}") from e
 
     def _wait(self, future: Any) -> Position:
         try:
             metadata = future.get(timeout=self.config.ack_timeout)
-        except KafkaError as e:
+        except _kafka_error() as e:
             raise LogError(f"the broker did not acknowledge an append: {e}") from e
         return Position(metadata.partition, metadata.offset)
 
