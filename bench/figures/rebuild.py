@@ -28,12 +28,12 @@ def rebuild(run: Run) -> None:
     client = run.store_client(settings)  # the product's, as `milpa-sessions replay` makes it
     store = RedisProjectionStore(client, settings.redis_keys())
     cpu = run.cpu({}, run.redis())
+    # The reference next to the figure, before and after (outside the profile): this kind of
+    # machine's speed moves within minutes, and the run's own calibration was minutes earlier.
+    before, _ = calibrate()
     spy = run.start_profile("replay", os.getpid())
     processes = 1 if spy is not None else None
     threads = threading.active_count()
-    # The reference next to the figure, before and after: this kind of machine's speed moves
-    # within minutes, and the run's own calibration was taken minutes earlier.
-    before, _ = calibrate()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu.start()
     started = time.perf_counter()
@@ -47,11 +47,11 @@ def rebuild(run: Run) -> None:
     elapsed = time.perf_counter() - started
     usage = cpu.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run.profile_summary("replay", spy)
     calibrated_after, _ = calibrate()
     # The faster of the two: whatever else takes the core slows a calibration, nothing speeds it.
     reference = max(before, calibrated_after)
     children_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
-    run.profile_summary("replay", spy)
     folded = FoldCounter(client, settings.redis_keys()).read()
     run.log(f"replay: {report.records} records in {elapsed:.2f}s")
     harness_s = (usage.get("harness_cpu_pct") or 0.0) * elapsed / 100
