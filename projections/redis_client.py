@@ -150,13 +150,29 @@ class AsyncCluster(AsyncRedisCluster):
 
 
 class SyncCluster(SyncRedisCluster):
-    """redis-py's Redis Cluster client; `projections.requests` pipelines to each master on its
-    node's own client (see `AsyncCluster`)."""
+    """redis-py's Redis Cluster client; `projections.requests` pipelines to each master on a
+    plain client of its own (see `AsyncCluster`), whose commands hiredis packs (`_HiredisPacker`:
+    redis-py's cluster client takes no packer for its nodes)."""
 
     def node_client(self, node: SyncClusterNode) -> redis.Redis:
-        """The plain client of one node."""
-        client: redis.Redis = node.redis_connection
-        return client
+        """The plain client of one node (commands packed by hiredis), made once."""
+        clients: dict[str, redis.Redis] = self.__dict__.setdefault("_node_clients", {})
+        found = clients.get(node.name)
+        if found is None:
+            pool = node.redis_connection.connection_pool
+            options = {**pool.connection_kwargs, "command_packer": HIREDIS_PACKER}
+            found = clients[node.name] = redis.Redis(
+                connection_pool=redis.ConnectionPool(
+                    connection_class=pool.connection_class, **options
+                )
+            )
+        return found
+
+    def close(self) -> None:
+        """Close the cluster client and every node client."""
+        for client in self.__dict__.pop("_node_clients", {}).values():
+            client.close()
+        super().close()
 
 
 AsyncClient = aioredis.Redis | AsyncCluster

@@ -19,8 +19,9 @@ import pytest
 
 from deploy.harness import kill_redis_master, stack_dir, start_redis_node
 from milpa_sessions.settings import Settings
+from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
-from projections.redis_client import SyncCluster
+from projections.redis_client import HIREDIS_PACKER, SyncCluster
 from projections.redis_store import RedisProjectionStore
 from schemas.events import Event
 from session_model.projection import Position
@@ -85,6 +86,39 @@ def test_a_worker_on_the_cluster_folds_six_partitions_over_three_masters_and_equ
     assert sorted(cluster_projections.ids()) == sids  # a SCAN of every master
     assert_equals_the_fold(cluster_projections, expected)
     assert_counts_are_exact(on_cluster, cluster_projections, expected)
+
+
+def test_a_rebuild_on_the_cluster_writes_through_node_clients_that_hiredis_packs(
+    on_cluster: Settings,
+    kafka_log: KafkaEventLog,
+    cluster_projections: RedisProjectionStore,
+) -> None:
+    sids, events = generate(120, prefix="r", group=30)
+    send_all(kafka_log, events)
+    expected = expected_projections(events, TrustedKeys.none())
+
+    report = replay(
+        on_cluster.kafka_access(),
+        on_cluster.events_topic,
+        cluster_projections,
+        TrustedKeys.none(),
+        processes=1,  # in this process: its node clients are the ones looked at below
+    )
+
+    assert report.records == len(events)
+    assert sorted(cluster_projections.ids()) == sids
+    assert_equals_the_fold(cluster_projections, expected)
+    client = cluster_projections.client
+    assert isinstance(client, SyncCluster)
+    masters = _masters_holding(cluster_projections, sids)
+    nodes = client.__dict__["_node_clients"]
+    assert masters <= set(nodes) and len(masters) == 3
+    for node in nodes.values():
+        connection = node.connection_pool.get_connection()
+        try:
+            assert connection._command_packer is HIREDIS_PACKER
+        finally:
+            node.connection_pool.release(connection)
 
 
 def _paced(log: KafkaEventLog, events: Sequence[Event], sent: list[int]) -> dict[str, Position]:
