@@ -168,10 +168,37 @@ class FencedSnapshotSink:
     async def _stop(self, producer: aiokafka.AIOKafkaProducer, writer_id: str) -> None:
         """Stop the writer, bounded: its flush waits for ever on batches a coordinator it cannot
         reach holds back (they never expire), and a round must end to let a revocation in."""
+        internal = _internal_futures(producer)
         try:
             await asyncio.wait_for(producer.stop(), self.start_timeout_s)
         except Exception as e:  # what it failed to send fails the round already
             log.warning("stopping the snapshot writer %s: %r", writer_id, e)
+        finally:
+            for future in internal:
+                if future.done() and not future.cancelled():
+                    future.exception()  # retrieved: the failure reached the caller already
+
+
+def _internal_futures(producer: aiokafka.AIOKafkaProducer) -> list[asyncio.Future[object]]:
+    """Futures aiokafka (0.14) fails when a fenced writer's sender dies, and that nobody awaits:
+    the transaction's waiter and each queued batch's drain waiter. Unretrieved, each logs
+    "Future exception was never retrieved" with a traceback at ERROR when it is collected: two
+    per fenced round, on every hand-over to a worker whose predecessor still ran. The failure
+    itself reaches `FencedWriter.publish`'s caller through the records' own futures."""
+    futures: list[asyncio.Future[object]] = []
+    txn = getattr(producer, "_txn_manager", None)
+    waiter = getattr(txn, "_transaction_waiter", None)
+    if isinstance(waiter, asyncio.Future):
+        futures.append(waiter)
+    accumulator = getattr(producer, "_message_accumulator", None)
+    queued = [*getattr(accumulator, "_pending_batches", ())]
+    for batches in getattr(accumulator, "_batches", {}).values():
+        queued.extend(batches)
+    for batch in queued:
+        drain = getattr(batch, "_drain_waiter", None)
+        if isinstance(drain, asyncio.Future):
+            futures.append(drain)
+    return futures
 
 
 class FencedWriter:
