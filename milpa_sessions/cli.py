@@ -240,6 +240,7 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool, live: 
     data = {
         "records": report.records,
         "sessions": report.applied_sessions,
+        "processes": report.processes,
         "refused": dict(report.refused),
         "restored_from_snapshots": report.restored,
         "snapshots_ignored": dict(report.ignored),
@@ -312,6 +313,7 @@ def _replay_live(ctx: Ctx, full: bool) -> None:
         "generation": report.generation,
         "records": first.records,
         "sessions": first.applied_sessions,
+        "processes": first.processes,
         "refused": dict(first.refused),
         "restored_from_snapshots": first.restored,
         "caught_up": report.caught_up,

@@ -21,7 +21,8 @@ projection or the new one, never a half-built one. Counters and indexes are rebu
 rest: the new generation's are exact by construction.
 
 One live rebuild at a time: each holds a lease in Redis (`lua/lease.lua`), renewed by a thread
-while it runs, and refuses to start (`RebuildInProgressError`) while another holds it; a plain
+while it runs (guarded, so that the first pass still forks its processes: `ForkGuard`), and
+refuses to start (`RebuildInProgressError`) while another holds it; a plain
 `replay` refuses too. A rebuild that loses its lease (it stalled longer than the lease lives)
 stops before its next move. A rebuild killed outright leaves the lease to lapse after
 `LEASE_TTL_S`.
@@ -39,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
-from processors.replay import Progress, ReplayReport, end_offsets, fold_range, replay
+from processors.replay import ForkGuard, Progress, ReplayReport, end_offsets, fold_range, replay
 from producers.kafka_access import KafkaAccess
 from projections.keys import Keys
 from projections.redis_store import GENERATIONS_TTL_S, RedisProjectionStore
@@ -83,13 +84,14 @@ def rebuild_live(
     """Rebuild every projection into the next generation while the workers serve the current
     one, move each partition over once the new one has caught up, and drop the old one
     (`RebuildInProgressError` while another live rebuild runs)."""
-    with _lease(store, LEASE_TTL_S) as lost:
+    with _lease(store, LEASE_TTL_S) as (lost, guard):
         return _rebuild(
             bootstrap,
             topic,
             store,
             keys,
             lost,
+            guard=guard,
             start_mode=start_mode,
             cutover=cutover,
             snapshots_topic=snapshots_topic,
@@ -100,8 +102,11 @@ def rebuild_live(
 
 
 @contextmanager
-def _lease(store: RedisProjectionStore, ttl_s: float) -> Iterator[threading.Event]:
-    """Hold the rebuild lease while the block runs; the event is set if it was lost."""
+def _lease(
+    store: RedisProjectionStore, ttl_s: float
+) -> Iterator[tuple[threading.Event, ForkGuard]]:
+    """Hold the rebuild lease while the block runs; the event is set if it was lost. The
+    renewing thread holds the guard's lock while it renews (and logs)."""
     token, ttl_ms = uuid.uuid4().hex, int(ttl_s * 1000)
     if not store.lease(token, ttl_ms, "take"):
         raise RebuildInProgressError(
@@ -109,14 +114,16 @@ def _lease(store: RedisProjectionStore, ttl_s: float) -> Iterator[threading.Even
             f"lease {store.keys.rebuild_lease()}); wait for it to end"
         )
     lost, done = threading.Event(), threading.Event()
+    guard = ForkGuard(threading.Lock())
 
     def renew() -> None:
         while not done.wait(ttl_s / 3):
-            try:
-                held = store.lease(token, ttl_ms, "renew")
-            except MilpaError as e:  # Redis away for a moment: try again before it lapses
-                log.warning("live rebuild: renewing the lease failed: %s", e)
-                continue
+            with guard.lock:
+                try:
+                    held = store.lease(token, ttl_ms, "renew")
+                except MilpaError as e:  # Redis away for a moment: try again before it lapses
+                    log.warning("live rebuild: renewing the lease failed: %s", e)
+                    continue
             if not held:
                 lost.set()
                 return
@@ -124,7 +131,7 @@ def _lease(store: RedisProjectionStore, ttl_s: float) -> Iterator[threading.Even
     renewer = threading.Thread(target=renew, name="rebuild-lease", daemon=True)
     renewer.start()
     try:
-        yield lost
+        yield lost, guard
     finally:
         done.set()
         renewer.join()
@@ -141,6 +148,7 @@ def _rebuild(
     keys: TrustedKeys,
     lost: threading.Event,
     *,
+    guard: ForkGuard,
     start_mode: Mode,
     cutover: Cutover | None,
     snapshots_topic: str | None,
@@ -169,6 +177,7 @@ def _rebuild(
         snapshots_topic=snapshots_topic,
         batch_size=batch_size,
         clear=False,
+        fork_guard=guard,
     )
     read = {p: first.ends.get(p, 0) for p in range(partitions)}
     pending = set(range(partitions))

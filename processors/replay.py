@@ -85,13 +85,23 @@ RawRecord = tuple[int, int, bytes | None, bytes | None]
 """partition, offset, key, value."""
 
 
+@dataclass(frozen=True)
+class ForkGuard:
+    """Threads of the caller that may run while the rebuild forks: each holds `lock` whenever
+    it could hold anything a forked child would need (a Redis connection, stderr), and the
+    rebuild forks its processes holding it. They then do not keep the rebuild in one process."""
+
+    lock: Any  # a `threading.Lock`
+    threads: int = 1
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
     """What a rebuild read and applied, and what it refused (by refusal code).
 
     `restored`: sessions started from their snapshots; `ignored`: snapshot records it could not
     use, by reason (`projections.snapshots`), each one a warning; `skipped`: events before
-    the partitions' checkpoints it did not read.
+    the partitions' checkpoints it did not read; `processes`: how many folded them.
     """
 
     records: int
@@ -101,6 +111,7 @@ class ReplayReport:
     ignored: Mapping[str, int] = dataclasses.field(default_factory=dict)
     skipped: int = 0
     ends: Mapping[int, int] = dataclasses.field(default_factory=dict)  # partition -> end read
+    processes: int = 1  # that folded the partitions
 
     def applied_through(self) -> dict[int, int]:
         """partition -> the last offset the rebuild applied (what its snapshots can vouch for)."""
@@ -128,6 +139,7 @@ def replay(
     restored_at: datetime | None = None,
     snapshots_topic: str | None = None,
     clear: bool = True,
+    fork_guard: ForkGuard | None = None,
 ) -> ReplayReport:
     """Drop and rebuild every projection (or one session's) from the topic.
 
@@ -148,7 +160,7 @@ def replay(
 
     `processes`: how many processes rebuild partitions in parallel, at most one per partition;
     1 rebuilds in this process. By default one per CPU when this process runs no other thread
-    (the processes are forked), else 1.
+    (the processes are forked) than those of `fork_guard`, else 1.
     """
     codec = codec or EventCodec()
     if session_id is None and clear and store.rebuild_running():
@@ -182,11 +194,12 @@ def replay(
     folder = BatchFolder(keys, start_mode, cutover or Cutover())
     intake = Intake(codec, partitions)
     job = _Job(access, topic, store, folder, session_id, batch_size, intake, starts, plan.sessions)
-    groups = _groups(sorted(ends), processes)
+    groups = _groups(sorted(ends), processes, 0 if fork_guard is None else fork_guard.threads)
     if len(groups) <= 1:
         report = job.run(ends, None if progress is None else lambda read: progress(read, total))
     else:
-        report = _in_processes(job, [{p: ends[p] for p in g} for g in groups], total, progress)
+        shares = [{p: ends[p] for p in g} for g in groups]
+        report = _in_processes(job, shares, total, progress, fork_guard)
     return dataclasses.replace(
         report, ignored=dict(plan.ignored), skipped=sum(starts.values()), ends=dict(ends)
     )
@@ -249,13 +262,14 @@ def _snapshot_plan(
         return plan_rebuild(records, partitions, codec, session_id)
 
 
-def _groups(partitions: Sequence[int], processes: int | None) -> list[list[int]]:
-    """The partitions of each rebuild process (round robin)."""
+def _groups(partitions: Sequence[int], processes: int | None, guarded: int = 0) -> list[list[int]]:
+    """The partitions of each rebuild process (round robin); `guarded`: threads that hold a
+    `ForkGuard`'s lock whenever forking would be unsafe."""
     if processes is None:
         # One per CPU, unless this process runs other threads: a forked child inherits the
         # locks they hold at that instant (a logging handler's, stderr's) and could wait on one
-        # forever. The CLI's progress bar is such a thread; the benchmark harness has none.
-        alone = threading.active_count() == 1
+        # forever. A live rebuild's lease renewer is guarded; the CLI runs no other thread.
+        alone = threading.active_count() - guarded == 1
         processes = len(os.sched_getaffinity(0)) if alone else 1
     if "fork" not in multiprocessing.get_all_start_methods():
         processes = 1
@@ -336,7 +350,11 @@ class _Job:
 
 
 def _in_processes(
-    job: _Job, shares: list[dict[int, int]], total: int, progress: Progress | None
+    job: _Job,
+    shares: list[dict[int, int]],
+    total: int,
+    progress: Progress | None,
+    guard: ForkGuard | None = None,
 ) -> ReplayReport:
     """Run `job` over each share of the partitions in a process of its own; add the reports.
 
@@ -355,8 +373,9 @@ def _in_processes(
     reads = [0] * len(children)
     reports: dict[int, ReplayReport] = {}
     try:
-        for child in children:
-            child.start()
+        with contextlib.nullcontext() if guard is None else guard.lock:
+            for child in children:
+                child.start()
         while len(reports) < len(children):
             try:
                 kind, index, value = messages.get(timeout=_POLL_S)
@@ -384,6 +403,7 @@ def _in_processes(
             sum(r.applied_sessions for r in reports.values()),
             dict(refused),
             restored=sum(r.restored for r in reports.values()),
+            processes=len(children),
         )
     finally:
         reported = len(reports) == len(children)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,10 @@ from producers.topics import group_members
 from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question
 from session_model.projection import Position
-from tests.integration.conftest import with_keys
+from session_model.signing import TrustedKeys
+from tests.integration.conftest import run_cli, with_keys
+from tests.integration.expected import expected_projections
+from tests.integration.test_scale_and_crash import assert_equals_the_fold, generate, send_all
 
 pytestmark = pytest.mark.integration
 
@@ -156,3 +160,23 @@ def test_replay_is_refused_while_workers_run_and_rebuilds_once_they_stopped(
     code, output = _run(settings, "replay")
     assert code == 0 and "replayed 2 records into 1 sessions" in output
     assert agent.load("rp-1") == before
+
+
+def test_the_replay_command_forks_one_rebuild_process_per_cpu(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    """As an operator runs it (a process of its own, its progress bar drawn): pytest's own
+    threads keep an in-process call to one process, so this runs the command."""
+    sids, events = generate(60, prefix="fork", group=20)
+    last = send_all(kafka_log, events)
+    partitions = {p.partition for p in last.values()}
+    assert len(partitions) > 1
+
+    done = run_cli(settings, "replay", "--force", "--full")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert (report["records"], report["sessions"]) == (len(events), len(sids))
+    # A partition without records needs no process.
+    assert report["processes"] == min(len(os.sched_getaffinity(0)), len(partitions))
+    assert_equals_the_fold(projections, expected_projections(events, TrustedKeys.none()))

@@ -8,6 +8,7 @@ and afterwards everything equals the fold, the counters are exact and the old ge
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -94,6 +95,9 @@ def test_a_live_rebuild_switches_readers_and_workers_to_a_complete_new_generatio
     assert report["generation"] == 1
     assert report["records"] > 0 and report["rounds"] >= 1
     assert report["old_keys_dropped"] > 0
+    # Its first pass forked one process per CPU: the lease renewer is the only other thread,
+    # and it is guarded.
+    assert report["processes"] == min(len(os.sched_getaffinity(0)), settings.partitions)
 
     assert reader.wrong == [], reader.wrong[:5]
     assert reader.reads > 10

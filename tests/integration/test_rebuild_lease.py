@@ -113,7 +113,7 @@ def test_on_a_redis_cluster_the_lease_has_one_holder_too(
 def test_a_rebuild_that_loses_its_lease_learns_it_before_its_next_move(
     projections: RedisProjectionStore,
 ) -> None:
-    with _lease(projections, 0.3) as lost:
+    with _lease(projections, 0.3) as (lost, _guard):
         assert projections.rebuild_running()
         assert not lost.is_set()
         time.sleep(0.5)  # renewed meanwhile (every 0.1 s)
