@@ -40,7 +40,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
-from processors.replay import ForkGuard, Progress, ReplayReport, end_offsets, fold_range, replay
+from processors.replay import (
+    BATCH_RECORDS,
+    ForkGuard,
+    Progress,
+    ReplayReport,
+    end_offsets,
+    fold_range,
+    replay,
+)
 from producers.kafka_access import KafkaAccess
 from projections.keys import Keys
 from projections.redis_store import GENERATIONS_TTL_S, RedisProjectionStore
@@ -78,7 +86,7 @@ def rebuild_live(
     cutover: Cutover | None = None,
     snapshots_topic: str | None = None,
     progress: Progress | None = None,
-    batch_size: int = 2000,
+    batch_size: int = BATCH_RECORDS,
     grace_s: float = 2 * GENERATIONS_TTL_S,
 ) -> LiveReport:
     """Rebuild every projection into the next generation while the workers serve the current

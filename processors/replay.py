@@ -76,6 +76,12 @@ log = logging.getLogger("milpa_sessions.replay")
 # Sessions whose state a rebuild process keeps between batches; beyond it the older half is
 # dropped (a dropped session that shows up again is read back from Redis).
 CACHE_LIMIT: Final = 200_000
+# Records per batch, at most (across a process's partitions). A session's update is committed
+# once per batch that holds its events: larger batches commit fewer updates per event (less
+# state encoding, fewer script calls in Redis). 12,000 rebuilt the bench's topic about 8 % faster
+# than 2,000 (docs/PERFORMANCE.md, "The rebuild's batches"); a batch's records and states are
+# tens of MB at most.
+BATCH_RECORDS: Final = 12_000
 # Batches fetched ahead of the fold.
 _AHEAD: Final = 4
 _POLL_S: Final = 0.2  # how often the parent looks for a rebuild process that died silently
@@ -130,7 +136,7 @@ def replay(
     keys: TrustedKeys,
     *,
     session_id: str | None = None,
-    batch_size: int = 2000,
+    batch_size: int = BATCH_RECORDS,
     progress: Progress | None = None,
     codec: EventCodec | None = None,
     processes: int | None = None,
@@ -216,7 +222,7 @@ def fold_range(
     partitions: int,
     start_mode: Mode = Mode.ASK,
     cutover: Cutover | None = None,
-    batch_size: int = 2000,
+    batch_size: int = BATCH_RECORDS,
 ) -> ReplayReport:
     """Fold the records of these partitions from `starts` up to `ends` onto what the store holds
     (in this process): a live rebuild's catching up after its first pass."""
