@@ -128,7 +128,7 @@ def measure(
         gc.set_threshold(1_000_000, 20, 100)
     elif gc_mode == "rebuild":  # processors/replay.py, `_bulk_collector`
         gc.freeze()
-        gc.set_threshold(100_000, 50, 1000)
+        gc.set_threshold(1_000_000, 50, 1000)
     elif gc_mode == "off":
         gc.disable()
     runs = []

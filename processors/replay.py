@@ -446,12 +446,14 @@ def _child(job: _Job, ends: dict[int, int], index: int, messages: Any) -> None:
 def _bulk_collector() -> Iterator[None]:
     """The collector's thresholds of the worker (`milpa-sessions worker`) while rebuilding.
 
-    A young-generation collection every 100,000 net allocations instead of 700, and no full
+    A young-generation collection every 1,000,000 net allocations instead of 700, and no full
     collection in practice: everything the rebuild allocates is freed by reference counting, and
-    what it keeps (the states) is only ever traversed for nothing. Restored afterwards.
+    what it keeps (the states) is only ever traversed for nothing. Restored afterwards. (With
+    100,000, the young collections alone took about an eighth of a rebuild's time:
+    docs/PERFORMANCE.md, "The rebuild's collector".)
     """
     previous = gc.get_threshold()
-    gc.set_threshold(100_000, 50, 1000)
+    gc.set_threshold(1_000_000, 50, 1000)
     try:
         yield
     finally:
