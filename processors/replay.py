@@ -78,9 +78,9 @@ log = logging.getLogger("milpa_sessions.replay")
 CACHE_LIMIT: Final = 200_000
 # Records per batch, at most (across a process's partitions). A session's update is committed
 # once per batch that holds its events: larger batches commit fewer updates per event (less
-# state encoding, fewer script calls in Redis). 12,000 rebuilt the bench's topic about 8 % faster
-# than 2,000 (docs/PERFORMANCE.md, "The rebuild's batches"); a batch's records and states are
-# tens of MB at most.
+# state encoding, fewer script calls in Redis). 12,000 rebuilt the bench's topic 8-14 % faster
+# than 2,000 in alternated runs (docs/PERFORMANCE.md, "The rebuild's batches"); a batch's
+# records and states are tens of MB at most.
 BATCH_RECORDS: Final = 12_000
 # Batches fetched ahead of the fold.
 _AHEAD: Final = 4
