@@ -70,9 +70,13 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
 
     # Imported here: aiokafka is start-up time that the CLI's readers and writers, each a process
     # of its own, need not pay.
+    from processors.replay import end_offsets  # noqa: PLC0415
     from processors.sinks import FencedSnapshotSink  # noqa: PLC0415
     from processors.snapshots import snapshot_partitions  # noqa: PLC0415
     from projections.redis_store import AsyncRedisProjectionStore  # noqa: PLC0415
+
+    # A missing topic fails here at once (LogError), not after the writer's start-up timeout.
+    end_offsets(settings.kafka_access(), settings.snapshots_topic)
 
     async def run() -> int:
         client = settings.redis_async()

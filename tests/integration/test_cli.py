@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,21 @@ def test_the_replay_command_forks_one_rebuild_process_per_cpu(
     # A partition without records needs no process.
     assert report["processes"] == min(len(os.sched_getaffinity(0)), len(partitions))
     assert_equals_the_fold(projections, expected_projections(events, TrustedKeys.none()))
+
+
+def test_replay_without_its_snapshots_topic_stands_and_says_the_topic_is_missing(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    sids, events = generate(6, prefix="nosnap", group=6)
+    send_all(kafka_log, events)
+    missing = replace(settings, snapshots_topic=f"{settings.snapshots_topic}-never-created")
+
+    done = run_cli(missing, "replay", "--force", "--full")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert (report["records"], report["sessions"]) == (len(events), len(sids))
+    assert report["snapshots_taken"] == 0
+    # Said at once, before any snapshot writer waits for a topic that is not there.
+    assert report["snapshot_error"] == f"topic {missing.snapshots_topic} does not exist"
+    assert sorted(projections.ids()) == sids
