@@ -1,0 +1,48 @@
+"""The options `KafkaEventLog` gives kafka-python's producer (no broker: the producer is faked)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kafka
+import pytest
+
+from producers.kafka_access import KafkaAccess
+from producers.kafka_log import KafkaEventLog, ProducerConfig
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The keyword arguments of every KafkaProducer built."""
+    seen: list[dict[str, Any]] = []
+
+    class Recording:
+        def __init__(self, **options: Any) -> None:
+            seen.append(options)
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Recording)
+    monkeypatch.setattr(KafkaAccess, "check_reachable", lambda self, timeout: None)
+    return seen
+
+
+def test_the_producer_is_idempotent_with_acks_all_and_no_client_metrics(
+    built: list[dict[str, Any]],
+) -> None:
+    KafkaEventLog("127.0.0.1:9", "t")._producer  # noqa: B018 - building it is the test
+    (options,) = built
+    assert options["acks"] == "all"
+    assert options["enable_idempotence"] is True
+    assert options["max_in_flight_requests_per_connection"] == 5
+    assert options["metrics_enabled"] is False
+    assert options["bootstrap_servers"] == ["127.0.0.1:9"]
+
+
+def test_client_metrics_can_be_turned_on_and_extra_options_win(
+    built: list[dict[str, Any]],
+) -> None:
+    config = ProducerConfig(client_metrics=True, extra={"linger_ms": 0, "retries": 3})
+    KafkaEventLog("127.0.0.1:9", "t", config=config)._producer  # noqa: B018
+    (options,) = built
+    assert options["metrics_enabled"] is True
+    assert options["linger_ms"] == 0
+    assert options["retries"] == 3
