@@ -75,6 +75,8 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
     from processors.snapshots import snapshot_partitions  # noqa: PLC0415
     from projections.redis_store import AsyncRedisProjectionStore  # noqa: PLC0415
 
+    if not applied:
+        return 0  # nothing was applied (an empty topic): nothing to cover, no broker to ask
     # A missing topic fails here at once (LogError), not after the writer's start-up timeout.
     end_offsets(settings.kafka_access(), settings.snapshots_topic)
 

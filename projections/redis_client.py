@@ -7,6 +7,7 @@ of 64 sessions), and packing them was ~10 % of a worker's CPU in the profile (do
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,20 @@ class AsyncCluster(AsyncRedisCluster):
         await super().aclose()
 
 
+_NODE_CLIENTS_MADE = threading.Lock()
+
+
+def _packing_pool(node: SyncClusterNode) -> redis.ConnectionPool:
+    """A pool like the node's own (class, options, size), whose connections hiredis packs."""
+    pool = node.redis_connection.connection_pool
+    pool_class: type[redis.ConnectionPool] = type(pool)
+    return pool_class(
+        connection_class=pool.connection_class,
+        max_connections=pool.max_connections,
+        **{**pool.connection_kwargs, "command_packer": HIREDIS_PACKER},
+    )
+
+
 class SyncCluster(SyncRedisCluster):
     """redis-py's Redis Cluster client; `projections.requests` pipelines to each master on a
     plain client of its own (see `AsyncCluster`), whose commands hiredis packs (`_HiredisPacker`:
@@ -159,13 +174,10 @@ class SyncCluster(SyncRedisCluster):
         clients: dict[str, redis.Redis] = self.__dict__.setdefault("_node_clients", {})
         found = clients.get(node.name)
         if found is None:
-            pool = node.redis_connection.connection_pool
-            options = {**pool.connection_kwargs, "command_packer": HIREDIS_PACKER}
-            found = clients[node.name] = redis.Redis(
-                connection_pool=redis.ConnectionPool(
-                    connection_class=pool.connection_class, **options
-                )
-            )
+            with _NODE_CLIENTS_MADE:  # a rebuild's lease renewer reaches here from its thread
+                found = clients.get(node.name)
+                if found is None:
+                    found = clients[node.name] = redis.Redis.from_pool(_packing_pool(node))
         return found
 
     def close(self) -> None:

@@ -119,6 +119,11 @@ def test_a_rebuild_on_the_cluster_writes_through_node_clients_that_hiredis_packs
             assert connection._command_packer is HIREDIS_PACKER
         finally:
             node.connection_pool.release(connection)
+    pools = [node.connection_pool for node in nodes.values()]
+    assert any(c._sock is not None for p in pools for c in p._available_connections)
+    client.close()
+    # Closing the cluster client closes the node clients' connections too.
+    assert not any(c._sock is not None for p in pools for c in p._available_connections)
 
 
 def _paced(log: KafkaEventLog, events: Sequence[Event], sent: list[int]) -> dict[str, Position]:
