@@ -121,22 +121,25 @@ def _lease(
             "another live rebuild of these projections is under way (it holds the rebuild "
             f"lease {store.keys.rebuild_lease()}); wait for it to end"
         )
-    lost, done = threading.Event(), threading.Event()
-    guard = ForkGuard(threading.Lock())
+    lost, done, lock = threading.Event(), threading.Event(), threading.Lock()
 
     def renew() -> None:
         while not done.wait(ttl_s / 3):
-            with guard.lock:
+            with lock:
                 try:
                     held = store.lease(token, ttl_ms, "renew")
                 except MilpaError as e:  # Redis away for a moment: try again before it lapses
                     log.warning("live rebuild: renewing the lease failed: %s", e)
                     continue
+                except Exception:  # the lease would lapse unrenewed: the rebuild must stop
+                    log.exception("live rebuild: renewing the lease failed")
+                    held = False
             if not held:
                 lost.set()
                 return
 
     renewer = threading.Thread(target=renew, name="rebuild-lease", daemon=True)
+    guard = ForkGuard(lock, (renewer,))
     renewer.start()
     try:
         yield lost, guard

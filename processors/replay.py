@@ -98,7 +98,7 @@ class ForkGuard:
     rebuild forks its processes holding it. They then do not keep the rebuild in one process."""
 
     lock: Any  # a `threading.Lock`
-    threads: int = 1
+    threads: tuple[threading.Thread, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +200,7 @@ def replay(
     folder = BatchFolder(keys, start_mode, cutover or Cutover())
     intake = Intake(codec, partitions)
     job = _Job(access, topic, store, folder, session_id, batch_size, intake, starts, plan.sessions)
-    groups = _groups(sorted(ends), processes, 0 if fork_guard is None else fork_guard.threads)
+    groups = _groups(sorted(ends), processes, () if fork_guard is None else fork_guard.threads)
     if len(groups) <= 1:
         report = job.run(ends, None if progress is None else lambda read: progress(read, total))
     else:
@@ -268,14 +268,17 @@ def _snapshot_plan(
         return plan_rebuild(records, partitions, codec, session_id)
 
 
-def _groups(partitions: Sequence[int], processes: int | None, guarded: int = 0) -> list[list[int]]:
+def _groups(
+    partitions: Sequence[int], processes: int | None, guarded: Sequence[threading.Thread] = ()
+) -> list[list[int]]:
     """The partitions of each rebuild process (round robin); `guarded`: threads that hold a
     `ForkGuard`'s lock whenever forking would be unsafe."""
     if processes is None:
         # One per CPU, unless this process runs other threads: a forked child inherits the
         # locks they hold at that instant (a logging handler's, stderr's) and could wait on one
         # forever. A live rebuild's lease renewer is guarded; the CLI runs no other thread.
-        alone = threading.active_count() - guarded == 1
+        here = threading.current_thread()
+        alone = all(t is here or t in guarded for t in threading.enumerate())
         processes = len(os.sched_getaffinity(0)) if alone else 1
     if "fork" not in multiprocessing.get_all_start_methods():
         processes = 1

@@ -1,12 +1,18 @@
 """How many processes a rebuild forks: one per CPU when nothing else runs, or only guarded
-threads; one when any other thread runs (a child could inherit a lock it holds)."""
+threads; one when any other thread runs (a child could inherit a lock it holds); and that it
+forks them holding the guard's lock."""
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 import processors.replay as replay_module
-from processors.replay import _groups
+from processors.replay import ForkGuard, ReplayReport, _groups, _in_processes
 
 PARTITIONS = list(range(6))
 
@@ -16,30 +22,73 @@ def two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replay_module.os, "sched_getaffinity", lambda _: {0, 1})
 
 
-def _threads(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
-    monkeypatch.setattr(replay_module.threading, "active_count", lambda: count)
+@contextmanager
+def running_thread() -> Iterator[threading.Thread]:
+    """A thread that runs until the block ends."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join()
 
 
 @pytest.mark.usefixtures("two_cpus")
-def test_alone_it_forks_one_process_per_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    _threads(monkeypatch, 1)
+def test_alone_it_forks_one_process_per_cpu() -> None:
+    assert threading.active_count() == 1, "another test left a thread running"
     assert _groups(PARTITIONS, None) == [[0, 2, 4], [1, 3, 5]]
 
 
 @pytest.mark.usefixtures("two_cpus")
-def test_another_thread_keeps_it_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    _threads(monkeypatch, 2)
-    assert _groups(PARTITIONS, None) == [PARTITIONS]
+def test_another_thread_keeps_it_in_one_process() -> None:
+    with running_thread():
+        assert _groups(PARTITIONS, None) == [PARTITIONS]
 
 
 @pytest.mark.usefixtures("two_cpus")
-def test_guarded_threads_do_not_keep_it_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    _threads(monkeypatch, 2)
-    assert _groups(PARTITIONS, None, guarded=1) == [[0, 2, 4], [1, 3, 5]]
-    _threads(monkeypatch, 3)  # one guarded, one not
-    assert _groups(PARTITIONS, None, guarded=1) == [PARTITIONS]
+def test_guarded_threads_do_not_keep_it_in_one_process() -> None:
+    with running_thread() as guarded:
+        assert _groups(PARTITIONS, None, (guarded,)) == [[0, 2, 4], [1, 3, 5]]
+        with running_thread():  # one guarded, one not
+            assert _groups(PARTITIONS, None, (guarded,)) == [PARTITIONS]
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_guarded_thread_is_known_by_identity_not_by_count() -> None:
+    # The guarded thread has ended; another one runs: that one is not guarded.
+    with running_thread() as ended:
+        pass
+    with running_thread():
+        assert _groups(PARTITIONS, None, (ended,)) == [PARTITIONS]
 
 
 def test_an_explicit_count_is_taken_as_given() -> None:
     assert _groups(PARTITIONS, 3) == [[0, 3], [1, 4], [2, 5]]
     assert _groups([0], 4) == [[0]]  # at most one per partition
+
+
+class _LockSeenByChild:
+    """A rebuild job whose forked process reports whether the guard's lock was held when it
+    was forked (its copy of the lock is as the fork found it)."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def run(self, ends: dict[int, int], progress: Callable[[int], None]) -> ReplayReport:
+        return ReplayReport(records=int(self.lock.locked()), applied_sessions=len(ends))
+
+
+def test_the_processes_are_forked_holding_the_guards_lock() -> None:
+    guard = ForkGuard(threading.Lock())
+    job: Any = _LockSeenByChild(guard.lock)
+
+    report = _in_processes(job, [{0: 1}, {1: 1}], 2, None, guard)
+
+    assert report.processes == 2
+    assert report.records == 2  # each child found the lock held
+    assert not guard.lock.locked()  # and the parent let it go
+
+    unguarded = _in_processes(job, [{0: 1}, {1: 1}], 2, None, None)
+    assert unguarded.records == 0
