@@ -174,7 +174,8 @@ class FencedSnapshotSink:
         except Exception as e:  # what it failed to send fails the round already
             log.warning("stopping the snapshot writer %s: %r", writer_id, e)
         finally:
-            for future in internal:
+            # Again after the stop: a sender that dies while stopping sets a new waiter.
+            for future in {*internal, *_internal_futures(producer)}:
                 if future.done() and not future.cancelled():
                     future.exception()  # retrieved: the failure reached the caller already
 

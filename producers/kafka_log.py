@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from producers.kafka_access import KafkaAccess
 from schemas.codec import EventCodec
-from schemas.errors import LogError
+from schemas.errors import ConfigurationError, LogError
 from schemas.events import Event
 from session_model.projection import Position
 
@@ -44,7 +44,30 @@ class ProducerConfig:
     # kafka-python's own metric sensors: recorded on every request and response, read by nothing
     # here. Off, a producer below saturation spends 10-16 % less CPU (docs/PERFORMANCE.md).
     client_metrics: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)  # more KafkaProducer options (they win)
+    extra: dict[str, Any] = field(default_factory=dict)  # any other KafkaProducer options
+
+    def __post_init__(self) -> None:
+        taken = sorted(self.extra.keys() & _SET_HERE.keys())
+        if taken:
+            raise ConfigurationError(
+                "ProducerConfig.extra may not set "
+                + ", ".join(f"{name} ({_SET_HERE[name]})" for name in taken)
+            )
+
+
+# What `KafkaEventLog` sets itself, and why `extra` may not: the log's guarantees, or a field.
+_SET_HERE = {
+    "acks": "always 'all'",
+    "enable_idempotence": "always on",
+    "client_id": "KafkaEventLog's client_id",
+    "linger_ms": "field linger_ms",
+    "batch_size": "field batch_size",
+    "max_in_flight_requests_per_connection": "field max_in_flight",
+    "compression_type": "field compression_type",
+    "max_block_ms": "field max_block",
+    "bootstrap_timeout_ms": "field max_block",
+    "metrics_enabled": "field client_metrics",
+}
 
 
 class KafkaEventLog:

@@ -9,6 +9,7 @@ import pytest
 
 from producers.kafka_access import KafkaAccess
 from producers.kafka_log import KafkaEventLog, ProducerConfig
+from schemas.errors import ConfigurationError
 
 
 @pytest.fixture
@@ -37,12 +38,22 @@ def test_the_producer_is_idempotent_with_acks_all_and_no_client_metrics(
     assert options["bootstrap_servers"] == ["127.0.0.1:9"]
 
 
-def test_client_metrics_can_be_turned_on_and_extra_options_win(
+def test_client_metrics_can_be_turned_on_and_extra_options_pass_through(
     built: list[dict[str, Any]],
 ) -> None:
-    config = ProducerConfig(client_metrics=True, extra={"linger_ms": 0, "retries": 3})
+    config = ProducerConfig(client_metrics=True, extra={"retries": 3})
     KafkaEventLog("127.0.0.1:9", "t", config=config)._producer  # noqa: B018
     (options,) = built
     assert options["metrics_enabled"] is True
-    assert options["linger_ms"] == 0
     assert options["retries"] == 3
+
+
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [("acks", "always 'all'"), ("enable_idempotence", "always on"), ("linger_ms", "field")],
+)
+def test_extra_options_may_not_undo_the_logs_guarantees_or_its_fields(
+    option: str, named: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=f"{option} \\({named}"):
+        ProducerConfig(extra={option: 1})
