@@ -44,7 +44,8 @@ def test_replay_runs_with_no_thread_of_the_clis(
     result = CliRunner().invoke(main, ["replay", "--force", "--full"], env=ENV)
     assert result.exit_code == 0, result.output
     assert "replayed 1000 records into 10 sessions" in result.output
-    assert seen == [before, before]
+    # No thread the CLI started (one another test left may have ended meanwhile).
+    assert len(seen) == 2 and all(threads <= before for threads in seen)
 
 
 def test_a_live_rebuild_runs_with_no_thread_of_the_clis(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,4 +61,4 @@ def test_a_live_rebuild_runs_with_no_thread_of_the_clis(monkeypatch: pytest.Monk
     result = CliRunner().invoke(main, ["replay", "--live"], env=ENV)
     assert result.exit_code == 0, result.output
     assert "rebuilt generation 1 live" in result.output
-    assert seen == [before]
+    assert len(seen) == 1 and seen[0] <= before
