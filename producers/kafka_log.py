@@ -100,8 +100,14 @@ class KafkaEventLog:
 
             c = self.config
             self.access.check_reachable(c.max_block)
+            access = self.access.kafka_python()
+            if c.extra.keys() & access.keys():
+                raise ConfigurationError(
+                    "ProducerConfig.extra may not set how the producer reaches Kafka "
+                    f"({', '.join(sorted(c.extra.keys() & access.keys()))}: the Kafka settings)"
+                )
             options: dict[str, Any] = {
-                **self.access.kafka_python(),
+                **access,
                 "client_id": self.client_id,
                 "acks": "all",
                 "enable_idempotence": True,

@@ -57,3 +57,10 @@ def test_extra_options_may_not_undo_the_logs_guarantees_or_its_fields(
 ) -> None:
     with pytest.raises(ConfigurationError, match=f"{option} \\({named}"):
         ProducerConfig(extra={option: 1})
+
+
+@pytest.mark.usefixtures("built")
+def test_extra_options_may_not_change_how_the_producer_reaches_kafka() -> None:
+    config = ProducerConfig(extra={"bootstrap_servers": ["10.0.0.1:9092"]})
+    with pytest.raises(ConfigurationError, match="bootstrap_servers"):
+        KafkaEventLog("127.0.0.1:9", "t", config=config)._producer  # noqa: B018
