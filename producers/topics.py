@@ -6,18 +6,23 @@ benchmarks: the events topic is the record, so nothing in the product calls `del
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.protocol.metadata import MetadataRequest
 
 from producers.settings import StackSettings
 from projections.snapshots import SNAPSHOT_MAX_BYTES
 from schemas.errors import LogError
 
 ADMIN_CLIENT_ID = "milpa-sessions-admin"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,24 +114,78 @@ def ensure_topics(settings: StackSettings, timeout_ms: int = 30_000) -> dict[str
     return outcome
 
 
-def _wait_visible(admin: KafkaAdminClient, partitions: dict[str, int], deadline: float) -> None:
-    """Until the brokers' metadata holds every partition of these new topics (LogError if not).
+# What one broker's metadata says of some topics: `{name: partitions}` for those it knows whole.
+Ask = Callable[[int | None, Sequence[str]], tuple[dict[str, int], tuple[int, ...]]]
 
-    A CreateTopics answer means the controller committed the topics; the brokers apply that to
-    the metadata they serve a moment later. A client that asks in between is told the topic
-    does not exist (a test's consumer was, in CI).
+
+def _wait_visible(admin: KafkaAdminClient, partitions: dict[str, int], deadline: float) -> None:
+    """Until every broker's metadata holds every partition of these new topics (LogError if not).
+
+    A CreateTopics answer means the controller committed the topics; each broker applies that to
+    the metadata it serves a moment later, and a client that asks one in between is told the
+    topic does not exist (a test's consumer was, in CI). With several brokers, asking one proves
+    nothing of the others, so each is asked on its own connection.
     """
-    waiting = dict(partitions)
-    while waiting:
-        for topic in admin.describe_topics(list(waiting)):
-            name = topic["name"]
-            if not topic["error_code"] and len(topic["partitions"]) == waiting.get(name):
-                waiting.pop(name)
-        if not waiting:
+    if partitions:
+        wait_for_brokers(broker_metadata(admin), partitions, deadline)
+
+
+def wait_for_brokers(
+    ask: Ask, partitions: Mapping[str, int], deadline: float, pause_s: float = 0.05
+) -> None:
+    """Ask every broker (the first answer names them) until each knows these topics whole.
+
+    A broker that cannot be asked does not hold the wait: a client cannot reach it either, and a
+    broker catches up with the metadata log before it serves again. At the deadline, a broker that
+    answered without the topics is a LogError; one that only failed is logged and let go.
+    """
+    wanted = dict(partitions)
+    _, brokers = ask(None, sorted(wanted))  # any broker: its answer lists them all
+    missing = {b: set(wanted) for b in brokers}
+    failed: dict[int, str] = {}
+    while True:
+        for broker in sorted(missing):
+            try:
+                known, _ = ask(broker, sorted(missing[broker]))
+            except KafkaError as e:
+                failed[broker] = str(e)
+                continue
+            failed.pop(broker, None)
+            missing[broker] = {t for t in missing[broker] if known.get(t) != wanted[t]}
+            if not missing[broker]:
+                del missing[broker]
+        if not missing:
             return
         if time.monotonic() > deadline:
-            raise LogError(f"created topics not in the brokers' metadata yet: {sorted(waiting)}")
-        time.sleep(0.05)
+            lacking = {b: sorted(ts) for b, ts in missing.items() if b not in failed}
+            if lacking:
+                raise LogError(f"created topics not in the brokers' metadata yet: {lacking}")
+            log.warning("could not ask brokers %s for the new topics: %s", sorted(failed), failed)
+            return
+        time.sleep(pause_s)
+
+
+def broker_metadata(admin: KafkaAdminClient) -> Ask:
+    """Ask one broker (None: any) for these topics' metadata on the admin client's connections.
+
+    kafka-python 3.0.12 has no public request to a chosen broker; its client's connection
+    manager sends one (`tests/integration/test_broker_failover.py` holds it on three brokers).
+    """
+    manager = admin._manager  # private: see the docstring
+
+    async def metadata(broker: int | None, topics: Sequence[str]) -> Any:
+        request = MetadataRequest(
+            topics=[MetadataRequest.MetadataRequestTopic(name=t) for t in topics],
+            allow_auto_topic_creation=False,
+        )
+        return (await manager.send(request, node_id=broker)).to_dict()
+
+    def ask(broker: int | None, topics: Sequence[str]) -> tuple[dict[str, int], tuple[int, ...]]:
+        answer = manager.run(metadata, broker, topics)
+        known = {t["name"]: len(t["partitions"]) for t in answer["topics"] if not t["error_code"]}
+        return known, tuple(b["node_id"] for b in answer["brokers"])
+
+    return ask
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ from deploy.harness import (
 )
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
-from producers.topics import ensure_topics, topic_specs
+from producers.topics import admin_client, broker_metadata, ensure_topics, topic_specs
 from projections.redis_store import RedisProjectionStore
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import PacedProducer
@@ -198,12 +198,46 @@ def start_worker(on_cluster: Settings, tmp_path: Path) -> Iterator[Any]:
         w.stop()
 
 
+def test_topics_made_are_known_to_every_broker_when_ensure_topics_returns(
+    on_cluster: Settings,
+) -> None:
+    """`ensure_topics` returns only once each of the three brokers serves the new topics whole:
+    a client that then asks any of them is not told they do not exist."""
+    for round_ in range(3):
+        tag = uuid.uuid4().hex[:10]
+        s = replace(
+            on_cluster,
+            **{f: f"itv-{tag}-{f}" for f in _TOPIC_FIELDS},
+        )
+        made = {spec.name: spec.partitions for spec in topic_specs(s)}
+        assert set(ensure_topics(s).values()) == {"created"}
+        admin = admin_client(s)
+        try:
+            ask = broker_metadata(admin)
+            _, brokers = ask(None, sorted(made))
+            assert len(brokers) == 3
+            for broker in brokers:  # right away, each on its own connection
+                known, _ = ask(broker, sorted(made))
+                assert known == made, f"round {round_}: broker {broker} knows {known}"
+        finally:
+            admin.close()
+
+
+_TOPIC_FIELDS = (
+    "events_topic",
+    "decisions_topic",
+    "questions_topic",
+    "deadletter_topic",
+    "snapshots_topic",
+)
+
+
 def test_a_broker_killed_mid_stream_and_restarted_loses_and_doubles_nothing(
     on_cluster: Settings, store: RedisProjectionStore, cluster: Cluster, start_worker: Any
 ) -> None:
     s, bootstrap = on_cluster, cluster.bootstrap
     for name in (spec.name for spec in topic_specs(s)):
-        wait_for(  # a topic just created may not be in every broker's metadata yet
+        wait_for(  # each topic made with the replication the cluster's stack.env exports
             functools.partial(_made_replicated, bootstrap, name),
             timeout=15,
             what=f"{name} on 3 replicas with min.insync.replicas=2 of its own",
