@@ -52,11 +52,13 @@ def measure_paced(run: Run, rate: int, min_bytes: int) -> dict[str, Any]:
     before = scrape_workers([worker])
     cpu = run.cpu({"worker0": worker.pid}, None if run.on_cluster else run.redis())
     cpu.start()
+    spy = run.start_profile(name, worker.pid)
     started = time.perf_counter()
     produced_in, behind = paced(log, events[n_warm:], rate)
     log.flush(timeout=30)
     folding.wait(1 + total, 60, f"{name} all folded", 0.01)
     usage, seconds = cpu.stop(), time.perf_counter() - started
+    run.profile_summary(name, spy)
     after = scrape_workers([worker])
     worker.stop()
     measured = total - n_warm
@@ -79,6 +81,7 @@ def measure_paced(run: Run, rate: int, min_bytes: int) -> dict[str, Any]:
         "worker_cpu_ms_per_batch": batches and worker_pct / 100 * seconds / batches * 1e3,
         "what": "the e2e workload paced with kafka-python (KafkaEventLog, linger 5 ms) after a "
         "warm-up; CPU from the first measured send until the worker had folded the last",
+        "profiled": spy is not None,  # py-spy's sampling costs the worker CPU of its own
         **usage,
     }
 
