@@ -191,15 +191,23 @@ def acls_apply(ctx: Ctx, agent: str, worker: str, operator: str) -> None:
     help="Rebuild while the workers run: into a new projection generation, which readers and "
     "workers switch to partition by partition once it has caught up; the old one is dropped.",
 )
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    help="Processes that fold partitions side by side, at most one per partition [default: one "
+    "per CPU]. Fewer leave cores to workers on the same machine during a --live rebuild.",
+)
 @pass_ctx
-def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool, live: bool) -> None:
+def replay_cmd(
+    ctx: Ctx, *, session_id: str | None, force: bool, full: bool, live: bool, processes: int | None
+) -> None:
     """Drop and rebuild projections from the snapshots and the topic (refused while workers are
     running, unless --live). After a full rebuild, snapshots every session so the next one
     starts from them."""
     if live:
         if session_id is not None:
             raise click.UsageError("--live rebuilds every projection: it takes no --session")
-        _replay_live(ctx, full)
+        _replay_live(ctx, full, processes)
         return
     from processors.replay import replay  # noqa: PLC0415
     from producers.topics import group_members  # noqa: PLC0415
@@ -223,6 +231,7 @@ def replay_cmd(ctx: Ctx, session_id: str | None, force: bool, full: bool, live: 
             wiring.trusted_keys(settings),
             session_id=session_id,
             progress=progress,
+            processes=processes,
             start_mode=settings.start_mode(),
             cutover=settings.cutover(),
             # One session (a restore after retention) comes back whole, history and all.
@@ -291,7 +300,7 @@ def _progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
         yield progress
 
 
-def _replay_live(ctx: Ctx, full: bool) -> None:
+def _replay_live(ctx: Ctx, full: bool, processes: int | None) -> None:
     from processors.generations import rebuild_live  # noqa: PLC0415
 
     settings = ctx.settings
@@ -307,6 +316,7 @@ def _replay_live(ctx: Ctx, full: bool) -> None:
             cutover=settings.cutover(),
             snapshots_topic=settings.snapshots_topic if snapshots else None,
             progress=progress,
+            processes=processes,
         )
     first = report.first_pass
     data = {

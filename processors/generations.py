@@ -88,10 +88,12 @@ def rebuild_live(
     progress: Progress | None = None,
     batch_size: int = BATCH_RECORDS,
     grace_s: float = 2 * GENERATIONS_TTL_S,
+    processes: int | None = None,
 ) -> LiveReport:
     """Rebuild every projection into the next generation while the workers serve the current
     one, move each partition over once the new one has caught up, and drop the old one
-    (`RebuildInProgressError` while another live rebuild runs)."""
+    (`RebuildInProgressError` while another live rebuild runs). `processes`: of the first pass,
+    as `processors.replay.replay` takes it."""
     with _lease(store, LEASE_TTL_S) as (lost, guard):
         return _rebuild(
             bootstrap,
@@ -106,6 +108,7 @@ def rebuild_live(
             progress=progress,
             batch_size=batch_size,
             grace_s=grace_s,
+            processes=processes,
         )
 
 
@@ -166,6 +169,7 @@ def _rebuild(
     progress: Progress | None,
     batch_size: int,
     grace_s: float,
+    processes: int | None,
 ) -> LiveReport:
     access = KafkaAccess.of(bootstrap)
     _, partitions = end_offsets(access, topic)
@@ -189,6 +193,7 @@ def _rebuild(
         batch_size=batch_size,
         clear=False,
         fork_guard=guard,
+        processes=processes,
     )
     read = {p: first.ends.get(p, 0) for p in range(partitions)}
     pending = set(range(partitions))

@@ -62,3 +62,30 @@ def test_a_live_rebuild_runs_with_no_thread_of_the_clis(monkeypatch: pytest.Monk
     assert result.exit_code == 0, result.output
     assert "rebuilt generation 1 live" in result.output
     assert len(seen) == 1 and seen[0] <= before
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_processes_reach_the_rebuild_as_given(monkeypatch: pytest.MonkeyPatch, live: bool) -> None:
+    asked: list[int | None] = []
+
+    def fake_replay(*args: Any, processes: int | None, **kwargs: Any) -> ReplayReport:
+        asked.append(processes)
+        return ReplayReport(10, 1, processes=processes or 1)
+
+    def fake_rebuild_live(*args: Any, processes: int | None, **kwargs: Any) -> LiveReport:
+        return LiveReport(1, fake_replay(processes=processes), 0, 1, 0)
+
+    monkeypatch.setattr(processors.replay, "replay", fake_replay)
+    monkeypatch.setattr(processors.generations, "rebuild_live", fake_rebuild_live)
+    command = ["--json", "replay", *(["--live"] if live else ["--force"])]
+    for given in ([], ["--processes", "1"], ["--processes", "3"]):
+        result = CliRunner().invoke(main, [*command, *given], env=ENV)
+        assert result.exit_code == 0, result.output
+    assert asked == [None, 1, 3]  # None: the rebuild's own choice, one per CPU
+
+
+def test_processes_below_one_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processors.replay, "replay", lambda *a, **k: pytest.fail("ran"))
+    result = CliRunner().invoke(main, ["replay", "--force", "--processes", "0"], env=ENV)
+    assert result.exit_code == 2
+    assert "--processes" in result.output and "0 is not in the range x>=1" in result.output
