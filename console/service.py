@@ -22,6 +22,7 @@ from console.views import (
     window_records,
 )
 from schemas.errors import InvalidCall
+from session_model.policy import PERMISSION_OPTIONS
 from session_model.projection import Position
 from session_model.questions import Cursor, WaitingPage
 from session_model.session import Question
@@ -159,12 +160,18 @@ def answer(
 
 
 def granted_by_yes(question: Question, answer: str) -> str | None:
-    """The operation a permission question (`perm:<op>`) grants when answered affirmatively."""
+    """The operation a permission question (`perm:<op>`) grants when answered "yes".
+
+    Only a question with exactly the options `permission_question` gives, answered with its
+    "yes": whoever asks (the agent) chooses a question's options, and the console signs the grant,
+    so an option list reordered or relabelled ("No, keep waiting" first) must not turn a refusal
+    into a signed grant. The operator grants such an operation explicitly, if at all.
+    """
     if (
         question.reason == "permission"
         and question.id.startswith("perm:")
-        and question.options
-        and answer == question.options[0]
+        and question.options == PERMISSION_OPTIONS
+        and answer == PERMISSION_OPTIONS[0]
     ):
         return question.id.removeprefix("perm:")
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from schemas.errors import MissingCeilingError
 from session_model.canonical import argument_digest, canonical_json
@@ -66,6 +66,10 @@ class SessionPolicy:
         return Verdict.ALLOW
 
 
+# The options of a permission question, the affirmative one first.
+PERMISSION_OPTIONS: Final = ("yes", "no")
+
+
 def permission_question(
     operation: str, arguments: Mapping[str, Any], expires_at: str | None = None
 ) -> Question:
@@ -73,7 +77,7 @@ def permission_question(
     return Question(
         id=f"perm:{operation}",
         question=f"Allow «{operation}» in this session?",
-        options=("yes", "no"),
+        options=PERMISSION_OPTIONS,
         why=canonical_json(dict(arguments)),
         expires_at=expires_at,
         reason="permission",

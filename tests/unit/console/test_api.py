@@ -188,6 +188,29 @@ def test_a_no_to_a_permission_question_grants_nothing(
     assert session.question is None and not session.allows("rm")
 
 
+@pytest.mark.parametrize("answer", ["No, keep waiting", "Yes"])
+def test_a_permission_question_with_options_of_the_askers_choosing_grants_nothing(
+    operator: TestClient, store: SessionStore, answer: str
+) -> None:
+    """Whoever asks chooses the options: a refusal put first (or a "Yes" not the canonical
+    one) must not make the console sign a grant."""
+    store.start("s-x", "deploy")
+    asked = Question(
+        "perm:deploy", "Allow «deploy»?", ("No, keep waiting", "Yes"), "{}", at(600), "permission"
+    )
+    store.ask("s-x", asked)
+    before = _records(store)
+    response = operator.post(
+        "/api/v1/sessions/s-x/answer",
+        json={"question_id": "perm:deploy", "answer": answer},
+        headers={"X-CSRF-Token": page_csrf(operator)},
+    )
+    assert response.status_code == 202
+    assert _records(store) == before + 1  # the answer alone, no grant before it
+    session = store.load("s-x")
+    assert session.question is None and not session.allows("deploy")
+
+
 def test_an_answer_that_is_not_an_option_is_422(api: TestClient, store: SessionStore) -> None:
     before = _records(store)
     response = api.post(

@@ -100,6 +100,18 @@ def test_the_session_page_shows_state_window_timeline_and_the_signature_gate(
     assert '<li class="message role-user" data-role="user">' in html
 
 
+def test_the_grant_hint_shows_only_for_a_yes_no_permission_question(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    assert "also grants «rm»" in operator.get("/sessions/s-a").text
+    store.start("s-x", "deploy")
+    options = ("No, keep waiting", "Yes")
+    store.ask("s-x", Question("perm:deploy", "Allow?", options, "{}", at(600), "permission"))
+    page = operator.get("/sessions/s-x").text
+    assert 'id="grant-hint"' not in page and "also grants" not in page
+
+
 def test_answering_from_the_page_redirects_back_with_a_flash_and_shows_the_decision(
     operator: TestClient, store: SessionStore
 ) -> None:
