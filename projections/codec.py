@@ -424,6 +424,7 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
         lambda v: _calls(tuple(v.values())),
         lambda v: {c.artifact: c for c in (CallFact(*c) for c in v)},
     ),
+    ("signed_ids", False, sorted, frozenset),
 )
 STORED_FIELDS = tuple(name for name, *_ in _FIELDS)
 # Stored apart: the id is the key; turns and event ids have their own streams; the summary (the

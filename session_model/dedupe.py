@@ -13,7 +13,9 @@ a seq like any new event. 256 is ample for what retries: an agent's append waits
 acknowledgement (kafka-python's delivery time-out, two minutes by default) before it retries, and
 while it waits only the other writers of its session (an operator, the scheduler) add events.
 A deterministic id re-sent much later (a transfer run again a day after) is not recognised; its
-effect is idempotent anyway. Everything here is a pure function of the stream: the event of seq
+effect is idempotent anyway. Not so for a signed act re-sent after a revocation or a stricter
+mode: the fold keeps those events' ids for good apart from this window (`Session.signed_ids`).
+Everything here is a pure function of the stream: the event of seq
 `n` lives in chunk `(n - 1) // CHUNK`, so a rebuild, a reload and the live worker hold the same
 window.
 

@@ -158,7 +158,11 @@ def step(state: Session, event: Event, keys: Trust = _NO_AUTHORITY) -> Step:
     auth = _authority(keys)
     event_id = event.event_id
     event_ids = state.event_ids
-    if event_id in event_ids.current or (event_ids.older and event_ids.in_older(event_id)):
+    if (
+        event_id in event_ids.current
+        or (event_ids.older and event_ids.in_older(event_id))
+        or event_id in state.signed_ids  # a signed act is never applied twice (see Session)
+    ):
         return Step(state, event, _DUPLICATE)
     seq = state.seq + 1
     event_type = event.type
@@ -229,6 +233,11 @@ def _rejection(e: Event, seq: int, code: str, by: Principal | None = None) -> Re
 def _authorized(e: Event, auth: Authority) -> bool:
     """A legacy record (before the cut-over), or one a trusted operator key signed."""
     return auth.legacy or signed_by_operator(e, auth)
+
+
+def _signed(s: Session, e: Event) -> Changes:
+    """The event's id among those a signature authorised (never to be applied again)."""
+    return {"signed_ids": s.signed_ids | {e.event_id}}
 
 
 def _closing_or_ended(s: Session, e: Event, auth: Authority) -> _Handler:
@@ -308,12 +317,14 @@ def _started(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, 
         "mode": mode,
         "parent_id": _optional_text(p, "parent_id") or None,
     }
-    if less_strict(mode, auth.start_mode) and not _authorized(e, auth):
-        # Started, but no less supervised than an unsigned start may be; the refusal is recorded.
-        refused = _rejection(e, seq, "unauthorized")
-        changes["mode"] = auth.start_mode
-        changes.update(_rejected(s, refused))
-        return changes, Outcome(_APPLIED, seq, rejection=refused)
+    if less_strict(mode, auth.start_mode):
+        if not _authorized(e, auth):
+            # Started, but no less supervised than an unsigned start may be; refusal recorded.
+            refused = _rejection(e, seq, "unauthorized")
+            changes["mode"] = auth.start_mode
+            changes.update(_rejected(s, refused))
+            return changes, Outcome(_APPLIED, seq, rejection=refused)
+        changes.update(_signed(s, e))
     return changes, _applied(seq)
 
 
@@ -511,6 +522,8 @@ def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple
     }
     if approval is not None:
         changes["approvals"] = (*s.approvals, approval)
+    if approval is not None or (by is not None and by.verified):
+        changes.update(_signed(s, e))
     outcome = Outcome(_APPLIED, seq, turn=turn, decision=decision, downgraded=downgraded)
     return changes, outcome
 
@@ -601,8 +614,8 @@ def _permission_granted(s: Session, e: Event, seq: int, auth: Authority) -> tupl
     if not _authorized(e, auth):
         raise _Reject("unauthorized")
     if operation in s.permissions:
-        return {}, _applied(seq)
-    return {"permissions": (*s.permissions, operation)}, _applied(seq)
+        return _signed(s, e), _applied(seq)
+    return {"permissions": (*s.permissions, operation), **_signed(s, e)}, _applied(seq)
 
 
 def _permission_revoked(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
@@ -614,9 +627,11 @@ def _mode_changed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chan
     mode = parse_mode(e.payload.get("mode"))
     if mode is None:
         raise _Reject("invalid")
-    if less_strict(mode, s.mode) and not _authorized(e, auth):
+    if not less_strict(mode, s.mode):
+        return {"mode": mode}, _applied(seq)
+    if not _authorized(e, auth):
         raise _Reject("unauthorized")
-    return {"mode": mode}, _applied(seq)
+    return {"mode": mode, **_signed(s, e)}, _applied(seq)
 
 
 def _option_removed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:

@@ -311,6 +311,11 @@ class Session:
     tools: Mapping[str, int] = field(default_factory=dict)  # calls by tool
     # the latest call per artifact, its result left out (its turn and the history keep it)
     artifacts: Mapping[str, CallFact] = field(default_factory=dict)
+    # The ids of every applied event a signature authorised (a grant, a less strict mode or
+    # start, a verified answer, a call approval): kept for good, not in the bounded window of
+    # `event_ids`, because one applied again later (after a revocation, a stricter mode, a
+    # re-asked question) would raise authority with nobody signing. Operators' acts: few.
+    signed_ids: frozenset[str] = frozenset()
 
     def evolve(self, **changes: Any) -> Session:
         """A copy with some fields changed (unknown field names are an error)."""

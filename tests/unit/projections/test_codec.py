@@ -160,6 +160,7 @@ def _everything() -> Session:
             Observation("obs-2", 8, False),
         ),
         event_ids=frozenset({"e1", str(uuid.uuid4())}),
+        signed_ids=frozenset({"grant-1", str(uuid.uuid4())}),
     )
 
 

@@ -1,0 +1,87 @@
+"""A signed act, sent again long after, is a duplicate: never applied a second time.
+
+The dedupe window (`session_model.dedupe`) recognises a repeated event id among a session's last
+256 events only. An operator's signed grant, less strict mode or verified answer copied and sent
+again after that would otherwise be applied again, with nobody signing: a revoked grant back, a
+stricter mode undone, a refusal of a re-asked question turned into a verified yes.
+"""
+
+from __future__ import annotations
+
+from schemas import events as ev
+from schemas.events import Event
+from session_model.dedupe import HORIZON
+from session_model.fold import Kind, fold, step
+from session_model.modes import Mode
+from session_model.principal import Principal
+from session_model.signing import Signer
+from tests.unit.builders import answer, ask, make_event, started, trusted, turn
+
+TRUSTED_OPERATOR = trusted()
+ANSWERING = Signer.generate("console")
+KEYS = trusted(ANSWERING.trusted_keys())
+HUMAN = Principal("operator:alice", verified=True)
+PAST_THE_WINDOW = HORIZON + 64  # more turns than the window holds ids
+
+
+def _turns(n: int) -> list[Event]:
+    return [turn("user", f"t{i}") for i in range(n)]
+
+
+def test_a_signed_grant_sent_again_after_its_revocation_grants_nothing() -> None:
+    grant = make_event(ev.PERMISSION_GRANTED, {"operation": "deploy"}, signed=True)
+    revoke = make_event(ev.PERMISSION_REVOKED, {"operation": "deploy"})
+    before = fold("s1", [started(), grant, revoke, *_turns(PAST_THE_WINDOW)], TRUSTED_OPERATOR)
+    assert grant.event_id not in before.event_ids  # out of the window
+    again = step(before, grant, TRUSTED_OPERATOR)
+    assert again.outcome.kind is Kind.DUPLICATE
+    assert again.state.permissions == () and again.state.seq == before.seq
+
+
+def test_a_signed_mode_sent_again_after_a_stricter_one_changes_nothing() -> None:
+    relax = make_event(ev.MODE_CHANGED, {"mode": "auto"}, signed=True)
+    tighten = make_event(ev.MODE_CHANGED, {"mode": "ask"})
+    before = fold("s1", [started(), relax, tighten, *_turns(PAST_THE_WINDOW)], TRUSTED_OPERATOR)
+    again = step(before, relax, TRUSTED_OPERATOR)
+    assert again.outcome.kind is Kind.DUPLICATE
+    assert again.state.mode is Mode.ASK
+
+
+def test_a_signed_start_sent_again_is_a_duplicate() -> None:
+    start = started(mode="auto", signed=True)
+    before = fold("s1", [start, *_turns(PAST_THE_WINDOW)], TRUSTED_OPERATOR)
+    assert step(before, start, TRUSTED_OPERATOR).outcome.kind is Kind.DUPLICATE
+
+
+def test_a_verified_answer_sent_again_to_the_re_asked_question_is_a_duplicate() -> None:
+    signature = ANSWERING.sign_answer(
+        session_id="s1",
+        question_id="perm:deploy",
+        answer="yes",
+        principal_id=HUMAN.id,
+        event_id="a1",
+    )
+    yes = answer(
+        "perm:deploy", "yes", by=HUMAN.to_record(), extra={"signature": signature}, event_id="a1"
+    )
+    events = [started(), ask("perm:deploy", reason="permission"), yes, *_turns(PAST_THE_WINDOW)]
+    before = fold("s1", [*events, ask("perm:deploy", reason="permission")], KEYS)
+    assert before.decisions[-1].by == HUMAN and before.question is not None
+    again = step(before, yes, KEYS)
+    assert again.outcome.kind is Kind.DUPLICATE
+    assert again.state.question == before.question  # still waiting for a human
+
+
+def test_unsigned_events_keep_the_bounded_window_and_signed_ids_stay_few() -> None:
+    grant = make_event(ev.PERMISSION_GRANTED, {"operation": "deploy"}, signed=True)
+    first = turn("user", "hello")
+    s = fold("s1", [started(), grant, first, *_turns(PAST_THE_WINDOW)], TRUSTED_OPERATOR)
+    assert s.signed_ids == frozenset({grant.event_id})
+    # An unsigned event's id beyond the window is folded as new, as `session_model.dedupe` says.
+    assert step(s, first, TRUSTED_OPERATOR).outcome.kind is Kind.APPLIED
+
+
+def test_an_unauthorised_grant_is_not_remembered_as_signed() -> None:
+    unsigned = make_event(ev.PERMISSION_GRANTED, {"operation": "deploy"}, signed=False)
+    s = fold("s1", [started(), unsigned], TRUSTED_OPERATOR)
+    assert s.signed_ids == frozenset() and s.permissions == ()
