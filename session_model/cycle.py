@@ -10,7 +10,8 @@ Every projector thus folds, skips, commits and re-folds conflicts by the same ru
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections import Counter
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,7 +27,7 @@ from session_model.projection import (
     redelivered_decisions,
 )
 from session_model.questions import QuestionChange, redelivered_changes
-from session_model.session import Decision
+from session_model.session import Decision, Session
 
 T = TypeVar("T")
 SLICE = 500  # records folded between two pauses
@@ -67,6 +68,9 @@ class Folding:
     foreign: tuple[Record, ...] = ()  # records of sessions projected from another partition
     redelivered: int = 0  # records at or below their session's mark
     reasked: tuple[QuestionChange, ...] = ()  # question changes of records already applied
+    # The known state each update was folded onto (by identity; sessions new to the store have
+    # none): how a commit tells an update folded on a state its predecessor found stale.
+    based_on: Mapping[str, Session] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,16 @@ class ProjectionCycle:
     committed: a state is determined by its mark, so whoever folds a session's partition up to
     offset X gets the same state. A conflict drops the session from the cache and re-folds its
     records from the store. With `keep=False` the cache lasts one batch (a store with other
-    writers); beyond `cache_limit` sessions the older half is dropped after a commit.
+    writers); beyond `cache_limit` sessions the older half of those with nothing uncommitted is
+    dropped after a commit.
+
+    Why a commit also re-folds what the commit before it found stale: a state folded onto a
+    stale one (read from the store while a write was in flight, or folded before a conflict was
+    found) carries the right mark and the wrong content. Its own commit conflicts, but the next
+    batch, folded meanwhile onto it, starts from that same mark, which the conflict's re-fold
+    then stores: its compare-and-set would pass. So the sessions of a batch folded onto a state
+    its predecessor's commit found stale are folded again, from the state that commit left,
+    before anything is written.
     """
 
     folder: BatchFolder
@@ -98,10 +111,16 @@ class ProjectionCycle:
     slice_size: int = SLICE
     max_rounds: int | None = None  # conflict rounds before giving up (None: never)
     cache: dict[str, Folded] = field(default_factory=dict)
+    # Sessions folded and not committed yet (by batches in flight): never trimmed.
+    _uncommitted: Counter[str] = field(default_factory=Counter, repr=False)
+    # The states the last commit found stale, by session (what the next batch may be folded on).
+    _stale: dict[str, list[Session]] = field(default_factory=dict, repr=False)
 
     def forget(self) -> None:
         """Drop every known state (another projector may have advanced these sessions)."""
         self.cache.clear()
+        self._stale.clear()
+        self._uncommitted.clear()
 
     def project(self, records: Sequence[Record]) -> Steps[tuple[Folding, Committed]]:
         """Fold and commit one batch."""
@@ -122,11 +141,18 @@ class ProjectionCycle:
         A session touched in several slices gets one update (`joined`), based on its mark before
         the batch. A slice re-reads a session that left the cache meanwhile (a conflict of the
         batch being committed drops it); the commit's compare-and-set catches a state folded twice.
+        Every batch folded must be committed (`commit`), in order.
         """
+        folding = yield from self._fold(records)
+        self._uncommitted.update(u.session_id for u in folding.updates)
+        return folding
+
+    def _fold(self, records: Sequence[Record]) -> Steps[Folding]:
         ids = list(dict.fromkeys(r.event.session_id for r in records))
         new: set[str] = set()  # read and not found: sessions this batch starts
         yield from self._read_missing(ids, new)
         merged: dict[str, SessionUpdate] = {}
+        based: dict[str, Session] = {}
         again: list[tuple[str, Decision]] = []
         reasked: list[QuestionChange] = []
         foreign: list[Record] = []
@@ -137,7 +163,7 @@ class ProjectionCycle:
             if at:
                 yield PAUSE
                 yield from self._read_missing([r.event.session_id for r in chunk], new)
-                self._refold_replaced(records[:at], chunk, merged)
+                self._refold_replaced(records[:at], chunk, merged, based)
             updates = fold(cache, chunk)
             skipped = len(chunk) - sum(len(u.steps) for u in updates)
             if skipped:  # rare (a redelivery): only then is the slice searched, before its fold
@@ -148,15 +174,23 @@ class ProjectionCycle:
                 reasked.extend(redelivered_changes(cache, chunk))
             for u in updates:
                 sid = u.session_id
-                cache[sid] = Folded(u.state, u.mark)
                 before = merged.get(sid)
+                if before is None and (prior := cache.get(sid)) is not None:
+                    based[sid] = prior.state
+                cache[sid] = Folded(u.state, u.mark)
                 merged[sid] = u if before is None else joined(before, u)
         kept = tuple(records)
         if foreign:
             gone = {id(r) for r in foreign}
             kept = tuple(r for r in records if id(r) not in gone)
         return Folding(
-            kept, tuple(merged.values()), tuple(again), tuple(foreign), redelivered, tuple(reasked)
+            kept,
+            tuple(merged.values()),
+            tuple(again),
+            tuple(foreign),
+            redelivered,
+            tuple(reasked),
+            based,
         )
 
     def commit(self, folding: Folding) -> Steps[Committed]:
@@ -167,11 +201,35 @@ class ProjectionCycle:
         decisions may never have been published: they are returned in `again`.
         """
         records, updates = folding.records, folding.updates
+        self._uncommitted.subtract(u.session_id for u in updates)
         done: list[SessionUpdate] = []
         again: list[tuple[str, Decision]] = []
         reasked: list[QuestionChange] = []
         foreign: list[Record] = []
         conflicts = redelivered = rounds = 0
+        stale, self._stale = self._stale, {}
+        suspect = (
+            {
+                u.session_id
+                for u in updates
+                if (found := stale.get(u.session_id))
+                and any(folding.based_on.get(u.session_id) is state for state in found)
+            }
+            if stale
+            else set()
+        )
+        if suspect:  # folded onto a state the last commit found stale: fold them again first
+            self._note_stale(u for u in updates if u.session_id in suspect)
+            redone = tuple(r for r in records if r.event.session_id in suspect)
+            redelivered -= len(redone) - sum(
+                len(u.steps) for u in updates if u.session_id in suspect
+            )  # counted again by the re-fold
+            refolded = yield from self._fold(redone)
+            updates = (*(u for u in updates if u.session_id not in suspect), *refolded.updates)
+            again.extend(refolded.again)
+            reasked.extend(refolded.reasked)
+            foreign.extend(refolded.foreign)
+            redelivered += refolded.redelivered
         while updates:
             result: CommitResult = yield Write(updates)
             conflicted = set(result.conflicts)
@@ -182,13 +240,14 @@ class ProjectionCycle:
             if self.max_rounds is not None and rounds >= self.max_rounds:
                 raise ProjectionError(f"sessions kept conflicting: {sorted(conflicted)}")
             conflicts += len(conflicted)
+            self._note_stale(u for u in updates if u.session_id in conflicted)
             for sid in conflicted:
                 self.cache.pop(sid, None)  # re-read: someone else moved this session's mark
             records = tuple(r for r in records if r.event.session_id in conflicted)
             redelivered -= len(records) - sum(
                 len(u.steps) for u in updates if u.session_id in conflicted
             )  # counted again by the re-fold
-            refolded = yield from self.fold(records)
+            refolded = yield from self._fold(records)
             records, updates = refolded.records, refolded.updates
             again.extend(refolded.again)
             reasked.extend(refolded.reasked)
@@ -198,6 +257,12 @@ class ProjectionCycle:
         return Committed(
             tuple(done), tuple(again), tuple(foreign), conflicts, redelivered, tuple(reasked)
         )
+
+    def _note_stale(self, updates: Iterable[SessionUpdate]) -> None:
+        """These updates' states were folded onto stale ones: the next commit must not build on
+        them."""
+        for u in updates:
+            self._stale.setdefault(u.session_id, []).append(u.state)
 
     def _read_missing(self, session_ids: Sequence[str], new: set[str]) -> Steps[None]:
         """Read the sessions neither known nor known to be new (one read, if any).
@@ -215,7 +280,11 @@ class ProjectionCycle:
             new.update(s for s in misses if s not in found)
 
     def _refold_replaced(
-        self, earlier: Sequence[Record], chunk: Sequence[Record], merged: dict[str, SessionUpdate]
+        self,
+        earlier: Sequence[Record],
+        chunk: Sequence[Record],
+        merged: dict[str, SessionUpdate],
+        based: dict[str, Session],
     ) -> None:
         """Fold again the earlier slices' records of sessions whose known state was replaced.
 
@@ -234,6 +303,9 @@ class ProjectionCycle:
             return
         for sid in replaced:
             del merged[sid]
+            based.pop(sid, None)
+            if (prior := cache.get(sid)) is not None:
+                based[sid] = prior.state
         redone = self.folder.fold(cache, [r for r in earlier if r.event.session_id in replaced])
         for u in redone:
             cache[u.session_id] = Folded(u.state, u.mark)
@@ -241,12 +313,17 @@ class ProjectionCycle:
 
     def _trim(self) -> None:
         cache = self.cache
+        pending = +self._uncommitted  # the counts above zero
+        self._uncommitted = pending
         if not self.keep:
             cache.clear()
         elif self.cache_limit is not None and len(cache) > self.cache_limit:
-            # In insertion order: the sessions known first are dropped first.
+            # In insertion order: the sessions known first are dropped first. Not a session a
+            # batch in flight has folded: the batch after it would read it from the store before
+            # that batch's write lands, and fold onto a stale state (see the class docstring).
             for sid in list(cache)[: len(cache) // 2]:
-                del cache[sid]
+                if sid not in pending:
+                    del cache[sid]
 
 
 def run(steps: Steps[T], store: ProjectionStore) -> T:

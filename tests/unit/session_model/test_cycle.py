@@ -119,3 +119,104 @@ def test_states_reads_only_what_it_does_not_know() -> None:
     requests, found = _script(cycle.states(["a", "b"]), [{}])
     assert requests == [Read(("b",))]
     assert found == {"a": known}
+
+
+# -- a batch folded while the one before is committed (the worker's pipeline) -------------------
+
+
+class _Driver:
+    """Answers a cycle's requests from an in-memory store, one request at a time if asked."""
+
+    def __init__(self, store: InMemoryProjectionStore) -> None:
+        self.store = store
+
+    def answer(self, request: Any) -> Any:
+        if type(request) is Read:
+            return self.store.folded(request.session_ids)
+        if type(request) is Write:
+            return self.store.commit(request.updates)
+        return None
+
+    def finish(self, steps: Steps[Any], reply: Any = None) -> Any:
+        """Run to the end, answering every request."""
+        while True:
+            try:
+                request = steps.send(reply)
+            except StopIteration as done:
+                return done.value
+            reply = self.answer(request)
+
+    def until_write(self, steps: Steps[Any]) -> Write:
+        """Run until it asks to write; that request is returned unanswered (a write in flight)."""
+        reply: Any = None
+        while True:
+            request = steps.send(reply)
+            if type(request) is Write:
+                return request
+            reply = self.answer(request)
+
+
+def test_a_session_trimmed_while_its_update_is_in_flight_is_not_committed_without_it() -> None:
+    """The cache trimmed a session whose next batch was folded but not committed; the batch after
+    read it from the store before that commit landed. Nothing may be committed that lacks the
+    events in flight, however the later batches' marks line up."""
+    events = [
+        started(session_id="s1"),
+        started(session_id="f1"),
+        started(session_id="f2"),
+        *[turn("user", x, session_id="s1") for x in "abc"],
+    ]
+    rec = _records(events)
+    store = InMemoryProjectionStore()
+    go = _Driver(store)
+    cycle = ProjectionCycle(BatchFolder(), cache_limit=2)
+    k0 = go.finish(cycle.fold(rec[0:3]))
+    c0 = cycle.commit(k0)
+    w0 = go.until_write(c0)
+    k1 = go.finish(cycle.fold(rec[3:4]))  # folded while batch 0 is committed
+    go.finish(c0, go.answer(w0))  # batch 0 lands; the cache is over its limit and trimmed
+    c1 = cycle.commit(k1)
+    w1 = go.until_write(c1)
+    k2 = go.finish(cycle.fold(rec[4:5]))
+    go.finish(c1, go.answer(w1))
+    c2 = cycle.commit(k2)
+    w2 = go.until_write(c2)
+    k3 = go.finish(cycle.fold(rec[5:6]))
+    go.finish(c2, go.answer(w2))
+    go.finish(cycle.commit(k3))
+    stored = store.folded(["s1"])["s1"]
+    assert stored.mark == rec[5].position
+    assert stored.state == fold("s1", [events[0], *events[3:]])
+
+
+def test_a_batch_folded_on_a_state_its_predecessor_found_stale_is_folded_again() -> None:
+    """Another writer moved a session; the batch being committed conflicted and re-read it while
+    the next batch read it too. Every later commit still equals the pure fold."""
+    events = [started(session_id="s1"), *[turn("user", x, session_id="s1") for x in "abcd"]]
+    rec = _records(events)
+    store = InMemoryProjectionStore()
+    go = _Driver(store)
+    go.finish(ProjectionCycle(BatchFolder()).project(rec[:2]))  # a stale owner applied 0..1
+    cycle = ProjectionCycle(BatchFolder())
+    cycle.cache["s1"] = Folded(fold("s1", events[:1]), rec[0].position)  # it knew s1 at 0
+    kn = go.finish(cycle.fold(rec[1:3]))
+    cn = cycle.commit(kn)
+    first_write = go.until_write(cn)
+    reread = cn.send(go.answer(first_write))  # a conflict: s1 is read again
+    assert type(reread) is Read
+    kn1 = cycle.fold(rec[3:4])
+    next_read = kn1.send(None)  # the next batch misses s1 too
+    assert type(next_read) is Read
+    next_reply = go.answer(next_read)  # both reads see the stale owner's state
+    refold_write = cn.send(go.answer(reread))
+    with pytest.raises(StopIteration) as folded_next:
+        kn1.send(next_reply)
+    go.finish(cn, go.answer(refold_write))
+    cn1 = cycle.commit(folded_next.value.value)
+    w1 = go.until_write(cn1)
+    kn2 = go.finish(cycle.fold(rec[4:5]))
+    go.finish(cn1, go.answer(w1))
+    go.finish(cycle.commit(kn2))
+    stored = store.folded(["s1"])["s1"]
+    assert stored.mark == rec[4].position
+    assert stored.state == fold("s1", events)
