@@ -876,7 +876,7 @@ def _parse_arguments(text: Any, event_type: str) -> dict[str, Any]:
     except (orjson.JSONDecodeError, TypeError):
         try:
             arguments = json.loads(text)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:  # nested deeper than Python recurses
             raise CorruptRecordError(f"{event_type} payload: arguments are not JSON: {e}") from e
     if not isinstance(arguments, dict):
         raise CorruptRecordError(f"{event_type} payload: arguments are not a JSON object")

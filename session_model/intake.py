@@ -69,6 +69,10 @@ class Intake:
             event = self.codec.decode(value)
         except CodecError as e:
             return Refusal(UNDECODABLE, f"{type(e).__name__}: {e}")
+        except Exception as e:
+            # A reader never dies on one record (redelivered to every worker in turn, it would
+            # stop the partition): refused, with what it raised.
+            return Refusal(UNDECODABLE, f"{type(e).__name__} while decoding: {e}")
         sid = event.session_id
         if not sid:
             return Refusal(NO_SESSION_ID, "the event has an empty session_id")

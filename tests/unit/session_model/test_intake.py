@@ -10,6 +10,7 @@ from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from projections.memory import InMemoryProjectionStore
 from projections.projector import Projector
+from schemas import codec as codec_module
 from schemas.codec import EventCodec
 from session_model import intake
 from session_model.intake import Intake, Refusal
@@ -22,7 +23,7 @@ from session_model.projection import (
     foreign_records,
     redelivered_decisions,
 )
-from tests.unit.builders import answer, ask, started, turn
+from tests.unit.builders import answer, ask, started, tool, turn
 
 CODEC = EventCodec()
 
@@ -141,3 +142,30 @@ def test_the_projector_counts_foreign_records_and_never_applies_them() -> None:
     folded = store.folded(["s1"])["s1"]
     assert folded.mark == Position(0, 1)
     assert folded.state.seq == 2  # started + the own turn, not the stray
+
+
+def _tool_call_with_arguments_text(monkeypatch: pytest.MonkeyPatch, text: str) -> bytes:
+    """A `tool_called` record whose arguments are `text` on the wire (a writer of its own)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(codec_module, "canonical_json", lambda _: text)
+        return CODEC.encode(tool("make", arguments={"x": 1}, session_id="s1"))
+
+
+def test_arguments_nested_deeper_than_python_recurses_are_refused_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    deep = '{"a":' * 5000 + "1" + "}" * 5000  # orjson refuses it; json.loads recurses too deep
+    raw = _tool_call_with_arguments_text(monkeypatch, deep)
+    admitted = Intake(CODEC, 6).admit(b"s1", raw, _home("s1"), 7)
+    assert isinstance(admitted, Refusal)
+    assert admitted.code == intake.UNDECODABLE and "arguments are not JSON" in admitted.detail
+
+
+def test_whatever_decoding_raises_is_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(data: bytes) -> None:
+        raise MemoryError("a decoder bug")
+
+    codec = EventCodec()
+    monkeypatch.setattr(codec, "decode", broken)
+    admitted = Intake(codec, 6).admit(b"s1", b"anything", _home("s1"), 7)
+    assert admitted == Refusal(intake.UNDECODABLE, "MemoryError while decoding: a decoder bug")
