@@ -136,6 +136,11 @@ class StatsCollector(Collector):
             "Decisions published again for redelivered records (subscribers drop repeats).",
             w.decisions_republished,
         )
+        yield _counter(
+            "milpa_records_cut",
+            "Decisions and question changes whose long texts were cut to fit a produce request.",
+            w.records_cut,
+        )
         yield _labelled("milpa_rejections", "Rejected events, by code.", "code", w.rejections)
         yield _labelled("milpa_pauses", "Questions asked, by reason code.", "reason", w.pauses)
         yield _counter(

@@ -12,10 +12,11 @@ import asyncio
 import functools
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from processors.fitting import fit
 from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
 from processors.ports import Consumed, OutRecord, Sink
 from producers.decisions import decision_record
@@ -64,6 +65,7 @@ class WorkerStats:
     refused: Counter[str] = field(default_factory=Counter)  # dead-lettered, by refusal code
     decisions: int = 0
     decisions_republished: int = 0  # of redelivered records (see redelivered_decisions)
+    records_cut: int = 0  # decisions and question changes cut to fit a produce request
     question_changes: int = 0
     question_changes_republished: int = 0  # of redelivered records (see redelivered_changes)
     conflicts: int = 0
@@ -262,13 +264,27 @@ class ProjectionWorker:
         if again:  # each once, older first: per session the seqs keep increasing
             again = list({(sid, d.seq): (sid, d) for sid, d in again}.values())
         records: list[OutRecord] = [
-            (sid.encode(), self.codec.encode_decision(decision_record(sid, d)), ())
+            (sid.encode(), self._fitted(decision_record(sid, d), self.codec.encode_decision), ())
             for sid, d in (*again, *made)
         ]
         if records:
             await self.decisions.publish_many(records)
             self.stats.decisions += len(made)
             self.stats.decisions_republished += len(again)
+
+    def _fitted(
+        self, record: dict[str, Any], encode: Callable[[Mapping[str, Any]], bytes]
+    ) -> bytes:
+        value, cut = fit(record, encode)
+        if cut:
+            self.stats.records_cut += 1
+            log.warning(
+                "%s %s: cut to %d bytes to fit a produce request",
+                record.get("session_id"),
+                record.get("question_id"),
+                len(value),
+            )
+        return value
 
     async def _publish_questions(
         self, updates: Sequence[SessionUpdate], again: Sequence[QuestionChange] = ()
@@ -281,7 +297,8 @@ class ProjectionWorker:
             again = list({(c.session_id, c.order()): c for c in again}.values())
         encode = self.codec.encode_question_change
         records: list[OutRecord] = [
-            (c.session_id.encode(), encode(change_record(c)), ()) for c in (*again, *made)
+            (c.session_id.encode(), self._fitted(change_record(c), encode), ())
+            for c in (*again, *made)
         ]
         if records:
             await self.questions.publish_many(records)

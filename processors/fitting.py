@@ -1,0 +1,54 @@
+"""Records the worker publishes (decisions, question changes), cut to what a produce request holds.
+
+A decision carries its question, the question's `why` and the answer; a question change also the
+session's goal and the options. Each comes from an event of at most the broker's record size, so
+together they can exceed what one produce request may carry (aiokafka's `max_request_size`, 1 MiB
+by default). Such a record would fail on every redelivery and stop the partition; instead its
+long text fields are cut, with a marker. The whole texts stay in the session's history and in the
+events topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+# aiokafka's default max_request_size, less room for the key, the headers and the batch framing.
+MAX_RECORD_BYTES: Final = 1_048_576 - 16_384
+KEPT_CHARS: Final = 16_384  # of each long text of a record cut to fit
+KEPT_OPTIONS: Final = 64
+_LAST_RESORT_CHARS: Final = 256
+# The fields that may be long prose (ids, statuses and times are left whole).
+TEXTS: Final = frozenset({"question", "why", "answer", "goal"})
+
+
+def fit(
+    record: Mapping[str, Any], encode: Callable[[Mapping[str, Any]], bytes]
+) -> tuple[bytes, bool]:
+    """The record encoded, its long texts (and options) cut if it would not fit; whether cut."""
+    value = encode(record)
+    if len(value) <= MAX_RECORD_BYTES:
+        return value, False
+    for kept in (KEPT_CHARS, _LAST_RESORT_CHARS):
+        value = encode(_cut(record, kept))
+        if len(value) <= MAX_RECORD_BYTES:
+            break
+    return value, True
+
+
+def _cut(record: Mapping[str, Any], kept: int) -> dict[str, Any]:
+    cut: dict[str, Any] = {}
+    for name, value in record.items():
+        if name in TEXTS and isinstance(value, str):
+            cut[name] = _text(value, kept)
+        elif name == "options" and isinstance(value, list):
+            cut[name] = [_text(o, kept) if isinstance(o, str) else o for o in value[:KEPT_OPTIONS]]
+        else:
+            cut[name] = value
+    return cut
+
+
+def _text(text: str, kept: int) -> str:
+    if len(text) <= kept:
+        return text
+    return f"{text[:kept]} […cut: {len(text)} characters in all, whole in the session's history]"
