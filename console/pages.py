@@ -18,7 +18,7 @@ from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
 from console import service
-from console.auth import LOGIN_COOKIE, SESSION_COOKIE, Identity
+from console.auth import LOGIN_COOKIE, SESSION_COOKIE, Identity, csrf_matches
 from console.charts import pauses_chart, reason_classes, tta_chart
 from console.guards import PageCaller, identify, safe_next
 from console.problems import detail_of
@@ -128,7 +128,7 @@ async def login(request: Request) -> Response:
     username, password = _field(form, "username").strip(), _field(form, "password")
     next_path = safe_next(_field(form, "next"))
     expected = rt.cookies.loads(request.cookies.get(LOGIN_COOKIE), "login", _LOGIN_FORM_SECONDS)
-    if not isinstance(expected, str) or not secrets.compare_digest(expected, _field(form, "csrf")):
+    if not isinstance(expected, str) or not csrf_matches(expected, _field(form, "csrf")):
         return _login_page(request, next_path, "The sign-in form expired: please try again.", 400)
     ok = bool(username and password) and await run_in_threadpool(
         rt.passwords.verify, username, password

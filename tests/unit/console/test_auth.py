@@ -89,6 +89,19 @@ def test_a_sign_in_without_the_forms_token_is_refused(client: TestClient) -> Non
     assert SESSION_COOKIE not in client.cookies
 
 
+def test_a_sign_in_with_a_non_ascii_form_token_is_refused_not_a_server_error(
+    client: TestClient,
+) -> None:
+    client.get("/login")  # the form's cookie
+    response = client.post(
+        "/login",
+        data={"username": "alice", "password": PASSWORD, "csrf": "tökén"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 400
+    assert SESSION_COOKIE not in client.cookies
+
+
 def test_sign_in_never_redirects_off_site(client: TestClient) -> None:
     form = client.get("/login")
     response = client.post(
