@@ -22,6 +22,7 @@ from console.problems import install as install_problems
 from console.runtime import HERE, ConsoleDeps, Runtime
 from console.settings import WebConsoleSettings
 from schemas.errors import ConfigurationError
+from schemas.secret_files import read_secret
 from session_model.narration import short_instant
 
 __all__ = ["ConsoleDeps", "create_app"]
@@ -76,11 +77,9 @@ def _secret(settings: WebConsoleSettings) -> str:
         )
         return secrets.token_urlsafe(32)
     try:
-        secret = path.read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise ConfigurationError(
-            f"MILPA_CONSOLE_SECRET_FILE: cannot read {path}: {e.strerror}"
-        ) from e
+        secret = read_secret(path, "console secret (MILPA_CONSOLE_SECRET_FILE)").decode().strip()
+    except UnicodeDecodeError as e:
+        raise ConfigurationError(f"MILPA_CONSOLE_SECRET_FILE: {path} is not UTF-8") from e
     if len(secret) < 32:
         raise ConfigurationError(
             f"MILPA_CONSOLE_SECRET_FILE: the secret in {path} is shorter than 32 characters"

@@ -22,6 +22,7 @@ from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatc
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from schemas.errors import ConfigurationError
+from schemas.secret_files import read_secret
 from session_model.principal import Principal
 
 SESSION_COOKIE = "milpa_console"
@@ -78,9 +79,9 @@ def service_principal(name: str) -> Principal:
 def _entries(path: Path, what: str) -> list[tuple[int, str, str]]:
     """`name:value` lines of a credentials file (blank lines and `#` comments skipped)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigurationError(f"cannot read the {what} file {path}: {e.strerror}") from e
+        text = read_secret(path, f"{what} file").decode()
+    except UnicodeDecodeError as e:
+        raise ConfigurationError(f"the {what} file {path} is not UTF-8") from e
     found: list[tuple[int, str, str]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()

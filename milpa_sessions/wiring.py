@@ -22,6 +22,7 @@ from projections.redis_client import redacted
 from projections.redis_store import RedisProjectionStore
 from projections.requests import Retention
 from schemas.errors import ConfigurationError, ProjectionError
+from schemas.secret_files import check_owner_writes
 from session_model.signing import Signer, TrustedKeys
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ def trusted_keys(settings: StackSettings) -> TrustedKeys:
         return TrustedKeys.none()
     if not directory.is_dir():
         raise ConfigurationError(f"trusted keys directory {directory} does not exist")
+    check_owner_writes(directory, "trusted keys directory")  # whoever adds a key is an operator
     return TrustedKeys.from_pem_files(sorted(directory.glob("*.pem")))
 
 

@@ -18,6 +18,7 @@ from projections.redis_client import (
 )
 from projections.requests import Durability
 from schemas.errors import ConfigurationError
+from schemas.secret_files import read_secret
 from session_model.authority import Cutover
 from session_model.modes import Mode, parse_mode
 
@@ -200,9 +201,9 @@ def _secret(path: Path | None, name: str) -> str | None:
     if path is None:
         return None
     try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise ConfigurationError(f"{ENV_PREFIX}{name}: cannot read {path}: {e.strerror}") from e
+        return read_secret(path, f"secret of {ENV_PREFIX}{name}").decode().strip()
+    except UnicodeDecodeError as e:
+        raise ConfigurationError(f"{ENV_PREFIX}{name}: {path} is not UTF-8") from e
 
 
 def _convert(name: str, type_: Any, raw: str) -> Any:

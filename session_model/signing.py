@@ -17,6 +17,7 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from schemas.errors import SignatureError
+from schemas.secret_files import check_owner_writes, read_secret
 from session_model.canonical import canonical_bytes
 
 
@@ -115,6 +116,7 @@ class TrustedKeys:
         """Load PEM public keys; each file's stem is its key id."""
         keys: dict[str, Ed25519PublicKey] = {}
         for path in paths:
+            check_owner_writes(path, "trusted key")  # whoever writes one is an operator
             try:
                 key = serialization.load_pem_public_key(path.read_bytes())
             except (OSError, ValueError) as e:
@@ -155,9 +157,10 @@ class Signer:
     @classmethod
     def from_pem_file(cls, path: Path, key_id: str | None = None) -> Signer:
         """Load a PEM private key; the key id defaults to the file's stem."""
+        data = read_secret(path, "private key")
         try:
-            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-        except (OSError, ValueError, TypeError) as e:
+            key = serialization.load_pem_private_key(data, password=None)
+        except (ValueError, TypeError) as e:
             raise SignatureError(f"cannot load private key {path}: {e}") from e
         if not isinstance(key, Ed25519PrivateKey):
             raise SignatureError(f"{path} is not an Ed25519 private key")
