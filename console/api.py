@@ -30,6 +30,8 @@ class AnswerRequest(BaseModel):
     answer: str
     # For a signature question: the operation's name, typed back as deliberate confirmation.
     confirm: str | None = None
+    # The `seq` of the question as the caller was shown it: refused (409) if it was asked again.
+    asked_seq: int | None = Field(default=None, ge=1)
 
 
 class OperationRequest(BaseModel):
@@ -117,6 +119,7 @@ def answer(caller: ApiCaller, request: Request, session_id: str, body: AnswerReq
         question_id=body.question_id,
         answer=body.answer,
         confirm=body.confirm,
+        asked_seq=body.asked_seq,
     )
     return Accepted(position=str(position))
 

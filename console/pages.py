@@ -266,9 +266,16 @@ async def answer(request: Request, caller: PageCaller, session_id: str) -> Respo
             question_id=_field(f, "question_id"),
             answer=_field(f, "answer"),
             confirm=_field(f, "confirm") or None,
+            asked_seq=_asked_seq(f),
         ),
         lambda f: f"Answered «{_field(f, 'answer')}» as {caller.principal.id}",
     )
+
+
+def _asked_seq(form: Any) -> int | None:
+    """The asking the page showed (its hidden field), None when absent or not a number."""
+    text = _field(form, "asked_seq")
+    return int(text) if text.isdecimal() else None
 
 
 @router.post("/sessions/{session_id}/grant")

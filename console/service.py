@@ -21,7 +21,7 @@ from console.views import (
     waiting_record,
     window_records,
 )
-from schemas.errors import InvalidCall
+from schemas.errors import InvalidCall, NoOpenQuestionError
 from session_model.policy import PERMISSION_OPTIONS
 from session_model.projection import Position
 from session_model.questions import Cursor, WaitingPage
@@ -134,11 +134,23 @@ def answer(
     question_id: str,
     answer: str,
     confirm: str | None,
+    asked_seq: int | None = None,
 ) -> Position:
-    """Answer the open question as the caller (a signature question: only with confirmation)."""
+    """Answer the open question as the caller (a signature question: only with confirmation).
+
+    `asked_seq`: the asking the caller was shown (the question's `seq`); an answer to a question
+    asked again since, under the same id, is refused rather than applied (and signed) to what
+    the caller never saw. Without it, the asking checked here is the one answered.
+    """
     store = rt.deps.store
     question = store.load(session_id).question
     if question is not None and question.id == question_id:
+        if asked_seq is not None and question.seq != asked_seq:
+            raise NoOpenQuestionError(
+                f"{question_id!r} was asked again since it was shown: read it again before "
+                "answering"
+            )
+        asked_seq = question.seq
         if question.reason == SIGNATURE:
             operation, _ = question.signed_call()
             if (confirm or "").strip() != operation:
@@ -154,7 +166,9 @@ def answer(
             # «Allow X in this session?» — yes: the grant first (the operator's signed act the
             # agent then relies on), then the answer.
             grant(rt, caller, session_id, granting)
-    position = store.answer(session_id, question_id, answer, caller.principal, EXECUTOR)
+    position = store.answer(
+        session_id, question_id, answer, caller.principal, EXECUTOR, asked_seq=asked_seq
+    )
     log.info("%s answered %s in %s at %s", caller.principal.id, question_id, session_id, position)
     return position
 

@@ -324,12 +324,17 @@ class SessionStore:
         answer: str,
         by: Principal | None = None,
         executor: str | None = None,
+        *,
+        asked_seq: int | None = None,
     ) -> Position:
         """Answer the open question; a verified principal is signed with this store's key.
 
         Without a signing key a claim of `verified` is appended as made and downgraded by the
         fold: this store cannot vouch for it. A late answer (the window already closed) is
-        appended, so the attempt is on record, and then raises `SessionEndedError`.
+        appended, so the attempt is on record, and then raises `SessionEndedError`. `asked_seq`:
+        the asking the caller answers (the question's `seq` as it was shown); if the question was
+        asked again since (same id, another asking: other arguments, another reason), nothing is
+        appended or signed (`NoOpenQuestionError`).
         """
         if self.checks:
             session = self.load(session_id)
@@ -340,6 +345,16 @@ class SessionStore:
                 session.question is None or session.question.id != question_id
             ):
                 raise NoOpenQuestionError(f"{question_id!r} is not the open question")
+            if (
+                asked_seq is not None
+                and not session.ended
+                and session.question is not None
+                and session.question.seq != asked_seq
+            ):
+                raise NoOpenQuestionError(
+                    f"{question_id!r} was asked again (seq {session.question.seq}) since the "
+                    f"asking answered (seq {asked_seq}): read it again before answering"
+                )
         event_id = self._new_id()
         payload: dict[str, Any] = {
             "question_id": question_id,

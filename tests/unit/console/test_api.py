@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from producers.store import SessionStore
-from schemas.errors import ProjectionError
+from schemas.errors import NoOpenQuestionError, ProjectionError
 from session_model.canonical import text_digest
 from session_model.modes import Mode
 from session_model.principal import Principal
@@ -209,6 +209,48 @@ def test_a_permission_question_with_options_of_the_askers_choosing_grants_nothin
     assert _records(store) == before + 1  # the answer alone, no grant before it
     session = store.load("s-x")
     assert session.question is None and not session.allows("deploy")
+
+
+def test_an_answer_to_a_question_asked_again_since_it_was_shown_is_refused(
+    operator: TestClient, store: SessionStore
+) -> None:
+    """The operator was shown one asking; the agent answered it itself and asked the same id
+    again with other arguments. The operator's answer must not land on (or sign) the new one."""
+    seed(store)
+    shown = operator.get("/api/v1/sessions/s-a").json()["question"]
+    store.answer("s-a", "perm:rm", "no")  # the agent, unverified
+    again = Question(
+        "perm:rm", "Allow «rm»?", ("yes", "no"), '{"path": "/"}', at(600), "permission"
+    )
+    store.ask("s-a", again)
+    before = _records(store)
+    response = operator.post(
+        "/api/v1/sessions/s-a/answer",
+        json={"question_id": "perm:rm", "answer": "yes", "asked_seq": shown["seq"]},
+        headers={"X-CSRF-Token": page_csrf(operator)},
+    )
+    assert response.status_code == 409
+    assert "asked again" in response.json()["detail"]
+    assert _records(store) == before  # no grant, no answer
+    session = store.load("s-a")
+    assert session.question is not None and not session.allows("rm")
+    current = operator.get("/api/v1/sessions/s-a").json()["question"]["seq"]
+    answered = operator.post(
+        "/api/v1/sessions/s-a/answer",
+        json={"question_id": "perm:rm", "answer": "yes", "asked_seq": current},
+        headers={"X-CSRF-Token": page_csrf(operator)},
+    )
+    assert answered.status_code == 202 and store.load("s-a").allows("rm")
+
+
+def test_the_store_refuses_an_answer_to_another_asking(store: SessionStore) -> None:
+    seed(store)
+    asked = store.load("s-a").question
+    assert asked is not None
+    before = _records(store)
+    with pytest.raises(NoOpenQuestionError, match="asked again"):
+        store.answer("s-a", "perm:rm", "yes", asked_seq=asked.seq + 1)
+    assert _records(store) == before
 
 
 def test_an_answer_that_is_not_an_option_is_422(api: TestClient, store: SessionStore) -> None:

@@ -112,6 +112,31 @@ def test_the_grant_hint_shows_only_for_a_yes_no_permission_question(
     assert 'id="grant-hint"' not in page and "also grants" not in page
 
 
+def test_a_page_answer_to_a_question_asked_again_since_the_page_was_drawn_is_not_done(
+    operator: TestClient, store: SessionStore
+) -> None:
+    seed(store)
+    page = operator.get("/sessions/s-a").text
+    shown = re.search(r'name="asked_seq" value="(\d+)"', page)
+    assert shown is not None
+    store.answer("s-a", "perm:rm", "no")  # the agent answers itself, then asks again
+    store.ask(
+        "s-a", Question("perm:rm", "Allow «rm»?", ("yes", "no"), '{"p": "/"}', at(60), "permission")
+    )
+    before = store.load("s-a").seq
+    response = operator.post(
+        "/sessions/s-a/answer",
+        data={
+            "csrf": page_csrf(operator),
+            "question_id": "perm:rm",
+            "answer": "yes",
+            "asked_seq": shown.group(1),
+        },
+    )
+    assert "Not done (no_open_question)" in response.text and "asked again" in response.text
+    assert store.load("s-a").seq == before and not store.load("s-a").allows("rm")
+
+
 def test_answering_from_the_page_redirects_back_with_a_flash_and_shows_the_decision(
     operator: TestClient, store: SessionStore
 ) -> None:
