@@ -135,17 +135,42 @@ class _Exploding(EventCodec):
 
 
 def test_a_failure_in_a_rebuild_process_comes_back_as_a_backend_error(
-    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for event in _events(12, 2):
         kafka_log.send(event)
     kafka_log.flush(timeout=30)
+
+    def exploding(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(RedisProjectionStore, "commit", exploding)  # the forked children's too
     with pytest.raises(BackendError, match="RuntimeError: boom"):
         replay(
             settings.kafka_access(),
             settings.events_topic,
             projections,
             TrustedKeys.none(),
-            codec=_Exploding(),
             processes=2,
         )
+
+
+def test_records_whose_decoding_raises_are_refused_not_a_failure_of_the_rebuild(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    events = _events(12, 2)
+    for event in events:
+        kafka_log.send(event)
+    kafka_log.flush(timeout=30)
+    report = replay(
+        settings.kafka_access(),
+        settings.events_topic,
+        projections,
+        TrustedKeys.none(),
+        codec=_Exploding(),
+        processes=2,
+    )
+    assert report.refused == {"undecodable": len(events)} and report.applied_sessions == 0
