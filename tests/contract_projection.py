@@ -40,7 +40,7 @@ from session_model.fold import fold, step
 from session_model.ports import CommitResult, ProjectionStore
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
 from session_model.session import RECENT_FACTS, CallFact, ExecutionFact, Observation
-from session_model.signing import TrustedKeys
+from session_model.signing import Signer, TrustedKeys
 from session_model.timeline import translate
 
 VISIBILITY_TIMEOUT = 0.05
@@ -521,6 +521,37 @@ class ProjectionStoreContract:
         after = projection_store.folded([sid])[sid].state
         assert after.seq == n + 1  # the retry took no seq
         assert after == fold(sid, log.events(sid))
+
+    def test_a_signed_grant_sent_again_past_the_window_is_a_duplicate_after_reloads(
+        self, projection_store: ProjectionStore
+    ) -> None:
+        """The ids of signed acts outlive the dedupe window in the stored state too."""
+        operator = Signer.generate("ops")
+        log = Log()
+        sid = "s-signed"
+        log.started(sid)
+        grant_id = str(uuid.uuid4())
+        signature = operator.sign_authority(
+            session_id=sid,
+            event_id=grant_id,
+            event_type=ev.PERMISSION_GRANTED,
+            fields={"operation": "deploy"},
+        )
+        grant = {"operation": "deploy", "authority": signature}
+        log.add(sid, ev.PERMISSION_GRANTED, grant, grant_id)
+        log.add(sid, ev.PERMISSION_REVOKED, {"operation": "deploy"})
+        for i in range(HORIZON + CHUNK):
+            log.turn(sid, f"t{i}")
+        projector = Projector(projection_store, BatchFolder(operator.trusted_keys()))
+        for at in range(0, len(log.records), 97):  # reloaded from the store between batches
+            projector.project(log.records[at : at + 97])
+        before = projection_store.folded([sid])[sid].state
+        assert before.signed_ids == frozenset({grant_id}) and before.permissions == ()
+        log.add(sid, ev.PERMISSION_GRANTED, grant, grant_id)  # the same record, sent again
+        Projector(projection_store, BatchFolder(operator.trusted_keys())).project(log.records)
+        after = projection_store.folded([sid])[sid].state
+        assert (after.seq, after.permissions) == (before.seq, ())
+        assert after == fold(sid, log.events(sid), operator.trusted_keys())
 
     def test_the_history_keeps_every_fact_the_state_lets_go(
         self, projection_store: ProjectionStore
