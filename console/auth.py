@@ -38,6 +38,9 @@ class Identity:
     via: Literal["cookie", "bearer"]
     csrf: str | None = None  # the cookie session's CSRF token (None for a bearer token)
     session_id: str | None = None  # the cookie session's id (what signing out revokes)
+    # May make a session less supervised (grant, relax its mode, sign a call): an operator, or a
+    # service whose token has the `operator` scope.
+    relaxes: bool = False
 
     @property
     def name(self) -> str:
@@ -108,16 +111,33 @@ def load_users(path: Path | None) -> dict[str, str]:
     return users
 
 
-def load_tokens(path: Path | None) -> dict[str, str]:
-    """Services' token digests (sha256 hex) by principal name (none without a file)."""
+OPERATOR_SCOPE = "operator"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceToken:
+    """A service's token as the tokens file holds it (`name:<sha256 hex>[:operator]`): its digest,
+    and whether the service may make sessions less supervised (the `operator` scope)."""
+
+    digest: str
+    operator: bool = False
+
+
+def load_tokens(path: Path | None) -> dict[str, ServiceToken]:
+    """Services' tokens by principal name (none without a file)."""
     if path is None:
         return {}
-    tokens: dict[str, str] = {}
+    tokens: dict[str, ServiceToken] = {}
     for number, name, value in _entries(path, "tokens"):
-        digest = value.lower()
+        digest, _, scope = value.partition(":")
+        digest = digest.lower()
         if len(digest) != 64 or not set(digest) <= _HEX:
             raise ConfigurationError(f"{path}:{number}: {name}'s token is not a sha256 hex digest")
-        tokens[name] = digest
+        if scope not in ("", OPERATOR_SCOPE):
+            raise ConfigurationError(
+                f"{path}:{number}: {name}'s scope is neither empty nor `{OPERATOR_SCOPE}`"
+            )
+        tokens[name] = ServiceToken(digest, scope == OPERATOR_SCOPE)
     return tokens
 
 
@@ -150,20 +170,35 @@ class Passwords:
 class Tokens:
     """Matches bearer tokens by their sha256 digest."""
 
-    def __init__(self, digests: Mapping[str, str]) -> None:
-        self._digests = tuple((name, d.encode("ascii")) for name, d in digests.items())
+    def __init__(self, tokens: Mapping[str, ServiceToken | str]) -> None:
+        entries = {
+            n: t if isinstance(t, ServiceToken) else ServiceToken(t) for n, t in tokens.items()
+        }
+        self._digests = tuple((name, t.digest.encode("ascii")) for name, t in entries.items())
+        self._operators = frozenset(name for name, t in entries.items() if t.operator)
 
     def __len__(self) -> int:
         return len(self._digests)
 
     def principal(self, token: str) -> Principal | None:
         """The service a token belongs to, if any (every digest compared in constant time)."""
+        found = self._name(token)
+        return service_principal(found) if found is not None else None
+
+    def caller(self, token: str) -> Identity | None:
+        """The service a token belongs to as a caller (with its scope), if any."""
+        found = self._name(token)
+        if found is None:
+            return None
+        return Identity(service_principal(found), "bearer", relaxes=found in self._operators)
+
+    def _name(self, token: str) -> str | None:
         presented = token_digest(token).encode("ascii")
         found: str | None = None
         for name, digest in self._digests:
             if hmac.compare_digest(presented, digest):
                 found = name
-        return service_principal(found) if found is not None else None
+        return found
 
 
 class CookieSigner:

@@ -41,13 +41,16 @@ def identify(request: Request) -> Identity | None:
     authorization = request.headers.get("authorization")
     if authorization is not None:
         token = bearer_token(authorization)
-        principal = rt.tokens.principal(token) if token else None
-        return Identity(principal, "bearer") if principal is not None else None
+        return rt.tokens.caller(token) if token else None
     session = rt.cookies.read(request.cookies.get(SESSION_COOKIE))
     if session is None or not rt.passwords.knows(session.username):
         return None
     return Identity(
-        operator_principal(session.username), "cookie", session.csrf, session.session_id
+        operator_principal(session.username),
+        "cookie",
+        session.csrf,
+        session.session_id,
+        relaxes=True,
     )
 
 

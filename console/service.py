@@ -21,7 +21,8 @@ from console.views import (
     waiting_record,
     window_records,
 )
-from schemas.errors import InvalidCall, NoOpenQuestionError
+from schemas.errors import InvalidCall, NoOpenQuestionError, UnauthorizedError
+from session_model.modes import less_strict, parse_mode
 from session_model.policy import PERMISSION_OPTIONS
 from session_model.projection import Position
 from session_model.questions import Cursor, WaitingPage
@@ -153,6 +154,7 @@ def answer(
         asked_seq = question.seq
         if question.reason == SIGNATURE:
             operation, _ = question.signed_call()
+            _may_relax(caller, f"sign a call of {operation!r}")
             if (confirm or "").strip() != operation:
                 raise ConfirmationRequiredError(
                     f"signing this call allows {operation!r} with exactly these arguments once: "
@@ -163,6 +165,7 @@ def answer(
             raise InvalidAnswerError(f"{answer!r} is not an option of {question_id!r}: {options}")
         granting = granted_by_yes(question, answer)
         if granting is not None and store.signer is not None:
+            _may_relax(caller, f"grant {granting!r} (a yes to {question_id!r} grants it)")
             # «Allow X in this session?» — yes: the grant first (the operator's signed act the
             # agent then relies on), then the answer.
             grant(rt, caller, session_id, granting)
@@ -191,8 +194,18 @@ def granted_by_yes(question: Question, answer: str) -> str | None:
     return None
 
 
+def _may_relax(caller: Identity, act: str) -> None:
+    """Refuse (403) a caller that may not make a session less supervised."""
+    if not caller.relaxes:
+        raise UnauthorizedError(
+            f"{caller.principal.id} may not {act}: only operators, and services whose token has "
+            "the `operator` scope, make a session less supervised"
+        )
+
+
 def grant(rt: Runtime, caller: Identity, session_id: str, operation: str) -> Position:
     """Grant an operation (signed with the console's operator key)."""
+    _may_relax(caller, f"grant {operation.strip()!r}")
     position = rt.deps.store.grant(session_id, operation.strip())
     log.info("%s granted %r in %s at %s", caller.principal.id, operation, session_id, position)
     return position
@@ -207,6 +220,9 @@ def revoke(rt: Runtime, caller: Identity, session_id: str, operation: str) -> Po
 
 def set_mode(rt: Runtime, caller: Identity, session_id: str, mode: str) -> Position:
     """Change the autonomy mode (a less strict one is signed with the console's key)."""
+    wanted = parse_mode(mode.strip())
+    if wanted is not None and less_strict(wanted, rt.deps.store.load(session_id).mode):
+        _may_relax(caller, f"relax the mode to {wanted.value!r}")
     position = rt.deps.store.set_mode(session_id, mode.strip())
     log.info("%s set mode %r in %s at %s", caller.principal.id, mode, session_id, position)
     return position

@@ -31,7 +31,8 @@ from tests.unit.builders import OPERATOR
 
 NOW = datetime(2026, 3, 1, 10, 0, 0, tzinfo=UTC)
 PASSWORD = "correct horse battery staple"
-TOKEN = "svc-token-0123456789abcdef"
+TOKEN = "svc-token-0123456789abcdef"  # deployer's: the `operator` scope
+READER_TOKEN = "svc-token-reader-0123456789"  # bridge's: answers only
 
 
 def at(seconds: float) -> str:
@@ -65,7 +66,9 @@ def settings(tmp_path: Path, alice_hash: str) -> WebConsoleSettings:
     users = tmp_path / "users"
     users.write_text(f"# operators\nalice:{alice_hash}\n\n")
     tokens = tmp_path / "tokens"
-    tokens.write_text(f"deployer:{token_digest(TOKEN)}\n")
+    tokens.write_text(
+        f"deployer:{token_digest(TOKEN)}:operator\nbridge:{token_digest(READER_TOKEN)}\n"
+    )
     return WebConsoleSettings(
         console_users_file=users, console_tokens_file=tokens, console_login_delay=0.0
     )
@@ -143,6 +146,7 @@ def operator(client: TestClient) -> TestClient:
 
 
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
+BRIDGE = {"Authorization": f"Bearer {READER_TOKEN}"}
 
 
 def seed(store: SessionStore) -> None:

@@ -15,6 +15,7 @@ from session_model.principal import Principal
 from session_model.session import Question
 from tests.unit.console.conftest import (
     BEARER,
+    BRIDGE,
     NOW,
     FakeAnalytics,
     at,
@@ -325,6 +326,49 @@ def test_grant_revoke_mode_and_end(api: TestClient, store: SessionStore) -> None
     assert store.load("s-d").ended_because == "done (ended by service:deployer)"
     again = api.post("/api/v1/sessions/s-d/end", json={"because": "again"})
     assert again.status_code == 409 and again.json()["code"] == "session_ended"
+
+
+def test_a_service_without_the_operator_scope_cannot_make_a_session_less_supervised(
+    client: TestClient, store: SessionStore
+) -> None:
+    """A bridge's token answers and tightens; granting, relaxing a mode and signing a call (or
+    the grant a yes to a permission question carries) are operators' acts."""
+    seed(store)
+    before = _records(store)
+    refused = [
+        client.post("/api/v1/sessions/s-d/grant", json={"operation": "rm"}, headers=BRIDGE),
+        client.post("/api/v1/sessions/s-d/mode", json={"mode": "auto"}, headers=BRIDGE),
+        client.post(
+            "/api/v1/sessions/s-a/answer",
+            json={"question_id": "perm:rm", "answer": "yes"},
+            headers=BRIDGE,
+        ),
+        client.post(
+            "/api/v1/sessions/s-b/answer",
+            json={"question_id": "sign:deploy", "answer": "approved", "confirm": "deploy"},
+            headers=BRIDGE,
+        ),
+    ]
+    assert [r.status_code for r in refused] == [403] * 4
+    assert {r.json()["code"] for r in refused} == {"unauthorized"}
+    assert "operator` scope" in refused[0].json()["detail"]
+    assert _records(store) == before
+    allowed = [
+        client.post("/api/v1/sessions/s-d/mode", json={"mode": "ask"}, headers=BRIDGE),
+        client.post("/api/v1/sessions/s-d/revoke", json={"operation": "rm"}, headers=BRIDGE),
+        client.post(
+            "/api/v1/sessions/s-a/answer",
+            json={"question_id": "perm:rm", "answer": "no"},
+            headers=BRIDGE,
+        ),
+        client.post(
+            "/api/v1/sessions/s-c/answer",
+            json={"question_id": "q-c", "answer": "formal"},
+            headers=BRIDGE,
+        ),
+    ]
+    assert [r.status_code for r in allowed] == [202] * 4
+    assert store.load("s-c").decisions[-1].by == Principal("service:bridge", verified=True)
 
 
 def test_without_an_operator_key_authority_is_refused_403(settings: object) -> None:

@@ -12,6 +12,7 @@ from console.auth import (
     SESSION_COOKIE,
     CookieSigner,
     Passwords,
+    ServiceToken,
     Tokens,
     bearer_token,
     hash_password,
@@ -267,10 +268,16 @@ def test_credentials_files_are_read_strictly_without_echoing_secrets(
         load_users(users)
     assert "just-a-secret-line" not in str(raised.value)
     tokens = tmp_path / "tokens"
-    tokens.write_text(f"ci:{token_digest('t').upper()}\n")
-    assert load_tokens(tokens) == {"ci": token_digest("t")}
+    tokens.write_text(f"ci:{token_digest('t').upper()}\nops:{token_digest('u')}:operator\n")
+    assert load_tokens(tokens) == {
+        "ci": ServiceToken(token_digest("t")),
+        "ops": ServiceToken(token_digest("u"), operator=True),
+    }
     tokens.write_text("ci:raw-token\n")
     with pytest.raises(ConfigurationError, match="sha256"):
+        load_tokens(tokens)
+    tokens.write_text(f"ci:{token_digest('t')}:admin\n")
+    with pytest.raises(ConfigurationError, match="scope"):
         load_tokens(tokens)
     with pytest.raises(ConfigurationError, match="cannot read"):
         load_users(tmp_path / "missing")
