@@ -161,8 +161,14 @@ def end(caller: ApiCaller, request: Request, session_id: str, body: EndRequest) 
 )
 async def events(caller: ApiCaller, request: Request) -> StreamingResponse:
     """Server-Sent Events: `question` (a question change), `resync` (reload), keepalives."""
+    rt = runtime(request)
+    session = caller.session_id if caller.via == "cookie" else None
     return StreamingResponse(
-        event_stream(runtime(request).hub, request.is_disconnected),
+        event_stream(
+            rt.hub,
+            request.is_disconnected,
+            still_signed_in=lambda: session is None or not rt.cookies.signed_out(session),
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -242,6 +242,11 @@ class CookieSigner:
                 return None
         return CookieSession(username, sid, csrf)
 
+    def signed_out(self, session_id: str) -> bool:
+        """Whether this session was signed out (in this process)."""
+        with self._lock:
+            return session_id in self._revoked
+
     def revoke(self, session_id: str) -> None:
         """Sign a session out: its cookie is refused by this process from now on."""
         now = time.monotonic()

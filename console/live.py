@@ -129,8 +129,13 @@ async def event_stream(
     hub: Hub,
     is_disconnected: Callable[[], Awaitable[bool]],
     keepalive: float = KEEPALIVE_SECONDS,
+    still_signed_in: Callable[[], bool] = lambda: True,
 ) -> AsyncIterator[str]:
-    """The SSE text of one subscriber: `ready`, then `question` and `resync` events, keepalives."""
+    """The SSE text of one subscriber: `ready`, then `question` and `resync` events, keepalives.
+
+    It ends when the client goes, the hub closes, or the caller signs out (`still_signed_in`,
+    checked before anything is sent: a stream authenticated once must not outlive its session).
+    """
     sub = hub.subscribe()
     try:
         yield "retry: 3000\n" + sse("ready", "{}")
@@ -138,11 +143,11 @@ async def event_stream(
             try:
                 item = await asyncio.wait_for(sub.get(), timeout=keepalive)
             except TimeoutError:
-                if await is_disconnected():
+                if await is_disconnected() or not still_signed_in():
                     return
                 yield ": keepalive\n\n"
                 continue
-            if item is CLOSED:
+            if item is CLOSED or not still_signed_in():
                 return
             if isinstance(item, _Signal):
                 yield sse(item.name, "{}")

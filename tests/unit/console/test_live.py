@@ -139,6 +139,29 @@ def test_the_stream_sends_ready_then_question_events_and_keepalives() -> None:
     run(scenario())
 
 
+def test_the_stream_ends_once_its_caller_signed_out() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        signed_in = True
+
+        async def connected() -> bool:
+            return False
+
+        stream = event_stream(hub, connected, keepalive=0.01, still_signed_in=lambda: signed_in)
+        await anext(stream)  # ready
+        hub.publish(change())
+        assert (await anext(stream)).startswith("event: question")
+        signed_in = False
+        hub.publish(change(seq=4))
+        assert [s async for s in stream] == []  # nothing more is sent after the sign-out
+        assert hub.subscribers == 0
+        idle = event_stream(hub, connected, keepalive=0.01, still_signed_in=lambda: signed_in)
+        await anext(idle)
+        assert [s async for s in idle] == []  # an idle stream ends at its next keepalive check
+
+    run(scenario())
+
+
 # -- draining the feed -----------------------------------------------------------------------------
 
 
