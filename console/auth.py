@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -24,6 +25,8 @@ from itsdangerous import BadSignature, URLSafeTimedSerializer
 from schemas.errors import ConfigurationError
 from schemas.secret_files import read_secret
 from session_model.principal import Principal
+
+log = logging.getLogger(__name__)
 
 SESSION_COOKIE = "milpa_console"
 LOGIN_COOKIE = "milpa_console_login"
@@ -142,13 +145,27 @@ def load_tokens(path: Path | None) -> dict[str, ServiceToken]:
 
 
 class Passwords:
-    """Checks operators' passwords against their argon2 hashes."""
+    """Checks operators' passwords against their argon2 hashes, `concurrent` at a time.
 
-    def __init__(self, users: Mapping[str, str], hasher: PasswordHasher | None = None) -> None:
+    Why a bound: each argon2id check takes its memory cost (64 MiB by default) for its length, and
+    sign-ins need no authentication; unbounded, a flood of them is a flood of 64 MiB allocations.
+    A check that finds no free slot within `wait_s` fails like a wrong password.
+    """
+
+    def __init__(
+        self,
+        users: Mapping[str, str],
+        hasher: PasswordHasher | None = None,
+        *,
+        concurrent: int = 2,
+        wait_s: float = 5.0,
+    ) -> None:
         self._users = dict(users)
         self._hasher = hasher or PasswordHasher()
         # An unknown user is checked against this, so the answer takes as long as for a known one.
         self._dummy = self._hasher.hash(secrets.token_urlsafe(16))
+        self._slots = threading.BoundedSemaphore(concurrent)
+        self._wait_s = wait_s
 
     def __len__(self) -> int:
         return len(self._users)
@@ -160,10 +177,15 @@ class Passwords:
     def verify(self, username: str, password: str) -> bool:
         """Whether `password` is `username`'s (slow on purpose: argon2id)."""
         stored = self._users.get(username)
+        if not self._slots.acquire(timeout=self._wait_s):
+            log.warning("sign-in of %r refused: every password check is busy", username)
+            return False
         try:
             ok = self._hasher.verify(stored or self._dummy, password)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
             return False
+        finally:
+            self._slots.release()
         return ok and stored is not None
 
 

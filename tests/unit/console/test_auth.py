@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import pytest
+from argon2 import PasswordHasher
 from fastapi.testclient import TestClient
 
 from console.auth import (
@@ -241,6 +246,60 @@ def test_passwords_verify_argon2id_hashes(alice_hash: str) -> None:
     assert not Passwords({"eve": "$argon2id$garbage"}).verify("eve", "x")
     with pytest.raises(ValueError, match="empty"):
         hash_password("")
+
+
+class _HeldHasher(PasswordHasher):
+    """Counts the checks running at once; each waits inside until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(time_cost=1, memory_cost=8, parallelism=1)
+        self.release = threading.Event()
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def verify(self, hash: str | bytes, password: str | bytes) -> Literal[True]:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            assert self.release.wait(10)
+            return super().verify(hash, password)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def test_password_checks_run_two_at_a_time_and_a_check_with_no_slot_fails() -> None:
+    hasher = _HeldHasher()
+    users = {"alice": hasher.hash("pw")}
+    passwords = Passwords(users, hasher, concurrent=2, wait_s=10)
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(passwords.verify("alice", "pw")))
+        for _ in range(6)
+    ]
+    for t in threads:
+        t.start()
+    _until(lambda: hasher.running == 2)
+    time.sleep(0.05)
+    assert hasher.running == 2  # the other four wait for a slot
+    busy = Passwords(users, hasher, concurrent=2, wait_s=0.01)
+    held = [threading.Thread(target=busy.verify, args=("alice", "pw")) for _ in range(2)]
+    for t in held:
+        t.start()
+    _until(lambda: hasher.running == 4)
+    assert not busy.verify("alice", "pw")  # no slot within 10 ms: refused like a wrong password
+    hasher.release.set()
+    for t in (*threads, *held):
+        t.join()
+    assert results == [True] * 6
 
 
 def test_tokens_match_by_sha256() -> None:
