@@ -125,7 +125,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
         settings=settings,
         passwords=passwords,
         tokens=tokens,
-        cookies=CookieSigner(_secret(settings), hours * 3600),
+        cookies=CookieSigner(_secret(settings), hours * 3600, deps.sign_outs),
         hub=hub,
         templates=_templates(),
     )

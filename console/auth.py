@@ -13,10 +13,10 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -223,14 +223,48 @@ class Tokens:
         return found
 
 
+class SignOuts(Protocol):
+    """Signed-out sessions, seen by every replica of the console (`projections.sign_outs`)."""
+
+    def add(self, session_id: str, ttl_s: float) -> None:
+        """Remember a signed-out session for `ttl_s` seconds (as long as its cookie could live)."""
+        ...
+
+    def __contains__(self, session_id: object) -> bool:
+        """Whether the session was signed out."""
+        ...
+
+
+class MemorySignOuts:
+    """Signed-out sessions of this process only (a console without Redis, and tests)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._until: dict[str, float] = {}  # session id -> when its cookie would expire anyway
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def add(self, session_id: str, ttl_s: float) -> None:
+        """Remember it `ttl_s` seconds."""
+        now = self._clock()
+        with self._lock:
+            self._until = {s: t for s, t in self._until.items() if t > now}
+            self._until[session_id] = now + ttl_s
+
+    def __contains__(self, session_id: object) -> bool:
+        with self._lock:
+            until = self._until.get(session_id) if isinstance(session_id, str) else None
+        return until is not None and until > self._clock()
+
+
 class CookieSigner:
     """Signed, time-limited cookie values: sessions, the sign-in form's token, flash messages."""
 
-    def __init__(self, secret: str | bytes, session_seconds: float) -> None:
+    def __init__(
+        self, secret: str | bytes, session_seconds: float, sign_outs: SignOuts | None = None
+    ) -> None:
         self._serializer = URLSafeTimedSerializer(secret)
         self.session_seconds = session_seconds
-        self._revoked: dict[str, float] = {}  # session id -> when its cookie would expire anyway
-        self._lock = threading.Lock()
+        self._sign_outs: SignOuts = sign_outs if sign_outs is not None else MemorySignOuts()
 
     def dumps(self, value: Any, purpose: str) -> str:
         """Sign a JSON-able value for one purpose (a cookie of another purpose never reads it)."""
@@ -259,22 +293,18 @@ class CookieSigner:
         username, sid, csrf = value.get("u"), value.get("sid"), value.get("csrf")
         if not (isinstance(username, str) and isinstance(sid, str) and isinstance(csrf, str)):
             return None
-        with self._lock:
-            if sid in self._revoked:
-                return None
+        if sid in self._sign_outs:
+            return None
         return CookieSession(username, sid, csrf)
 
     def signed_out(self, session_id: str) -> bool:
-        """Whether this session was signed out (in this process)."""
-        with self._lock:
-            return session_id in self._revoked
+        """Whether this session was signed out (by any replica sharing the sign-outs)."""
+        return session_id in self._sign_outs
 
     def revoke(self, session_id: str) -> None:
-        """Sign a session out: its cookie is refused by this process from now on."""
-        now = time.monotonic()
-        with self._lock:
-            self._revoked = {s: t for s, t in self._revoked.items() if t > now}
-            self._revoked[session_id] = now + self.session_seconds
+        """Sign a session out: its cookie is refused from now on (by every replica sharing the
+        sign-outs) until it would have expired anyway."""
+        self._sign_outs.add(session_id, self.session_seconds)
 
 
 def csrf_matches(expected: str | None, presented: str | None) -> bool:

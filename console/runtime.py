@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
-from console.auth import CookieSigner, Passwords, Tokens
+from console.auth import CookieSigner, Passwords, SignOuts, Tokens
 from console.live import Hub, QuestionSource
 from console.settings import WebConsoleSettings
 from producers.store import SessionStore
@@ -48,6 +48,7 @@ class ConsoleDeps:
     analytics: AnalyticsReader | None = None
     source: QuestionSource | None = None  # the questions feed the live stream relays
     now: Callable[[], datetime] = field(default=_utc_now)
+    sign_outs: SignOuts | None = None  # shared by the replicas (None: this process's own)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Holds: `redis_store` (the sync and asyncio stores), `requests` (every Redis roun
 once, with a sync and an async executor), `scripts` and `lua/*.lua` (the Lua scripts, loaded once),
 `layout` (where a session's data lives in Redis), `codec` (state and timeline encodings), `keys`
 (the one place that names Redis keys), `indexes` (due work and counters), `analytics` (readers of
-the counters), `redis_client`, `memory` (the in-memory store) and `projector` (the synchronous
-shell of `session_model.cycle`).
+the counters), `redis_client`, `memory` (the in-memory store), `sign_outs` (the console's
+signed-out sessions, shared by its replicas) and `projector` (the synchronous shell of
+`session_model.cycle`).
 May import: `schemas`, `session_model`.
 """

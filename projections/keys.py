@@ -107,6 +107,10 @@ class Keys:
         generation its keys are in, and `a<n>`, the highest offset committed in generation n."""
         return f"{self.prefix}:generation:{{{partition_tag(partition, self.partitions)}}}"
 
+    def signed_out(self, session_id: str) -> str:
+        """String with a TTL: a console session signed out (`projections.sign_outs`)."""
+        return f"{self.prefix}:console:signed-out:{session_id}"
+
     def rebuild_lease(self) -> str:
         """String: the token of the live rebuild under way (`lua/lease.lua`), while it runs."""
         return f"{self.prefix}:rebuild-lease"

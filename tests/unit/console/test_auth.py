@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from console.auth import (
     SESSION_COOKIE,
     CookieSigner,
+    MemorySignOuts,
     Passwords,
     ServiceToken,
     Tokens,
@@ -359,3 +360,23 @@ def test_a_secret_file_keeps_cookies_valid_across_apps(
     short.write_text("tooshort")
     with pytest.raises(ConfigurationError, match="shorter than 32"):
         make_app(store, replace(settings, console_secret_file=short))
+
+
+def test_a_sign_out_is_refused_by_every_replica_sharing_the_sign_outs() -> None:
+    shared = MemorySignOuts()
+    one, two = CookieSigner("s" * 32, 3600, shared), CookieSigner("s" * 32, 3600, shared)
+    value, session = one.issue("alice")
+    assert two.read(value) == session
+    one.revoke(session.session_id)
+    assert two.read(value) is None and two.signed_out(session.session_id)
+    alone = CookieSigner("s" * 32, 3600)  # a process of its own does not see it
+    assert alone.read(value) == session
+
+
+def test_a_remembered_sign_out_lapses_when_its_cookie_would_have() -> None:
+    now = [100.0]
+    sign_outs = MemorySignOuts(clock=lambda: now[0])
+    sign_outs.add("sid", ttl_s=60)
+    assert "sid" in sign_outs and "other" not in sign_outs
+    now[0] += 61
+    assert "sid" not in sign_outs

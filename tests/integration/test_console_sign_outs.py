@@ -1,0 +1,54 @@
+"""A console session signed out on one replica is refused by every other, through Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from console.auth import CookieSigner
+from milpa_sessions.settings import Settings
+from projections.redis_client import SyncClient
+from projections.sign_outs import RedisSignOuts
+from schemas.errors import ProjectionError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[SyncClient]:
+    c = settings.redis_sync()
+    yield c
+    for key in c.scan_iter(match=settings.redis_keys().signed_out("*"), count=100):
+        c.delete(key)
+    c.close()
+
+
+def test_a_sign_out_on_one_replica_is_refused_by_another_until_the_cookie_expires(
+    settings: Settings, client: SyncClient
+) -> None:
+    keys = settings.redis_keys()
+    other = settings.redis_sync()  # the other replica's connection
+    try:
+        one = CookieSigner("s" * 32, 3600, RedisSignOuts(client, keys))
+        two = CookieSigner("s" * 32, 3600, RedisSignOuts(other, keys))
+        value, session = one.issue("alice")
+        assert two.read(value) == session
+        one.revoke(session.session_id)
+        assert two.read(value) is None and two.signed_out(session.session_id)
+    finally:
+        other.close()
+    ttl_ms = client.pttl(keys.signed_out(session.session_id))
+    assert 3_500_000 < ttl_ms <= 3_600_000  # kept as long as the cookie could live, no longer
+
+
+def test_redis_away_is_a_projection_error_not_a_session(settings: Settings) -> None:
+    away = Settings(redis_url="redis://127.0.0.1:1/0", redis_timeout=0.5).redis_sync()
+    sign_outs = RedisSignOuts(away, settings.redis_keys())
+    try:
+        with pytest.raises(ProjectionError, match="reading the sign-outs failed"):
+            _ = "sid" in sign_outs
+        with pytest.raises(ProjectionError, match="recording a sign-out failed"):
+            sign_outs.add("sid", 60)
+    finally:
+        away.close()
