@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -335,18 +336,18 @@ def test_a_service_without_the_operator_scope_cannot_make_a_session_less_supervi
     the grant a yes to a permission question carries) are operators' acts."""
     seed(store)
     before = _records(store)
+
+    def as_bridge(session: str, act: str, body: dict[str, str]) -> Any:
+        return client.post(f"/api/v1/sessions/{session}/{act}", json=body, headers=BRIDGE)
+
     refused = [
-        client.post("/api/v1/sessions/s-d/grant", json={"operation": "rm"}, headers=BRIDGE),
-        client.post("/api/v1/sessions/s-d/mode", json={"mode": "auto"}, headers=BRIDGE),
-        client.post(
-            "/api/v1/sessions/s-a/answer",
-            json={"question_id": "perm:rm", "answer": "yes"},
-            headers=BRIDGE,
-        ),
-        client.post(
-            "/api/v1/sessions/s-b/answer",
-            json={"question_id": "sign:deploy", "answer": "approved", "confirm": "deploy"},
-            headers=BRIDGE,
+        as_bridge("s-d", "grant", {"operation": "rm"}),
+        as_bridge("s-d", "mode", {"mode": "auto"}),
+        as_bridge("s-a", "answer", {"question_id": "perm:rm", "answer": "yes"}),
+        as_bridge(
+            "s-b",
+            "answer",
+            {"question_id": "sign:deploy", "answer": "approved", "confirm": "deploy"},
         ),
     ]
     assert [r.status_code for r in refused] == [403] * 4
@@ -354,18 +355,10 @@ def test_a_service_without_the_operator_scope_cannot_make_a_session_less_supervi
     assert "operator` scope" in refused[0].json()["detail"]
     assert _records(store) == before
     allowed = [
-        client.post("/api/v1/sessions/s-d/mode", json={"mode": "ask"}, headers=BRIDGE),
-        client.post("/api/v1/sessions/s-d/revoke", json={"operation": "rm"}, headers=BRIDGE),
-        client.post(
-            "/api/v1/sessions/s-a/answer",
-            json={"question_id": "perm:rm", "answer": "no"},
-            headers=BRIDGE,
-        ),
-        client.post(
-            "/api/v1/sessions/s-c/answer",
-            json={"question_id": "q-c", "answer": "formal"},
-            headers=BRIDGE,
-        ),
+        as_bridge("s-d", "mode", {"mode": "ask"}),
+        as_bridge("s-d", "revoke", {"operation": "rm"}),
+        as_bridge("s-a", "answer", {"question_id": "perm:rm", "answer": "no"}),
+        as_bridge("s-c", "answer", {"question_id": "q-c", "answer": "formal"}),
     ]
     assert [r.status_code for r in allowed] == [202] * 4
     assert store.load("s-c").decisions[-1].by == Principal("service:bridge", verified=True)
