@@ -202,25 +202,17 @@ class Tokens:
     def __len__(self) -> int:
         return len(self._digests)
 
-    def principal(self, token: str) -> Principal | None:
-        """The service a token belongs to, if any (every digest compared in constant time)."""
-        found = self._name(token)
-        return service_principal(found) if found is not None else None
-
     def caller(self, token: str) -> Identity | None:
-        """The service a token belongs to as a caller (with its scope), if any."""
-        found = self._name(token)
-        if found is None:
-            return None
-        return Identity(service_principal(found), "bearer", relaxes=found in self._operators)
-
-    def _name(self, token: str) -> str | None:
+        """The service a token belongs to, with its scope, if any (every digest compared in
+        constant time)."""
         presented = token_digest(token).encode("ascii")
         found: str | None = None
         for name, digest in self._digests:
             if hmac.compare_digest(presented, digest):
                 found = name
-        return found
+        if found is None:
+            return None
+        return Identity(service_principal(found), "bearer", relaxes=found in self._operators)
 
 
 class SignOuts(Protocol):

@@ -25,7 +25,6 @@ from console.problems import detail_of
 from console.runtime import Runtime, runtime
 from schemas.errors import MilpaError, UnknownSessionError
 from session_model.modes import Mode
-from session_model.policy import PERMISSION_OPTIONS
 from session_model.projection import Position
 
 router = APIRouter(include_in_schema=False)
@@ -222,13 +221,10 @@ async def session_page(request: Request, caller: PageCaller, session_id: str) ->
         return render(request, "error.html", caller, failed, 503)
     question = view["question"]
     grantable = ""
-    if question is not None and question["reason"] == "permission":
-        # As `service.granted_by_yes`: only the yes of a yes/no question grants.
-        canonical = tuple(question.get("options") or ()) == PERMISSION_OPTIONS
+    if question is not None:
         grantable = (
-            question["id"].removeprefix("perm:")
-            if canonical and question["id"].startswith("perm:")
-            else ""
+            service.grantable(question["id"], question["reason"], question.get("options") or ())
+            or ""
         )
     context = {"s": view, "modes": [m.value for m in Mode], "grantable": grantable}
     return render(request, "session.html", caller, context)

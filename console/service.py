@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -177,20 +178,26 @@ def answer(
 
 
 def granted_by_yes(question: Question, answer: str) -> str | None:
-    """The operation a permission question (`perm:<op>`) grants when answered "yes".
+    """The operation a permission question (`perm:<op>`) grants when answered "yes"."""
+    if answer != PERMISSION_OPTIONS[0]:
+        return None
+    return grantable(question.id, question.reason, question.options)
 
-    Only a question with exactly the options `permission_question` gives, answered with its
-    "yes": whoever asks (the agent) chooses a question's options, and the console signs the grant,
-    so an option list reordered or relabelled ("No, keep waiting" first) must not turn a refusal
-    into a signed grant. The operator grants such an operation explicitly, if at all.
+
+def grantable(question_id: str, reason: str | None, options: Sequence[str]) -> str | None:
+    """The operation a "yes" to this question grants, if any (the page's hint says so too).
+
+    Only a `perm:<op>` question with exactly the options `permission_question` gives: whoever
+    asks (the agent) chooses a question's options, and the console signs the grant, so an option
+    list reordered or relabelled ("No, keep waiting" first) must not turn a refusal into a signed
+    grant. The operator grants such an operation explicitly, if at all.
     """
     if (
-        question.reason == "permission"
-        and question.id.startswith("perm:")
-        and question.options == PERMISSION_OPTIONS
-        and answer == PERMISSION_OPTIONS[0]
+        reason == "permission"
+        and question_id.startswith("perm:")
+        and tuple(options) == PERMISSION_OPTIONS
     ):
-        return question.id.removeprefix("perm:")
+        return question_id.removeprefix("perm:")
     return None
 
 

@@ -21,8 +21,8 @@ _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 _OTHERS_READ = stat.S_IRGRP | stat.S_IROTH
 
 
-def check_owner_writes(path: Path, what: str) -> None:
-    """Refuse `path` (a file or a directory) if its group or others may write it."""
+def check_owner_writes(path: Path, what: str) -> int:
+    """Refuse `path` (a file or a directory) if its group or others may write it; its mode."""
     try:
         mode = path.stat().st_mode
     except OSError as e:
@@ -33,12 +33,12 @@ def check_owner_writes(path: Path, what: str) -> None:
             "change it could act with its authority; make it writable by its owner only "
             "(chmod go-w)"
         )
+    return mode
 
 
 def read_secret(path: Path, what: str) -> bytes:
     """The bytes of a secret's file: refused if others may write it, warned if they may read it."""
-    check_owner_writes(path, what)
-    if path.stat().st_mode & _OTHERS_READ:
+    if check_owner_writes(path, what) & _OTHERS_READ:
         log.warning(
             "the %s %s is readable by others (chmod go-r if they are not trusted)", what, path
         )

@@ -305,8 +305,10 @@ def test_password_checks_run_two_at_a_time_and_a_check_with_no_slot_fails() -> N
 
 def test_tokens_match_by_sha256() -> None:
     tokens = Tokens({"ci": token_digest("abc")})
-    assert tokens.principal("abc") == Principal("service:ci", verified=True)
-    assert tokens.principal("abd") is None
+    found = tokens.caller("abc")
+    assert found is not None and found.principal == Principal("service:ci", verified=True)
+    assert found.via == "bearer" and not found.relaxes
+    assert tokens.caller("abd") is None
     assert bearer_token("Bearer abc") == "abc"
     assert bearer_token("bearer  abc ") == "abc"
     assert bearer_token("Basic abc") is None
