@@ -20,6 +20,7 @@ KEPT_OPTIONS: Final = 64
 _LAST_RESORT_CHARS: Final = 256
 # The fields that may be long prose (ids, statuses and times are left whole).
 TEXTS: Final = frozenset({"question", "why", "answer", "goal"})
+KEPT_KEY_BYTES: Final = 1024  # of a refused record's key, when it and its value are too large
 
 
 def fit(
@@ -34,6 +35,22 @@ def fit(
         if len(value) <= MAX_RECORD_BYTES:
             break
     return value, True
+
+
+def fit_dead_letter(key: bytes | None, value: bytes) -> tuple[bytes | None, bytes, str]:
+    """A refused record's key and value as its dead letter carries them, and what was cut.
+
+    A record the broker took for the events topic may be within a few bytes of the largest one a
+    produce request carries; with the dead letter's headers it would no longer fit, fail on every
+    redelivery and stop the partition. Then the key is cut to `KEPT_KEY_BYTES` and the value to
+    what is left; the third item names the sizes they had (`key:<bytes>,value:<bytes>`), else "".
+    """
+    key_bytes = len(key) if key is not None else 0
+    if key_bytes + len(value) <= MAX_RECORD_BYTES:
+        return key, value, ""
+    kept_key = key[:KEPT_KEY_BYTES] if key is not None else None
+    room = MAX_RECORD_BYTES - (len(kept_key) if kept_key is not None else 0)
+    return kept_key, value[:room], f"key:{key_bytes},value:{len(value)}"
 
 
 def _cut(record: Mapping[str, Any], kept: int) -> dict[str, Any]:

@@ -138,7 +138,7 @@ class StatsCollector(Collector):
         )
         yield _counter(
             "milpa_records_cut",
-            "Decisions and question changes whose long texts were cut to fit a produce request.",
+            "Decisions, question changes and dead letters cut to fit a produce request.",
             w.records_cut,
         )
         yield _labelled("milpa_rejections", "Rejected events, by code.", "code", w.rejections)

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from processors.fitting import fit
+from processors.fitting import fit, fit_dead_letter
 from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
 from processors.ports import Consumed, OutRecord, Sink
 from producers.decisions import decision_record
@@ -42,6 +42,10 @@ T = TypeVar("T")
 DEADLETTER_REASON = "milpa-error"
 DEADLETTER_CODE = "milpa-refusal"
 DEADLETTER_SOURCE = "milpa-source"
+# Present when the refused record (key and value) was cut to fit a produce request: the sizes it
+# had, `key:<bytes>,value:<bytes>`. The whole record stays in the events topic at `milpa-source`.
+DEADLETTER_CUT = "milpa-cut"
+REASON_CHARS = 4096  # of a refusal's reason, in the header and the log
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +69,7 @@ class WorkerStats:
     refused: Counter[str] = field(default_factory=Counter)  # dead-lettered, by refusal code
     decisions: int = 0
     decisions_republished: int = 0  # of redelivered records (see redelivered_decisions)
-    records_cut: int = 0  # decisions and question changes cut to fit a produce request
+    records_cut: int = 0  # decisions, question changes and dead letters cut to fit a request
     question_changes: int = 0
     question_changes_republished: int = 0  # of redelivered records (see redelivered_changes)
     conflicts: int = 0
@@ -198,13 +202,17 @@ class ProjectionWorker:
 
     async def _dead_letter(self, raw: Consumed, refusal: Refusal) -> None:
         source = f"{raw.topic}:{raw.partition}:{raw.offset}"
+        key, value, cut = fit_dead_letter(raw.key, raw.value or b"")
         headers = [
-            (DEADLETTER_REASON, refusal.reason.encode()),
+            (DEADLETTER_REASON, refusal.reason[:REASON_CHARS].encode()),
             (DEADLETTER_CODE, refusal.code.encode()),
             (DEADLETTER_SOURCE, source.encode()),
         ]
-        log.warning("dead-lettering %s: %s", source, refusal.reason)
-        await self.deadletter.publish(raw.key, raw.value or b"", headers)
+        if cut:
+            headers.append((DEADLETTER_CUT, cut.encode()))
+            self.stats.records_cut += 1
+        log.warning("dead-lettering %s: %s", source, refusal.reason[:REASON_CHARS])
+        await self.deadletter.publish(key, value, headers)
         self.stats.dead_lettered += 1
         self.stats.refused[refusal.code] += 1
 

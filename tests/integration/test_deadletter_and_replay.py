@@ -15,7 +15,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
 from processors.replay import replay
-from processors.worker import DEADLETTER_REASON, DEADLETTER_SOURCE
+from processors.worker import DEADLETTER_CUT, DEADLETTER_REASON, DEADLETTER_SOURCE
 from producers.kafka_log import KafkaEventLog
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
@@ -144,6 +144,38 @@ def test_poison_records_land_in_the_dead_letter_topic_and_the_worker_stays_up(
         assert expected_reason[name] in reasons[name], f"{name}: reason {reasons[name]!r}"
     assert "deadbeefdeadbeef" in reasons["unknown fingerprint"]
     assert worker.alive(), worker.log()[-3000:]
+
+
+def test_a_poison_record_at_the_broker_limit_is_dead_lettered_cut_and_the_worker_goes_on(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    raw_producer: KafkaProducer,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    # The broker takes this record; with the dead letter's headers it would no longer fit in a
+    # produce request, and the worker could not get past it (every redelivery failing alike).
+    worker = start_worker()
+    sid, key = "s-huge-poison", b"s-huge-poison"
+    value = b"\x00\xff" + bytes(range(256)) * 4095 + b"x" * 118  # 1,048,440 bytes, not Avro
+    poison = _send_raw(raw_producer, settings.events_topic, key, value)
+    last = kafka_log.append(_event(sid, 1, ev.STARTED, {"goal": "after it", "mode": "ask"}))
+    assert last.partition == poison.partition
+    wait_for_all(projections, {sid: last}, timeout=60, why="past the poison", workers=(worker,))
+    assert worker.alive(), worker.log()[-3000:]
+
+    source = f"{settings.events_topic}:{poison.partition}:{poison.offset}"
+    dead = [
+        r
+        for r in _consume_all(settings, settings.deadletter_topic, 1, timeout=30)
+        if dict(r.headers)[DEADLETTER_SOURCE].decode() == source
+    ]
+    assert len(dead) == 1
+    headers = dict(dead[0].headers)
+    assert headers[DEADLETTER_CUT].decode() == f"key:{len(key)},value:{len(value)}"
+    assert dead[0].key == key
+    assert len(dead[0].value) < len(value) and value.startswith(dead[0].value)
+    assert "CorruptRecordError" in headers[DEADLETTER_REASON].decode()
 
 
 def _future_event_bytes(sid: str, event_id: str) -> bytes:

@@ -1,10 +1,10 @@
-"""Decisions and question changes too large for a produce request are cut, not left to fail."""
+"""Decisions, question changes and dead letters too large for a produce request are cut."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from processors.fitting import KEPT_CHARS, MAX_RECORD_BYTES, fit
+from processors.fitting import KEPT_CHARS, KEPT_KEY_BYTES, MAX_RECORD_BYTES, fit, fit_dead_letter
 from producers.decisions import decision_record
 from producers.questions import change_record
 from schemas.codec import EventCodec
@@ -77,3 +77,26 @@ def test_a_question_change_too_large_is_cut_options_included() -> None:
     read = CODEC.decode_question_change(value)
     assert read["question_id"] == "q1" and read["event_id"] == "e3"
     assert len(read["options"]) == 64 and read["options"][0].startswith("option 0 ")
+
+
+def test_a_refused_record_that_fits_is_dead_lettered_whole() -> None:
+    value = b"x" * (MAX_RECORD_BYTES - 10)
+    assert fit_dead_letter(b"k" * 10, value) == (b"k" * 10, value, "")
+    assert fit_dead_letter(None, b"") == (None, b"", "")
+
+
+def test_a_refused_record_near_the_broker_limit_is_cut_and_says_what_it_was() -> None:
+    key, value = b"s-1", bytes(range(256)) * 4095  # 1,048,320 bytes: the broker took it
+    kept_key, kept, cut = fit_dead_letter(key, value)
+    assert kept_key == key
+    assert len(kept_key) + len(kept) == MAX_RECORD_BYTES
+    assert value.startswith(kept)
+    assert cut == f"key:3,value:{len(value)}"
+
+
+def test_a_huge_key_is_cut_too() -> None:
+    key, value = b"k" * 900_000, b"v" * 200_000
+    kept_key, kept, cut = fit_dead_letter(key, value)
+    assert kept_key == b"k" * KEPT_KEY_BYTES
+    assert kept == value  # the value fits beside the cut key
+    assert cut == "key:900000,value:200000"
