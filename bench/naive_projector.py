@@ -55,7 +55,9 @@ def create_app(settings: Any) -> Any:
                 codec.decode(message.value), Position(message.partition, message.offset)
             )
             # One awaited commit per event (and one read on a cache miss).
-            await drive(cycle.project([record]), s.folded, s.commit, lambda: asyncio.sleep(0))
+            await drive(
+                cycle.project([record]), s.folded, s.commit, lambda: asyncio.sleep(0), s.decisions
+            )
 
     return app
 

@@ -24,7 +24,7 @@ from producers.questions import change_record
 from projections.redis_store import AsyncRedisProjectionStore
 from schemas.codec import EventCodec
 from schemas.errors import ProjectionError
-from session_model.cycle import Folding, ProjectionCycle, Read, Steps, Write
+from session_model.cycle import Folding, ProjectionCycle, Read, ReadDecisions, Steps, Write
 from session_model.fold import Kind
 from session_model.intake import WRONG_PARTITION, Intake, Refusal
 from session_model.ports import CommitResult
@@ -181,6 +181,7 @@ class ProjectionWorker:
             lambda ids: self._retrying(functools.partial(store.folded, ids)),
             lambda updates: self._retrying(functools.partial(store.commit, updates)),
             self._pause,
+            lambda ids: self._retrying(functools.partial(store.decisions, ids)),
         )
 
     async def _decode(self, raws: Sequence[Consumed]) -> list[Record]:
@@ -319,6 +320,7 @@ async def drive(
     read: Callable[[tuple[str, ...]], Awaitable[dict[str, Folded]]],
     write: Callable[[tuple[SessionUpdate, ...]], Awaitable[CommitResult]],
     pause: Callable[[], Awaitable[None]],
+    decisions: Callable[[tuple[str, ...]], Awaitable[dict[str, tuple[Decision, ...]]]],
 ) -> T:
     """Answer a `ProjectionCycle`'s requests asynchronously; the cycle's result."""
     reply: Any = None
@@ -332,6 +334,8 @@ async def drive(
             reply = await read(request.session_ids)
         elif type(request) is Write:
             reply = await write(request.updates)
+        elif type(request) is ReadDecisions:
+            reply = await decisions(request.session_ids)
         else:
             await pause()
             reply = None

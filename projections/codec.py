@@ -539,6 +539,14 @@ _FROM_JSON: tuple[Any, ...] = (
 )
 
 
+def decisions_from_json(session_id: str, entries: Iterable[bytes | str]) -> tuple[Decision, ...]:
+    """A session's decisions history list, read back."""
+    try:
+        return tuple(_decision_from(orjson.loads(raw)) for raw in entries)
+    except (orjson.JSONDecodeError, TypeError, ValueError, IndexError) as e:
+        raise ProjectionError(f"{session_id}: the stored decisions cannot be read: {e}") from e
+
+
 def fact_to_json(fact: HistoryRecord) -> tuple[int, bytes]:
     """The history a record goes to (an index of `keys.HISTORY_KINDS`) and its stored form."""
     kind = _KIND_OF[type(fact)]

@@ -43,7 +43,7 @@ from schemas.errors import NotYetVisibleError, ProjectionError
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
-from session_model.session import History, Session, Turn
+from session_model.session import Decision, History, Session, Turn
 from session_model.timeline import TimelineEntry
 
 # How often a store reads the partitions' generations again (a live rebuild moves them; a
@@ -376,6 +376,11 @@ class AsyncRedisProjectionStore:
         await self._fresh()
         request = requests.read(self.keys, session_ids, event_ids=event_ids)
         return await execute_async(self.client, request, self.durability, settle=True)
+
+    async def decisions(self, session_ids: Sequence[str]) -> dict[str, tuple[Decision, ...]]:
+        """Every decision of these sessions, from their history lists (one round trip)."""
+        await self._fresh()
+        return await execute_async(self.client, requests.decisions(self.keys, session_ids))
 
     async def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
         """Apply every update (compare-and-set on its mark) in one pipelined round trip.

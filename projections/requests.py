@@ -29,6 +29,7 @@ from projections import scripts
 from projections.cards import index_entry
 from projections.codec import (
     check_version,
+    decisions_from_json,
     entry_from_json,
     entry_to_json,
     fact_to_json,
@@ -42,7 +43,7 @@ from projections.codec import (
     unpack_event_ids,
 )
 from projections.indexes import ceil_ms, index_changes
-from projections.keys import Keys
+from projections.keys import HISTORY_KINDS, Keys
 from projections.layout import ELSEWHERE, WHOLE
 from projections.redis_client import AsyncClient, AsyncCluster, SyncClient, SyncCluster
 from schemas import events as ev
@@ -51,7 +52,7 @@ from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
-from session_model.session import HistoryRecord
+from session_model.session import Decision, HistoryRecord
 from session_model.timeline import TimelineEntry
 
 T = TypeVar("T")
@@ -352,6 +353,20 @@ def read(
         return {sid: f for sid, f in found.items() if f is not None}
 
     return Request(commands, parse, "reading projections failed")
+
+
+def decisions(keys: Keys, session_ids: Sequence[str]) -> Request[dict[str, tuple[Decision, ...]]]:
+    """Every decision each session's history holds, in seq order (one `LRANGE` each)."""
+    at = HISTORY_KINDS.index("decisions")
+    commands = [("LRANGE", keys.session(sid).history[at], 0, -1) for sid in session_ids]
+
+    def parse(replies: list[Any]) -> dict[str, tuple[Decision, ...]]:
+        return {
+            sid: decisions_from_json(sid, raw)
+            for sid, raw in zip(session_ids, replies, strict=True)
+        }
+
+    return Request(commands, parse, "reading decisions failed")
 
 
 def marks(keys: Keys, session_ids: Sequence[str]) -> Request[dict[str, Position]]:

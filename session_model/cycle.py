@@ -2,7 +2,8 @@
 
 `ProjectionCycle` keeps the folded states it knows (its cache) and, instead of calling a store,
 yields requests: `Read` (the stored states of sessions it does not know), `Write` (a batch of
-updates, answered with a `CommitResult`) and `Pause` (a point where an event loop may run others).
+updates, answered with a `CommitResult`), `ReadDecisions` (a redelivery's decisions older than a
+state keeps) and `Pause` (a point where an event loop may run others).
 A shell answers them: `run` with a synchronous `ProjectionStore` (the in-memory projector, replay),
 the worker with the asynchronous Redis store (retrying, and yielding to the event loop on `Pause`).
 Every projector thus folds, skips, commits and re-folds conflicts by the same rules.
@@ -10,9 +11,9 @@ Every projector thus folds, skips, commits and re-folds conflicts by the same ru
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import ChainMap, Counter
 from collections.abc import Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from schemas.errors import ProjectionError
@@ -22,6 +23,7 @@ from session_model.projection import (
     Folded,
     Record,
     SessionUpdate,
+    beyond_recent_decisions,
     foreign_records,
     joined,
     redelivered_decisions,
@@ -48,12 +50,21 @@ class Write:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadDecisions:
+    """Request: every decision these sessions' histories hold (answered with
+    `dict[str, tuple[Decision, ...]]`), for a redelivery whose decisions the states no longer hold.
+    """
+
+    session_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Pause:
     """Request: let other work run (answered with None)."""
 
 
 PAUSE = Pause()
-Request = Read | Write | Pause
+Request = Read | Write | ReadDecisions | Pause
 Steps = Generator[Request, Any, T]
 Redecided = tuple[tuple[str, Decision], ...]
 
@@ -170,8 +181,12 @@ class ProjectionCycle:
                 strays = foreign_records(cache, chunk)
                 foreign.extend(strays)
                 redelivered += skipped - len(strays)
-                again.extend(redelivered_decisions(cache, chunk))
-                reasked.extend(redelivered_changes(cache, chunk))
+                known: Mapping[str, Folded] = cache
+                short = beyond_recent_decisions(cache, chunk)
+                if short:  # rarer still: decisions the states hold too few of, from history
+                    known = ChainMap((yield from self._with_history(short)), cache)
+                again.extend(redelivered_decisions(known, chunk))
+                reasked.extend(redelivered_changes(known, chunk))
             for u in updates:
                 sid = u.session_id
                 before = merged.get(sid)
@@ -192,6 +207,16 @@ class ProjectionCycle:
             tuple(reasked),
             based,
         )
+
+    def _with_history(self, session_ids: Sequence[str]) -> Steps[dict[str, Folded]]:
+        """The cached states of these sessions holding every decision their history holds."""
+        found: dict[str, tuple[Decision, ...]] = yield ReadDecisions(tuple(session_ids))
+        cache = self.cache
+        return {
+            sid: Folded(replace(cache[sid].state, decisions=decisions), cache[sid].mark)
+            for sid, decisions in found.items()
+            if sid in cache and decisions
+        }
 
     def commit(self, folding: Folding) -> Steps[Committed]:
         """Commit a folded batch, re-folding conflicted sessions from the store until none is.
@@ -339,5 +364,7 @@ def run(steps: Steps[T], store: ProjectionStore) -> T:
             reply = store.folded(request.session_ids)
         elif type(request) is Write:
             reply = store.commit(request.updates)
+        elif type(request) is ReadDecisions:
+            reply = {sid: store.facts(sid).decisions for sid in request.session_ids}
         else:
             reply = None

@@ -18,12 +18,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas import events as ev
 from schemas.events import Event
 from schemas.frozen import fast_init
 from session_model.authority import Authority, Cutover
 from session_model.fold import Kind, Step, step
 from session_model.modes import Mode
-from session_model.session import Decision, HistoryRecord, Rejection, Session, Turn
+from session_model.session import (
+    RECENT_DECISIONS,
+    Decision,
+    HistoryRecord,
+    Rejection,
+    Session,
+    Turn,
+)
 from session_model.signing import TrustedKeys
 from session_model.timeline import TimelineEntry, translate
 
@@ -210,6 +218,48 @@ def redelivered_decisions(
         for d in known[sid].state.decisions
         if d.event_id in ids
     )
+
+
+_DECIDING = frozenset({ev.QUESTION_ANSWERED, ev.ANSWER_WINDOW_CLOSED})
+
+
+def beyond_recent_decisions(
+    known: Mapping[str, Folded], records: Iterable[Record]
+) -> tuple[str, ...]:
+    """Sessions whose records at or below their marks may have made decisions older than the
+    `RECENT_DECISIONS` their states keep (`redelivered_decisions` would miss those).
+
+    A state holding fewer than that holds every decision the session made; one holding that many
+    misses an answer or closing whose decision is not among them (or it was rejected: a history
+    read tells), and an asking neither open nor among them.
+    """
+    short: dict[str, None] = {}
+    for record in records:
+        e = record.event
+        sid = e.session_id
+        if sid in short or (e.type not in _DECIDING and e.type != ev.QUESTION_ASKED):
+            continue
+        folded = known.get(sid)
+        mark = None if folded is None else folded.mark
+        if (
+            mark is None
+            or record.position.partition != mark.partition
+            or record.position.offset > mark.offset
+        ):
+            continue
+        state = folded.state  # type: ignore[union-attr] # a mark implies a state
+        if len(state.decisions) < RECENT_DECISIONS:
+            continue
+        if e.type in _DECIDING:
+            found = any(d.event_id == e.event_id for d in state.decisions)
+        else:
+            qid, at, q = e.payload.get("question_id"), e.occurred_at, state.question
+            found = (q is not None and q.id == qid and q.asked_at == at) or any(
+                d.question_id == qid and d.asked_at == at for d in state.decisions
+            )
+        if not found:
+            short[sid] = None
+    return tuple(short)
 
 
 def joined(first: SessionUpdate, later: SessionUpdate) -> SessionUpdate:

@@ -42,7 +42,7 @@ from schemas.events import Event
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
 from session_model.projection import BatchFolder, Position
-from session_model.session import Question
+from session_model.session import RECENT_DECISIONS, Question
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import with_keys
 from tests.integration.expected import (
@@ -730,6 +730,40 @@ def test_decisions_lost_between_the_commit_and_the_publish_are_published_after_a
     asyncio.run(_with_store(settings, run))
     assert sorted(restarted.decisions()) == decided(expected)
     assert decided(expected), "the workload answers or closes questions"
+
+
+def test_a_session_s_decisions_beyond_the_state_s_recent_ones_are_republished_after_a_restart(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    # One batch answers more questions of one session than its state keeps decisions of: the
+    # decisions a restarted worker republishes come from the session's history list in Redis.
+    sid, count = "s-many-answers", RECENT_DECISIONS + 5
+    at = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+    events = [Event(f"{sid}-start", sid, ev.STARTED, at, "it", {"goal": "g", "mode": "ask"})]
+    for n in range(count):
+        q = {"question_id": f"q{n}", "question": f"Go on with step {n}?", "options": ["y", "n"]}
+        events.append(Event(f"{sid}-ask{n}", sid, ev.QUESTION_ASKED, at, "it", q))
+        a = {"question_id": f"q{n}", "answer": "y", "by": None, "executor": "it"}
+        events.append(Event(f"{sid}-answer{n}", sid, ev.QUESTION_ANSWERED, at, "it", a))
+    raws = raw_records(events)
+    restarted, dead, changes = RecordingSink(), RecordingSink(), RecordingSink()
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        with pytest.raises(LogError):
+            await _worker(store, FailingSink(), dead).process(raws)
+        stored = projections.load(sid)
+        assert stored is not None and len(stored.decisions) == RECENT_DECISIONS
+        assert await _worker(store, restarted, dead, changes).process(raws) == ()
+
+    asyncio.run(_with_store(settings, run))
+    republished = restarted.decisions()
+    assert [event_id for _, _, event_id in republished] == [
+        f"{sid}-answer{n}" for n in range(count)
+    ]
+    assert [seq for _, seq, _ in republished] == sorted(seq for _, seq, _ in republished)
+    feed = [EventCodec().decode_question_change(v) for _, v, _ in changes.published]
+    answered = [c["question_id"] for c in feed if c["status"] == "answered"]
+    assert answered == [f"q{n}" for n in range(count)]
 
 
 def test_question_changes_lost_before_the_publish_are_published_after_a_restart(

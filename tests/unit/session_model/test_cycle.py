@@ -9,11 +9,23 @@ import pytest
 
 from projections.memory import InMemoryProjectionStore
 from schemas.errors import ProjectionError
-from session_model.cycle import PAUSE, Committed, Folding, ProjectionCycle, Read, Steps, Write, run
+from session_model.cycle import (
+    PAUSE,
+    Committed,
+    Folding,
+    ProjectionCycle,
+    Read,
+    ReadDecisions,
+    Steps,
+    Write,
+    run,
+)
 from session_model.fold import fold
 from session_model.ports import CommitResult
 from session_model.projection import BatchFolder, Folded, Position, Record
-from tests.unit.builders import started, turn
+from session_model.questions import QuestionStatus
+from session_model.session import RECENT_DECISIONS
+from tests.unit.builders import answer, ask, started, turn
 
 
 def _records(events: Sequence[Any], partition: int = 0, start: int = 0) -> list[Record]:
@@ -89,6 +101,60 @@ def test_records_at_or_below_the_mark_are_redelivered_and_their_decisions_return
     folding, committed = run(ProjectionCycle(BatchFolder()).project(records), store)
     assert folding == Folding(tuple(records), (), redelivered=2)
     assert committed == Committed(())
+
+
+def _questions_answered(count: int) -> list[Any]:
+    events: list[Any] = [started()]
+    for n in range(count):
+        events += [ask(f"q{n}"), answer(f"q{n}", "yes")]
+    return events
+
+
+class _Counting(InMemoryProjectionStore):
+    """Counts the decision history reads a shell makes for the cycle."""
+
+    decision_reads: int = 0
+
+    def facts(self, session_id: str) -> Any:
+        self.decision_reads += 1
+        return super().facts(session_id)
+
+
+def test_a_redelivery_returns_every_decision_also_those_older_than_the_state_keeps() -> None:
+    # A worker stopped after Redis took the batch and before its decisions were published: the
+    # next one must publish all of them, not only the RECENT_DECISIONS the state keeps.
+    count = RECENT_DECISIONS + 5
+    records = _records(_questions_answered(count))
+    store = _Counting()
+    first, _ = run(ProjectionCycle(BatchFolder()).project(records), store)
+    made = [d for u in first.updates for d, _ in u.decisions]
+    assert len(made) == count
+    assert len(store.load("s1").decisions) == RECENT_DECISIONS  # type: ignore[union-attr]
+
+    requests, folding = _script(
+        ProjectionCycle(BatchFolder()).fold(records),
+        [store.folded(("s1",)), {"s1": store.facts("s1").decisions}],
+    )
+    assert requests == [Read(("s1",)), ReadDecisions(("s1",))]
+    assert [d for _, d in folding.again] == made  # every one, in seq order
+    answered = [c for c in folding.reasked if c.status is not QuestionStatus.OPEN]
+    assert [c.question_id for c in answered] == [f"q{n}" for n in range(count)]
+    assert folding.updates == ()
+
+    reads = store.decision_reads
+    folding, _ = run(ProjectionCycle(BatchFolder()).project(records), store)  # through the shell
+    assert [d for _, d in folding.again] == made
+    assert store.decision_reads == reads + 1
+
+
+def test_a_redelivery_of_a_session_with_few_decisions_reads_no_history() -> None:
+    records = _records(_questions_answered(RECENT_DECISIONS - 1))
+    store = _Counting()
+    run(ProjectionCycle(BatchFolder()).project(records), store)
+    reads = store.decision_reads
+    folding, _ = run(ProjectionCycle(BatchFolder()).project(records), store)
+    assert len(folding.again) == RECENT_DECISIONS - 1
+    assert store.decision_reads == reads
 
 
 def test_a_record_of_a_session_projected_from_another_partition_is_foreign() -> None:
