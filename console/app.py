@@ -15,7 +15,15 @@ from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from console import api, pages
-from console.auth import CookieSigner, Passwords, Tokens, load_tokens, load_users
+from console.auth import (
+    CookieSigner,
+    MemorySignInFailures,
+    Passwords,
+    SignInThrottle,
+    Tokens,
+    load_tokens,
+    load_users,
+)
 from console.guards import CsrfRefused, LoginRequired, login_redirect
 from console.live import Hub, feeding
 from console.problems import install as install_problems
@@ -124,6 +132,12 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
         deps=deps,
         settings=settings,
         passwords=passwords,
+        throttle=SignInThrottle(
+            deps.sign_in_failures or MemorySignInFailures(),
+            passwords,
+            limit=settings.console_login_attempts,
+            window_s=settings.console_login_window_s,
+        ),
         tokens=tokens,
         cookies=CookieSigner(_secret(settings), hours * 3600, deps.sign_outs),
         hub=hub,

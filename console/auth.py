@@ -248,6 +248,101 @@ class MemorySignOuts:
         return until is not None and until > self._clock()
 
 
+class SignInFailures(Protocol):
+    """Failed sign-ins per name, seen by every replica of the console (`projections.sign_ins`)."""
+
+    def blocked_for(self, bucket: str, limit: int) -> float:
+        """Seconds until `bucket` may sign in again (0: now), once it failed `limit` times."""
+        ...
+
+    def failed(self, bucket: str, window_s: float) -> None:
+        """Count a failure; the count lapses `window_s` seconds after its first failure."""
+        ...
+
+    def cleared(self, bucket: str) -> None:
+        """Forget the failures (a sign-in succeeded)."""
+        ...
+
+
+class MemorySignInFailures:
+    """Failed sign-ins counted in this process only (a console without Redis, and tests)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._counts: dict[str, tuple[int, float]] = {}  # bucket -> (failures, lapses at)
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def blocked_for(self, bucket: str, limit: int) -> float:
+        """Seconds left of the window once `limit` failures were counted in it."""
+        with self._lock:
+            count, until = self._counts.get(bucket, (0, 0.0))
+        left = until - self._clock()
+        return left if count >= limit and left > 0 else 0.0
+
+    def failed(self, bucket: str, window_s: float) -> None:
+        """One more failure in the current window (a new window if none is open)."""
+        now = self._clock()
+        with self._lock:
+            self._counts = {b: c for b, c in self._counts.items() if c[1] > now}
+            count, until = self._counts.get(bucket, (0, now + window_s))
+            self._counts[bucket] = (count + 1, until)
+
+    def cleared(self, bucket: str) -> None:
+        """Forget the bucket's failures."""
+        with self._lock:
+            self._counts.pop(bucket, None)
+
+
+class SignInThrottle:
+    """Refuses a name's sign-ins, unchecked, after `limit` failures within `window_s` seconds.
+
+    Why per name: the fixed delay of a failed sign-in slows one client; many clients in parallel
+    guess as fast as the password checks run. A name's count is kept by its digest, and every
+    name that is no operator's counts in one shared bucket: the throttle's answers tell no more
+    about which names exist than a wrong password does. The price, as with any lockout: whoever
+    fails a name's sign-ins `limit` times keeps its operator out until the window ends.
+    """
+
+    def __init__(
+        self,
+        failures: SignInFailures,
+        passwords: Passwords,
+        *,
+        limit: int = 10,
+        window_s: float = 900.0,
+    ) -> None:
+        if limit < 0 or window_s <= 0:
+            raise ConfigurationError(
+                f"sign-in limit {limit} within {window_s} s: the limit must be 0 (none) or more, "
+                "the window positive"
+            )
+        self.failures = failures
+        self.passwords = passwords
+        self.limit = limit
+        self.window_s = window_s
+
+    def bucket(self, username: str) -> str:
+        """Where a name's failures are counted."""
+        name = username if self.passwords.knows(username) else ""
+        return hashlib.sha256(b"milpa-sign-in\0" + name.encode()).hexdigest()[:32]
+
+    def blocked_for(self, username: str) -> float:
+        """Seconds until this name may try again (0: it may now)."""
+        if not self.limit:
+            return 0.0
+        return self.failures.blocked_for(self.bucket(username), self.limit)
+
+    def failed(self, username: str) -> None:
+        """Count a failed sign-in of this name."""
+        if self.limit:
+            self.failures.failed(self.bucket(username), self.window_s)
+
+    def succeeded(self, username: str) -> None:
+        """The operator signed in: their count starts again."""
+        if self.limit:
+            self.failures.cleared(self.bucket(username))
+
+
 class CookieSigner:
     """Signed, time-limited cookie values: sessions, the sign-in form's token, flash messages."""
 

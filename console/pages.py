@@ -8,6 +8,8 @@ blocking calls run in the thread pool.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,6 +29,7 @@ from schemas.errors import MilpaError, UnknownSessionError
 from session_model.modes import Mode
 from session_model.projection import Position
 
+log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
 
 FLASH_COOKIE = "milpa_console_flash"
@@ -129,12 +132,25 @@ async def login(request: Request) -> Response:
     expected = rt.cookies.loads(request.cookies.get(LOGIN_COOKIE), "login", _LOGIN_FORM_SECONDS)
     if not isinstance(expected, str) or not csrf_matches(expected, _field(form, "csrf")):
         return _login_page(request, next_path, "The sign-in form expired: please try again.", 400)
+    throttle = rt.throttle
+    wait_s = await run_in_threadpool(throttle.blocked_for, username)
+    if wait_s > 0:  # the password is not even checked
+        minutes = max(1, math.ceil(wait_s / 60))
+        log.warning("sign-in of %r refused: too many failures (%.0f s left)", username, wait_s)
+        return _login_page(
+            request,
+            next_path,
+            f"Too many failed sign-ins with this name: try again in {minutes} minute(s).",
+            429,
+        )
     ok = bool(username and password) and await run_in_threadpool(
         rt.passwords.verify, username, password
     )
     if not ok:
+        await run_in_threadpool(throttle.failed, username)
         await asyncio.sleep(rt.settings.console_login_delay)  # slows down guessing
         return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
+    await run_in_threadpool(throttle.succeeded, username)
     value, _ = rt.cookies.issue(username)
     response = RedirectResponse(next_path, status_code=303)
     _set_cookie(request, response, SESSION_COOKIE, value, rt.cookies.session_seconds)

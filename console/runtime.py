@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
-from console.auth import CookieSigner, Passwords, SignOuts, Tokens
+from console.auth import CookieSigner, Passwords, SignInFailures, SignInThrottle, SignOuts, Tokens
 from console.live import Hub, QuestionSource
 from console.settings import WebConsoleSettings
 from producers.store import SessionStore
@@ -49,6 +49,7 @@ class ConsoleDeps:
     source: QuestionSource | None = None  # the questions feed the live stream relays
     now: Callable[[], datetime] = field(default=_utc_now)
     sign_outs: SignOuts | None = None  # shared by the replicas (None: this process's own)
+    sign_in_failures: SignInFailures | None = None  # shared likewise (None: this process's own)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Runtime:
     deps: ConsoleDeps
     settings: WebConsoleSettings
     passwords: Passwords
+    throttle: SignInThrottle
     tokens: Tokens
     cookies: CookieSigner
     hub: Hub

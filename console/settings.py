@@ -29,3 +29,8 @@ class WebConsoleSettings(WriterSettings):
     console_cookie_secure: bool = False  # set behind TLS: the cookie is then sent over HTTPS only
     console_session_hours: float = 12.0  # a sign-in lasts this long
     console_login_delay: float = 0.5  # seconds a failed sign-in waits before it is answered
+    # After this many failed sign-ins of one name within console_login_window_s seconds (counted
+    # from the first), that name's sign-ins are refused unchecked until the window ends. Names
+    # that are no operator's share one count. 0: no limit.
+    console_login_attempts: int = 10
+    console_login_window_s: float = 900.0

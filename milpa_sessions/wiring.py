@@ -21,6 +21,7 @@ from projections.analytics import Analytics
 from projections.redis_client import redacted
 from projections.redis_store import RedisProjectionStore
 from projections.requests import Retention
+from projections.sign_ins import RedisSignInFailures
 from projections.sign_outs import RedisSignOuts
 from schemas.errors import ConfigurationError, ProjectionError
 from schemas.secret_files import check_owner_writes
@@ -137,6 +138,7 @@ def console_deps(settings: WriterSettings) -> ConsoleDeps:
         analytics=Analytics(settings.redis_sync(), settings.redis_keys()),
         source=lambda: follow_questions(access, topic),
         sign_outs=RedisSignOuts(settings.redis_sync(), settings.redis_keys()),
+        sign_in_failures=RedisSignInFailures(settings.redis_sync(), settings.redis_keys()),
     )
 
 

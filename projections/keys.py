@@ -111,6 +111,11 @@ class Keys:
         """String with a TTL: a console session signed out (`projections.sign_outs`)."""
         return f"{self.prefix}:console:signed-out:{session_id}"
 
+    def sign_in_failures(self, bucket: str) -> str:
+        """String counter with a TTL: failed console sign-ins of one name (`projections.sign_ins`);
+        `bucket` is a digest, never the name."""
+        return f"{self.prefix}:console:sign-in-failures:{bucket}"
+
     def rebuild_lease(self) -> str:
         """String: the token of the live rebuild under way (`lua/lease.lua`), while it runs."""
         return f"{self.prefix}:rebuild-lease"
