@@ -96,6 +96,7 @@ def worker(ctx: Ctx, loglevel: str) -> None:
 
     keys = wiring.trusted_keys(ctx.settings)
     wiring.wait_for_stack(ctx.settings)
+    wiring.checked_cutover(ctx.settings)  # the app folds with settings.cutover(): this one
     projector = create_app(ctx.settings, keys)
     # Everything allocated so far lives as long as the process: freeze it out of the collector,
     # and collect the young generation only after a million net allocations. Reference counting
@@ -233,7 +234,7 @@ def replay_cmd(
             progress=progress,
             processes=processes,
             start_mode=settings.start_mode(),
-            cutover=settings.cutover(),
+            cutover=wiring.checked_cutover(settings),
             # One session (a restore after retention) comes back whole, history and all.
             snapshots_topic=(
                 settings.snapshots_topic if snapshots and not full and session_id is None else None
@@ -313,7 +314,7 @@ def _replay_live(ctx: Ctx, full: bool, processes: int | None) -> None:
             store,
             wiring.trusted_keys(settings),
             start_mode=settings.start_mode(),
-            cutover=settings.cutover(),
+            cutover=wiring.checked_cutover(settings),
             snapshots_topic=settings.snapshots_topic if snapshots else None,
             progress=progress,
             processes=processes,

@@ -25,6 +25,7 @@ from projections.sign_ins import RedisSignInFailures
 from projections.sign_outs import RedisSignOuts
 from schemas.errors import ConfigurationError, ProjectionError
 from schemas.secret_files import check_owner_writes
+from session_model.authority import Cutover
 from session_model.signing import Signer, TrustedKeys
 
 if TYPE_CHECKING:
@@ -151,6 +152,36 @@ def ping_redis(settings: StackSettings) -> None:
         raise ProjectionError(f"{type(e).__name__}: {e}") from e
     finally:
         client.close()
+
+
+def checked_cutover(settings: StackSettings) -> Cutover:
+    """The configured cut-over, once the events topic is the one its offsets were read from.
+
+    Raises `ConfigurationError` when it names no topic id or another topic's (the events topic
+    was recreated or mirrored: its first records are not the legacy ones, and believing their
+    unsigned authority would let an agent's grant through).
+    """
+    from producers.topics import topic_id  # noqa: PLC0415 - an admin client, only when needed
+
+    cutover = settings.cutover()
+    if not cutover.before:
+        return cutover
+    topic = settings.events_topic
+    actual = topic_id(settings, topic)
+    offsets = ",".join(f"{p}:{o}" for p, o in sorted(cutover.before.items()))
+    if cutover.topic_id is None:
+        raise ConfigurationError(
+            "MILPA_AUTHORITY_CUTOVER names no topic: offsets mean something only in the topic "
+            f"they were read from. If they were read from {topic} as it is now (id {actual}), "
+            f"set MILPA_AUTHORITY_CUTOVER={actual}@{offsets}"
+        )
+    if cutover.topic_id != actual:
+        raise ConfigurationError(
+            f"MILPA_AUTHORITY_CUTOVER was read from topic id {cutover.topic_id}, but {topic} is "
+            f"{actual} now (recreated or mirrored): its records before those offsets are not the "
+            "legacy ones. Set the cut-over anew for this topic, or leave it empty"
+        )
+    return cutover
 
 
 def wait_for_stack(settings: WorkerSettings) -> None:

@@ -205,6 +205,22 @@ class GroupDescription:
     members: tuple[GroupMember, ...]
 
 
+def topic_id(settings: StackSettings, topic: str) -> str:
+    """The topic's id (KIP-516): a recreated topic of the same name has another."""
+    try:
+        admin = admin_client(settings)
+        try:
+            described = admin.describe_topics([topic])
+        finally:
+            admin.close()
+    except KafkaError as e:
+        raise LogError(f"describing topic {topic} failed: {e}") from e
+    found = [t for t in described if t.get("name") == topic and not t.get("error_code")]
+    if not found or not found[0].get("topic_id"):
+        raise LogError(f"topic {topic} does not exist (or the broker gives no topic ids)")
+    return str(found[0]["topic_id"])
+
+
 def describe_group(settings: StackSettings, group: str | None = None) -> GroupDescription:
     """The state and members of `group` (default: the workers' group); no members if unknown."""
     group = group or settings.consumer_group

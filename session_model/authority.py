@@ -34,20 +34,27 @@ class Cutover:
 
     An input of the fold like the trusted keys: empty (the default) means every record is held to
     the signature rule. Set it once, to the end offsets at the moment writers start signing.
+    Offsets mean something only in the topic they were read from: `topic_id` names it (KIP-516),
+    and the processes that fold refuse to start on a topic of another id (`wiring.checked_cutover`):
+    a recreated or mirrored topic's first records would otherwise pass as legacy, unsigned.
     """
 
     before: Mapping[int, int] = field(default_factory=dict)
+    topic_id: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Cutover:
-        """`"0:1200,1:977"` (partition:offset pairs; empty: no legacy records)."""
+        """`"<topic id>@0:1200,1:977"` (partition:offset pairs; empty: no legacy records)."""
+        topic_id, sep, pairs = text.strip().rpartition("@")
+        if sep and not topic_id.strip():
+            raise ValueError("the topic id before '@' is empty")
         before: dict[int, int] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
+        for part in filter(None, (p.strip() for p in pairs.split(","))):
             partition, sep, offset = part.partition(":")
             if not sep:
                 raise ValueError(f"{part!r} is not partition:offset")
             before[int(partition)] = int(offset)
-        return cls(before)
+        return cls(before, topic_id.strip() or None)
 
     def is_legacy(self, partition: int, offset: int) -> bool:
         """Whether the record at this position was written before the cut-over."""

@@ -10,22 +10,24 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 
 from deploy.harness import free_port, read_topic, wait_for
+from milpa_sessions import wiring
 from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
+from producers.topics import delete_topics, ensure_topics, topic_id
 from projections.analytics import Analytics
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import EventCodec
-from schemas.errors import UnauthorizedError
+from schemas.errors import ConfigurationError, LogError, UnauthorizedError
 from schemas.events import Event
 from session_model.authority import Cutover
 from session_model.modes import Mode
 from session_model.policy import SessionPolicy, Verdict, signature_question
 from session_model.signing import Signer, TrustedKeys
-from tests.integration.conftest import with_keys
+from tests.integration.conftest import _as_admin, run_cli, with_keys
 
 pytestmark = pytest.mark.integration
 
@@ -128,6 +130,37 @@ def test_a_rebuild_without_the_operator_key_turns_its_grants_into_rejections(
     # A cut-over past the grant: records before it are legacy, believed as written.
     ends = {p: o + 1 for p, o in _positions(projections, "r1").items()}
     assert rebuilt(TrustedKeys.none(), Cutover(ends)) == (("deploy",), [])
+
+
+def test_a_cutover_is_believed_only_in_the_topic_its_offsets_were_read_from(
+    settings: Settings,
+) -> None:
+    assert wiring.checked_cutover(settings) == Cutover()  # none: nothing to check
+    actual = topic_id(settings, settings.events_topic)
+    unbound = with_keys(settings, authority_cutover="0:5,1:3")
+    with pytest.raises(ConfigurationError, match=f"MILPA_AUTHORITY_CUTOVER={actual}@0:5,1:3"):
+        wiring.checked_cutover(unbound)
+    bound = with_keys(settings, authority_cutover=f"{actual}@0:5,1:3")
+    assert wiring.checked_cutover(bound) == Cutover({0: 5, 1: 3}, actual)
+    # The topic deleted and made again (or mirrored elsewhere): same name, another id.
+    admin = _as_admin(settings) if settings.kafka_access().sasl else settings
+    delete_topics(admin, [settings.events_topic])
+    wait_for(lambda: _recreated(admin), timeout=60)
+    assert topic_id(settings, settings.events_topic) != actual
+    with pytest.raises(ConfigurationError, match="recreated or mirrored"):
+        wiring.checked_cutover(bound)
+    # And the processes that fold refuse to start on it.
+    result = run_cli(bound, "replay", "--force")
+    assert result.returncode != 0 and "recreated or mirrored" in result.stderr, result
+
+
+def _recreated(settings: Settings) -> bool:
+    try:
+        ensure_topics(settings)
+        topic_id(settings, settings.events_topic)
+    except LogError:
+        return False
+    return True
 
 
 def _positions(projections: RedisProjectionStore, sid: str) -> dict[int, int]:

@@ -117,6 +117,14 @@ def test_a_cutover_reads_partition_offset_pairs() -> None:
     assert Cutover.parse("").before == {}
     with pytest.raises(ValueError, match="partition:offset"):
         Cutover.parse("12")
+    assert cut.topic_id is None
+
+
+def test_a_cutover_names_the_topic_its_offsets_were_read_from() -> None:
+    cut = Cutover.parse(" Qn2bUJxtQ1uyEhB3Zr1A4w@0:12, 3:7 ")
+    assert (cut.topic_id, cut.before) == ("Qn2bUJxtQ1uyEhB3Zr1A4w", {0: 12, 3: 7})
+    with pytest.raises(ValueError, match="topic id"):
+        Cutover.parse("@0:12")
 
 
 def test_a_writer_without_an_operator_key_is_refused_up_front() -> None:
