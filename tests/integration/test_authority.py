@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -133,7 +134,7 @@ def test_a_rebuild_without_the_operator_key_turns_its_grants_into_rejections(
 
 
 def test_a_cutover_is_believed_only_in_the_topic_its_offsets_were_read_from(
-    settings: Settings,
+    settings: Settings, start_worker: Any
 ) -> None:
     assert wiring.checked_cutover(settings) == Cutover()  # none: nothing to check
     actual = topic_id(settings, settings.events_topic)
@@ -152,6 +153,9 @@ def test_a_cutover_is_believed_only_in_the_topic_its_offsets_were_read_from(
     # And the processes that fold refuse to start on it.
     result = run_cli(bound, "replay", "--force")
     assert result.returncode != 0 and "recreated or mirrored" in result.stderr, result
+    worker = start_worker(bound)
+    wait_for(lambda: not worker.alive(), timeout=60)
+    assert "recreated or mirrored" in worker.log()
 
 
 def _recreated(settings: Settings) -> bool:
