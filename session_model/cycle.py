@@ -178,13 +178,20 @@ class ProjectionCycle:
             updates = fold(cache, chunk)
             skipped = len(chunk) - sum(len(u.steps) for u in updates)
             if skipped:  # rare (a redelivery): only then is the slice searched, before its fold
-                strays = foreign_records(cache, chunk)
-                foreign.extend(strays)
-                redelivered += skipped - len(strays)
                 known: Mapping[str, Folded] = cache
                 short = beyond_recent_decisions(cache, chunk)
                 if short:  # rarer still: decisions the states hold too few of, from history
-                    known = ChainMap((yield from self._with_history(short)), cache)
+                    history: dict[str, tuple[Decision, ...]] = yield ReadDecisions(short)
+                    # Other work ran meanwhile (a commit may have replaced states this slice
+                    # was folded onto): fold the slice again, as after a pause.
+                    yield from self._read_missing([r.event.session_id for r in chunk], new)
+                    self._refold_replaced(records[:at], chunk, merged, based)
+                    updates = fold(cache, chunk)
+                    skipped = len(chunk) - sum(len(u.steps) for u in updates)
+                    known = ChainMap(self._with_decisions(history), cache)
+                strays = foreign_records(cache, chunk)
+                foreign.extend(strays)
+                redelivered += skipped - len(strays)
                 again.extend(redelivered_decisions(known, chunk))
                 reasked.extend(redelivered_changes(known, chunk))
             for u in updates:
@@ -208,13 +215,12 @@ class ProjectionCycle:
             based,
         )
 
-    def _with_history(self, session_ids: Sequence[str]) -> Steps[dict[str, Folded]]:
+    def _with_decisions(self, history: Mapping[str, tuple[Decision, ...]]) -> dict[str, Folded]:
         """The cached states of these sessions holding every decision their history holds."""
-        found: dict[str, tuple[Decision, ...]] = yield ReadDecisions(tuple(session_ids))
         cache = self.cache
         return {
             sid: Folded(replace(cache[sid].state, decisions=decisions), cache[sid].mark)
-            for sid, decisions in found.items()
+            for sid, decisions in history.items()
             if sid in cache and decisions
         }
 

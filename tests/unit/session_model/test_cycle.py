@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -145,6 +146,60 @@ def test_a_redelivery_returns_every_decision_also_those_older_than_the_state_kee
     folding, _ = run(ProjectionCycle(BatchFolder()).project(records), store)  # through the shell
     assert [d for _, d in folding.again] == made
     assert store.decision_reads == reads + 1
+
+
+def test_a_commit_while_a_slice_waits_for_decisions_history_does_not_leave_a_stale_state() -> None:
+    # Batch N+1 is folded while N is committed: N's conflict re-reads a session N+1 folded onto,
+    # during N+1's history read. N+1 must not commit what it folded onto N's stale state.
+    store = InMemoryProjectionStore()
+    many = _records(
+        [e for n in range(RECENT_DECISIONS + 4) for e in (ask(f"q{n}"), answer(f"q{n}", "y"))],
+        partition=1,
+        start=1,
+    )
+    many = [Record(started(session_id="s2"), Position(1, 0))] + [
+        Record(replace(r.event, session_id="s2"), r.position) for r in many
+    ]
+    run(ProjectionCycle(BatchFolder()).project(many), store)
+    first, second = turn("user", "A", session_id="s1"), turn("user", "B", session_id="s1")
+    begun = started(session_id="s1")
+    run(
+        ProjectionCycle(BatchFolder()).project(
+            [Record(begun, Position(0, 0)), Record(first, Position(0, 1))]
+        ),
+        store,
+    )  # another writer got there first
+    cycle = ProjectionCycle(BatchFolder())
+    stale = fold("s1", [started(goal="STALE", session_id="s1")])
+    cycle.cache["s1"] = Folded(stale, Position(0, 0))  # read while that write was in flight
+    cycle.cache["s2"] = store.folded(("s2",))["s2"]
+    batch_n = run(cycle.fold([Record(first, Position(0, 1))]), store)
+    steps = cycle.fold([Record(second, Position(0, 2)), many[4]])  # N+1: q1 answered again
+    reply: Any = None
+    waited = False
+    while True:
+        try:
+            request = steps.send(reply)
+        except StopIteration as done:
+            batch_n1 = done.value
+            break
+        if type(request) is ReadDecisions:
+            waited = True
+            run(cycle.commit(batch_n), store)  # N conflicts on s1 and re-folds it meanwhile
+            reply = {sid: store.facts(sid).decisions for sid in request.session_ids}
+        else:
+            reply = run(_one(request), store)
+    assert waited
+    run(cycle.commit(batch_n1), store)
+    stored = store.load("s1")
+    assert stored is not None and stored.goal == "g"
+    assert [t.content for t in stored.turns] == ["A", "B"]
+    assert [d.question_id for _, d in batch_n1.again] == ["q1"]
+
+
+def _one(request: Any) -> Steps[Any]:
+    """A cycle of one request, for `run` to answer."""
+    return (yield request)
 
 
 def test_a_redelivery_of_a_session_with_few_decisions_reads_no_history() -> None:
