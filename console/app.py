@@ -128,18 +128,19 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
     if hours <= 0:
         raise ConfigurationError(f"MILPA_CONSOLE_SESSION_HOURS={hours}: must be positive")
     hub = Hub()
+    secret = _secret(settings)
     rt = Runtime(
         deps=deps,
         settings=settings,
         passwords=passwords,
         throttle=SignInThrottle(
             deps.sign_in_failures or MemorySignInFailures(),
-            passwords,
+            secret.encode(),
             limit=settings.console_login_attempts,
             window_s=settings.console_login_window_s,
         ),
         tokens=tokens,
-        cookies=CookieSigner(_secret(settings), hours * 3600, deps.sign_outs),
+        cookies=CookieSigner(secret, hours * 3600, deps.sign_outs),
         hub=hub,
         templates=_templates(),
     )

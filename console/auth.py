@@ -249,64 +249,62 @@ class MemorySignOuts:
 
 
 class SignInFailures(Protocol):
-    """Failed sign-ins per name, seen by every replica of the console (`projections.sign_ins`)."""
+    """Sign-in attempts per bucket, seen by every console replica (`projections.sign_ins`)."""
 
-    def blocked_for(self, bucket: str, limit: int) -> float:
-        """Seconds until `bucket` may sign in again (0: now), once it failed `limit` times."""
-        ...
-
-    def failed(self, bucket: str, window_s: float) -> None:
-        """Count a failure; the count lapses `window_s` seconds after its first failure."""
+    def attempt(self, bucket: str, limit: int, window_s: float) -> float:
+        """Count an attempt (a window of `window_s` starts with a bucket's first); 0 if it may
+        go on, else the seconds left of the window (more than `limit` counted in it)."""
         ...
 
     def cleared(self, bucket: str) -> None:
-        """Forget the failures (a sign-in succeeded)."""
+        """Forget the bucket's attempts (a sign-in succeeded)."""
         ...
 
 
 class MemorySignInFailures:
-    """Failed sign-ins counted in this process only (a console without Redis, and tests)."""
+    """Sign-in attempts counted in this process only (a console without Redis, and tests)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._counts: dict[str, tuple[int, float]] = {}  # bucket -> (failures, lapses at)
+        self._counts: dict[str, tuple[int, float]] = {}  # bucket -> (attempts, lapses at)
         self._lock = threading.Lock()
         self._clock = clock
 
-    def blocked_for(self, bucket: str, limit: int) -> float:
-        """Seconds left of the window once `limit` failures were counted in it."""
-        with self._lock:
-            count, until = self._counts.get(bucket, (0, 0.0))
-        left = until - self._clock()
-        return left if count >= limit and left > 0 else 0.0
-
-    def failed(self, bucket: str, window_s: float) -> None:
-        """One more failure in the current window (a new window if none is open)."""
+    def attempt(self, bucket: str, limit: int, window_s: float) -> float:
+        """One more attempt in the bucket's window (a new window if none is open)."""
         now = self._clock()
         with self._lock:
             self._counts = {b: c for b, c in self._counts.items() if c[1] > now}
             count, until = self._counts.get(bucket, (0, now + window_s))
             self._counts[bucket] = (count + 1, until)
+        return 0.0 if count + 1 <= limit else until - now
 
     def cleared(self, bucket: str) -> None:
-        """Forget the bucket's failures."""
+        """Forget the bucket's attempts."""
         with self._lock:
             self._counts.pop(bucket, None)
 
 
+BUCKETS = 1 << 16  # sign-in counts: names are spread over this many by a keyed hash
+
+
 class SignInThrottle:
-    """Refuses a name's sign-ins, unchecked, after `limit` failures within `window_s` seconds.
+    """Refuses a name's sign-ins, unchecked, once `limit` attempts within `window_s` seconds
+    failed; a success starts the count again.
 
     Why per name: the fixed delay of a failed sign-in slows one client; many clients in parallel
-    guess as fast as the password checks run. A name's count is kept by its digest, and every
-    name that is no operator's counts in one shared bucket: the throttle's answers tell no more
-    about which names exist than a wrong password does. The price, as with any lockout: whoever
-    fails a name's sign-ins `limit` times keeps its operator out until the window ends.
+    guess as fast as the password checks run. Each attempt is counted before its password is
+    checked, in one step, so attempts sent in parallel get no more checks than `limit`. Names,
+    operators' or not, are counted alike in `BUCKETS` buckets by a hash keyed with the console's
+    secret: the answers tell nothing about which names exist, the counts take bounded memory, and
+    nobody without the secret can pick names that share an operator's bucket. The price, as with
+    any lockout: whoever fails a name's sign-ins `limit` times keeps its operator out until the
+    window ends.
     """
 
     def __init__(
         self,
         failures: SignInFailures,
-        passwords: Passwords,
+        key: bytes,
         *,
         limit: int = 10,
         window_s: float = 900.0,
@@ -317,25 +315,21 @@ class SignInThrottle:
                 "the window positive"
             )
         self.failures = failures
-        self.passwords = passwords
+        self._key = hmac.new(key, b"milpa sign-in buckets", hashlib.sha256).digest()
         self.limit = limit
         self.window_s = window_s
 
     def bucket(self, username: str) -> str:
-        """Where a name's failures are counted."""
-        name = username if self.passwords.knows(username) else ""
-        return hashlib.sha256(b"milpa-sign-in\0" + name.encode()).hexdigest()[:32]
+        """Where a name's attempts are counted."""
+        digest = hmac.new(self._key, username.encode(), hashlib.sha256).digest()
+        return f"{int.from_bytes(digest[:4], 'big') % BUCKETS:04x}"
 
-    def blocked_for(self, username: str) -> float:
-        """Seconds until this name may try again (0: it may now)."""
+    def attempt(self, username: str) -> float:
+        """Count an attempt of this name: 0 if its password may be checked, else the seconds
+        until it may try again."""
         if not self.limit:
             return 0.0
-        return self.failures.blocked_for(self.bucket(username), self.limit)
-
-    def failed(self, username: str) -> None:
-        """Count a failed sign-in of this name."""
-        if self.limit:
-            self.failures.failed(self.bucket(username), self.window_s)
+        return self.failures.attempt(self.bucket(username), self.limit, self.window_s)
 
     def succeeded(self, username: str) -> None:
         """The operator signed in: their count starts again."""

@@ -133,21 +133,22 @@ async def login(request: Request) -> Response:
     if not isinstance(expected, str) or not csrf_matches(expected, _field(form, "csrf")):
         return _login_page(request, next_path, "The sign-in form expired: please try again.", 400)
     throttle = rt.throttle
-    wait_s = await run_in_threadpool(throttle.blocked_for, username)
+    wait_s = await run_in_threadpool(throttle.attempt, username)  # counted before the check
     if wait_s > 0:  # the password is not even checked
         minutes = max(1, math.ceil(wait_s / 60))
         log.warning("sign-in of %r refused: too many failures (%.0f s left)", username, wait_s)
-        return _login_page(
+        refused = _login_page(
             request,
             next_path,
             f"Too many failed sign-ins with this name: try again in {minutes} minute(s).",
             429,
         )
+        refused.headers["Retry-After"] = str(math.ceil(wait_s))
+        return refused
     ok = bool(username and password) and await run_in_threadpool(
         rt.passwords.verify, username, password
     )
     if not ok:
-        await run_in_threadpool(throttle.failed, username)
         await asyncio.sleep(rt.settings.console_login_delay)  # slows down guessing
         return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
     await run_in_threadpool(throttle.succeeded, username)

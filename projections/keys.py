@@ -112,8 +112,8 @@ class Keys:
         return f"{self.prefix}:console:signed-out:{session_id}"
 
     def sign_in_failures(self, bucket: str) -> str:
-        """String counter with a TTL: failed console sign-ins of one name (`projections.sign_ins`);
-        `bucket` is a digest, never the name."""
+        """String counter with a TTL: console sign-in attempts of one bucket of names
+        (`projections.sign_ins`); `bucket` comes from a keyed hash, never the name."""
         return f"{self.prefix}:console:sign-in-failures:{bucket}"
 
     def rebuild_lease(self) -> str:

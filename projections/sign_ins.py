@@ -1,5 +1,5 @@
-"""The console's failed sign-ins in Redis, so that every replica (and a restarted one) counts the
-same failures per name: one counter per name's digest, expiring with its window."""
+"""The console's sign-in attempts in Redis, so that every replica (and a restarted one) counts the
+same attempts per name: one counter per bucket of names, expiring with its window."""
 
 from __future__ import annotations
 
@@ -18,37 +18,24 @@ class RedisSignInFailures:
         self.client = client
         self.keys = keys
 
-    def blocked_for(self, bucket: str, limit: int) -> float:
-        """Seconds left of the window once `limit` failures were counted in it."""
+    def attempt(self, bucket: str, limit: int, window_s: float) -> float:
+        """Count an attempt (atomically, with the window's expiry); 0 if it may go on, else the
+        seconds left of the window."""
         key = self.keys.sign_in_failures(bucket)
+        window_ms = max(1, int(window_s * 1000))
         try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.get(key)
-            pipe.pttl(key)
-            count, ttl_ms = pipe.execute()
+            count, left_ms = self.client.eval(scripts.SIGN_IN_ATTEMPT.source, 1, key, window_ms)
         except redis.RedisError as e:
             raise ProjectionError(
-                f"reading sign-in failures failed: {type(e).__name__}: {e}"
+                f"counting a sign-in attempt failed: {type(e).__name__}: {e}"
             ) from e
-        if count is None or int(count) < limit or ttl_ms <= 0:
-            return 0.0
-        return float(ttl_ms) / 1000
-
-    def failed(self, bucket: str, window_s: float) -> None:
-        """One more failure; the first of a window starts its expiry (one atomic script)."""
-        key = self.keys.sign_in_failures(bucket)
-        try:
-            self.client.eval(scripts.SIGN_IN_FAILED.source, 1, key, max(1, int(window_s * 1000)))
-        except redis.RedisError as e:
-            raise ProjectionError(
-                f"counting a sign-in failure failed: {type(e).__name__}: {e}"
-            ) from e
+        return 0.0 if int(count) <= limit else max(int(left_ms), 1) / 1000
 
     def cleared(self, bucket: str) -> None:
-        """Forget the bucket's failures."""
+        """Forget the bucket's attempts."""
         try:
             self.client.delete(self.keys.sign_in_failures(bucket))
         except redis.RedisError as e:
             raise ProjectionError(
-                f"clearing sign-in failures failed: {type(e).__name__}: {e}"
+                f"clearing sign-in attempts failed: {type(e).__name__}: {e}"
             ) from e

@@ -1,6 +1,11 @@
--- One more failed console sign-in of a name (projections/sign_ins.py). KEYS[1]: the name's count;
--- ARGV[1]: its window in ms. The count gets an expiry when it has none (its window's first
--- failure), in the same script: no count is ever left without one (a name refused for ever).
+-- One more console sign-in attempt of a name's bucket (projections/sign_ins.py), counted before
+-- its password is checked. KEYS[1]: the bucket's count; ARGV[1]: its window in ms. The count
+-- gets an expiry when it has none (its window's first attempt), in the same script: no count is
+-- ever left without one (a name refused for ever). Returns {attempts, ms left of the window}.
 local n = redis.call('INCR', KEYS[1])
-if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return n
+local left = redis.call('PTTL', KEYS[1])
+if left < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  left = tonumber(ARGV[1])
+end
+return {n, left}

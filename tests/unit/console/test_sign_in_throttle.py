@@ -1,4 +1,4 @@
-"""Failed sign-ins per name: after the limit, refused unchecked until the window ends."""
+"""Sign-in attempts per name: after the limit, refused unchecked until the window ends."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from fastapi.testclient import TestClient
 
-from console.auth import SESSION_COOKIE, MemorySignInFailures, Passwords, SignInThrottle
+from console.auth import BUCKETS, SESSION_COOKIE, MemorySignInFailures, SignInThrottle
 from console.runtime import Runtime
 from console.settings import WebConsoleSettings
 from producers.store import SessionStore
@@ -26,20 +26,24 @@ class _Clock:
 
 
 def _console(
-    store: SessionStore, settings: WebConsoleSettings, clock: _Clock
-) -> tuple[TestClient, list[str]]:
-    """A console counting failures on `clock`, and the names whose passwords it checked."""
+    store: SessionStore,
+    settings: WebConsoleSettings,
+    failures: MemorySignInFailures,
+) -> tuple[TestClient, list[tuple[str, int]]]:
+    """A console counting attempts in `failures`; the names whose passwords it checked, each
+    with its bucket's count at that moment."""
     app = make_app(
         store,
         replace(settings, console_login_attempts=LIMIT, console_login_window_s=WINDOW_S),
-        sign_in_failures=MemorySignInFailures(clock=clock),
+        sign_in_failures=failures,
     )
     rt: Runtime = app.state.console
-    checked: list[str] = []
+    checked: list[tuple[str, int]] = []
     verify = rt.passwords.verify
 
     def spying(username: str, password: str) -> bool:
-        checked.append(username)
+        bucket = rt.throttle.bucket(username)
+        checked.append((username, failures._counts.get(bucket, (0, 0.0))[0]))
         return verify(username, password)
 
     rt.passwords.verify = spying  # type: ignore[method-assign]
@@ -50,13 +54,15 @@ def test_after_the_limit_a_name_is_refused_unchecked_until_its_window_ends(
     store: SessionStore, settings: WebConsoleSettings
 ) -> None:
     clock = _Clock()
-    client, checked = _console(store, settings, clock)
+    client, checked = _console(store, settings, MemorySignInFailures(clock=clock))
     for _ in range(LIMIT):
         assert sign_in(client, password="guess").status_code == 401
     refused = sign_in(client)  # the right password, now
     assert refused.status_code == 429
     assert "Too many failed sign-ins" in refused.text and "10 minute(s)" in refused.text
-    assert checked == ["alice"] * LIMIT  # the last one was not checked at all
+    assert refused.headers["Retry-After"] == "600"
+    # Each check came after its attempt was counted; the last attempt was not checked at all.
+    assert checked == [("alice", n) for n in range(1, LIMIT + 1)]
     assert SESSION_COOKIE not in refused.cookies
     clock.now += WINDOW_S - 1
     assert sign_in(client).status_code == 429
@@ -64,10 +70,19 @@ def test_after_the_limit_a_name_is_refused_unchecked_until_its_window_ends(
     assert sign_in(client).status_code == 303
 
 
+def test_an_attempt_is_counted_before_its_password_is_checked() -> None:
+    # So that attempts sent in parallel get no more password checks than the limit.
+    failures = MemorySignInFailures()
+    assert [failures.attempt("b", LIMIT, WINDOW_S) for _ in range(LIMIT)] == [0.0] * LIMIT
+    assert failures.attempt("b", LIMIT, WINDOW_S) > 0  # no failure was reported in between
+    failures.cleared("b")
+    assert failures.attempt("b", LIMIT, WINDOW_S) == 0
+
+
 def test_a_successful_sign_in_starts_the_count_again(
     store: SessionStore, settings: WebConsoleSettings
 ) -> None:
-    client, _ = _console(store, settings, _Clock())
+    client, _ = _console(store, settings, MemorySignInFailures())
     for _ in range(LIMIT - 1):
         assert sign_in(client, password="guess").status_code == 401
     assert sign_in(client).status_code == 303
@@ -77,17 +92,17 @@ def test_a_successful_sign_in_starts_the_count_again(
     assert sign_in(browser).status_code == 303
 
 
-def test_names_that_are_no_operators_share_one_count_and_do_not_lock_an_operator(
+def test_a_name_that_is_no_operator_is_answered_as_an_operator_s_would_be(
     store: SessionStore, settings: WebConsoleSettings
 ) -> None:
-    client, checked = _console(store, settings, _Clock())
-    for n in range(LIMIT):
-        assert sign_in(client, username=f"nobody{n}", password=PASSWORD).status_code == 401
-    # Another unknown name is refused like a known one (no hint of which names exist) ...
+    client, checked = _console(store, settings, MemorySignInFailures())
+    for n in range(LIMIT):  # other names' failures do not count for eve
+        assert sign_in(client, username=f"nobody{n}", password="guess").status_code == 401
+    for _ in range(LIMIT):
+        assert sign_in(client, username="eve", password=PASSWORD).status_code == 401
     assert sign_in(client, username="eve", password=PASSWORD).status_code == 429
-    assert "eve" not in checked
-    # ... and the operator is not.
-    assert sign_in(client).status_code == 303
+    assert [name for name, _ in checked].count("eve") == LIMIT
+    assert sign_in(client).status_code == 303  # and alice is not locked by either
 
 
 def test_a_limit_of_zero_counts_nothing(store: SessionStore, settings: WebConsoleSettings) -> None:
@@ -97,17 +112,20 @@ def test_a_limit_of_zero_counts_nothing(store: SessionStore, settings: WebConsol
     for _ in range(12):
         assert sign_in(client, password="guess").status_code == 401
     assert sign_in(client).status_code == 303
-    assert failures.blocked_for(app.state.console.throttle.bucket("alice"), 1) == 0
+    assert not failures._counts  # nothing was counted
 
 
 @pytest.mark.parametrize(("limit", "window_s"), [(-1, 60.0), (3, 0.0)])
 def test_a_meaningless_limit_is_a_configuration_error(limit: int, window_s: float) -> None:
     with pytest.raises(ConfigurationError, match="sign-in limit"):
-        SignInThrottle(MemorySignInFailures(), Passwords({}), limit=limit, window_s=window_s)
+        SignInThrottle(MemorySignInFailures(), b"k" * 32, limit=limit, window_s=window_s)
 
 
-def test_a_bucket_names_a_digest_not_the_name() -> None:
-    throttle = SignInThrottle(MemorySignInFailures(), Passwords({"alice": "x"}))
-    assert "alice" not in throttle.bucket("alice")
-    assert throttle.bucket("alice") != throttle.bucket("bob")
-    assert throttle.bucket("bob") == throttle.bucket("carol")  # no operators: one count
+def test_buckets_come_from_a_keyed_hash_of_the_name() -> None:
+    one = SignInThrottle(MemorySignInFailures(), b"a" * 32)
+    other = SignInThrottle(MemorySignInFailures(), b"b" * 32)  # another console secret
+    names = [f"name{n}" for n in range(200)]
+    buckets = {one.bucket(n) for n in names}
+    assert len(buckets) > 190 and all(0 <= int(b, 16) < BUCKETS for b in buckets)
+    assert one.bucket("alice") == one.bucket("alice")
+    assert [one.bucket(n) for n in names] != [other.bucket(n) for n in names]
