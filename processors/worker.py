@@ -45,7 +45,7 @@ DEADLETTER_SOURCE = "milpa-source"
 # Present when the refused record (key and value) was cut to fit a produce request: the sizes it
 # had, `key:<bytes>,value:<bytes>`. The whole record stays in the events topic at `milpa-source`.
 DEADLETTER_CUT = "milpa-cut"
-REASON_CHARS = 4096  # of a refusal's reason, in the header and the log
+REASON_BYTES = 4096  # of a refusal's reason (UTF-8), in the header and the log
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,15 +204,18 @@ class ProjectionWorker:
     async def _dead_letter(self, raw: Consumed, refusal: Refusal) -> None:
         source = f"{raw.topic}:{raw.partition}:{raw.offset}"
         key, value, cut = fit_dead_letter(raw.key, raw.value or b"")
+        # Whole characters only, at most REASON_BYTES: with the other headers well inside the
+        # room `fit_dead_letter` leaves beside a record cut to fit.
+        reason = refusal.reason.encode()[:REASON_BYTES].decode("utf-8", "ignore")
         headers = [
-            (DEADLETTER_REASON, refusal.reason[:REASON_CHARS].encode()),
+            (DEADLETTER_REASON, reason.encode()),
             (DEADLETTER_CODE, refusal.code.encode()),
             (DEADLETTER_SOURCE, source.encode()),
         ]
         if cut:
             headers.append((DEADLETTER_CUT, cut.encode()))
             self.stats.records_cut += 1
-        log.warning("dead-lettering %s: %s", source, refusal.reason[:REASON_CHARS])
+        log.warning("dead-lettering %s: %s", source, reason)
         await self.deadletter.publish(key, value, headers)
         self.stats.dead_lettered += 1
         self.stats.refused[refusal.code] += 1

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from processors.fitting import KEPT_CHARS, KEPT_KEY_BYTES, MAX_RECORD_BYTES, fit, fit_dead_letter
+from processors.ports import RawRecord
+from processors.worker import ProjectionWorker
 from producers.decisions import decision_record
 from producers.questions import change_record
 from schemas.codec import EventCodec
+from session_model.intake import Refusal
 from session_model.principal import Principal
+from session_model.projection import BatchFolder
 from session_model.questions import QuestionChange, QuestionStatus
 from session_model.session import Decision
 
@@ -100,3 +109,37 @@ def test_a_huge_key_is_cut_too() -> None:
     assert kept_key == b"k" * KEPT_KEY_BYTES
     assert kept == value  # the value fits beside the cut key
     assert cut == "key:900000,value:200000"
+
+
+class _SizedSink:
+    """A dead-letter sink that refuses what aiokafka's producer would (its default request size)."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]] = []
+
+    async def publish(
+        self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(headers))
+        if size > 1_048_576:
+            raise AssertionError(f"{size} bytes: the producer would refuse this dead letter")
+        self.published.append((key, value, list(headers)))
+
+    async def publish_many(self, records: Sequence[Any]) -> None:
+        for key, value, headers in records:
+            await self.publish(key, value, headers)
+
+
+def test_a_dead_letter_with_the_longest_reason_still_fits_a_produce_request() -> None:
+    sink = _SizedSink()
+    worker = ProjectionWorker(None, BatchFolder(), sink, _SizedSink())  # type: ignore[arg-type]
+    raw = RawRecord(b"s-1", b"\x00" * 1_048_400, 0, 7, "sessions.events")
+    detail = "\U0001f600" * 10_000  # 4 bytes a character in UTF-8
+    asyncio.run(worker._dead_letter(raw, Refusal("key_mismatch", detail)))
+    ((key, _, headers),) = sink.published
+    assert key == b"s-1"
+    found = dict(headers)
+    assert len(found["milpa-error"]) <= 4096
+    assert found["milpa-error"].decode().startswith("key_mismatch: \U0001f600")  # whole characters
+    assert found["milpa-cut"] == b"key:3,value:1048400"
+    assert found["milpa-source"] == b"sessions.events:0:7"
