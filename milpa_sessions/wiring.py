@@ -161,7 +161,8 @@ def checked_cutover(settings: StackSettings) -> Cutover:
     was recreated or mirrored: its first records are not the legacy ones, and believing their
     unsigned authority would let an agent's grant through).
     """
-    from producers.topics import topic_id  # noqa: PLC0415 - an admin client, only when needed
+    # An admin client, only when a cut-over is set.
+    from producers.topics import kafka_form, parse_topic_id, topic_id  # noqa: PLC0415
 
     cutover = settings.cutover()
     if not cutover.before:
@@ -172,14 +173,18 @@ def checked_cutover(settings: StackSettings) -> Cutover:
     if cutover.topic_id is None:
         raise ConfigurationError(
             "MILPA_AUTHORITY_CUTOVER names no topic: offsets mean something only in the topic "
-            f"they were read from. If they were read from {topic} as it is now (id {actual}), "
-            f"set MILPA_AUTHORITY_CUTOVER={actual}@{offsets}"
+            f"they were read from. If they were read from {topic} as it is now (id "
+            f"{kafka_form(actual)}), set MILPA_AUTHORITY_CUTOVER={kafka_form(actual)}@{offsets}"
         )
-    if cutover.topic_id != actual:
+    try:
+        named = parse_topic_id(cutover.topic_id)
+    except ValueError as e:
+        raise ConfigurationError(f"MILPA_AUTHORITY_CUTOVER: {e}") from e
+    if named != actual:
         raise ConfigurationError(
             f"MILPA_AUTHORITY_CUTOVER was read from topic id {cutover.topic_id}, but {topic} is "
-            f"{actual} now (recreated or mirrored): its records before those offsets are not the "
-            "legacy ones. Set the cut-over anew for this topic, or leave it empty"
+            f"{kafka_form(actual)} now (recreated or mirrored): its records before those offsets "
+            "are not the legacy ones. Set the cut-over anew for this topic, or leave it empty"
         )
     return cutover
 

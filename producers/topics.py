@@ -6,8 +6,11 @@ benchmarks: the events topic is the record, so nothing in the product calls `del
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -205,7 +208,24 @@ class GroupDescription:
     members: tuple[GroupMember, ...]
 
 
-def topic_id(settings: StackSettings, topic: str) -> str:
+def parse_topic_id(text: str) -> uuid.UUID:
+    """A topic id as `kafka-topics --describe` prints it (22 characters of base64url) or as a
+    UUID with dashes (kafka-python's form)."""
+    t = text.strip()
+    try:
+        if len(t) == 22:
+            return uuid.UUID(bytes=base64.urlsafe_b64decode(t + "=="))
+        return uuid.UUID(t)
+    except (ValueError, binascii.Error) as e:
+        raise ValueError(f"{text!r} is not a topic id: {e}") from e
+
+
+def kafka_form(topic_id: uuid.UUID) -> str:
+    """The id as Kafka's tools print it."""
+    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode("ascii")
+
+
+def topic_id(settings: StackSettings, topic: str) -> uuid.UUID:
     """The topic's id (KIP-516): a recreated topic of the same name has another."""
     try:
         admin = admin_client(settings)
@@ -216,9 +236,16 @@ def topic_id(settings: StackSettings, topic: str) -> str:
     except KafkaError as e:
         raise LogError(f"describing topic {topic} failed: {e}") from e
     found = [t for t in described if t.get("name") == topic and not t.get("error_code")]
-    if not found or not found[0].get("topic_id"):
-        raise LogError(f"topic {topic} does not exist (or the broker gives no topic ids)")
-    return str(found[0]["topic_id"])
+    if not found:
+        raise LogError(f"topic {topic} does not exist")
+    raw = found[0].get("topic_id")
+    try:
+        parsed = parse_topic_id(str(raw)) if raw is not None else None
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.int == 0:  # Kafka's "no id" is all zeros
+        raise LogError(f"the broker gives no id for topic {topic} (got {raw!r})")
+    return parsed
 
 
 def describe_group(settings: StackSettings, group: str | None = None) -> GroupDescription:

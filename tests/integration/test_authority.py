@@ -17,7 +17,7 @@ from milpa_sessions.settings import Settings
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
-from producers.topics import delete_topics, ensure_topics, topic_id
+from producers.topics import delete_topics, ensure_topics, kafka_form, topic_id
 from projections.analytics import Analytics
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
@@ -138,11 +138,16 @@ def test_a_cutover_is_believed_only_in_the_topic_its_offsets_were_read_from(
 ) -> None:
     assert wiring.checked_cutover(settings) == Cutover()  # none: nothing to check
     actual = topic_id(settings, settings.events_topic)
+    printed = kafka_form(actual)  # as kafka-topics --describe prints it
     unbound = with_keys(settings, authority_cutover="0:5,1:3")
-    with pytest.raises(ConfigurationError, match=f"MILPA_AUTHORITY_CUTOVER={actual}@0:5,1:3"):
+    with pytest.raises(ConfigurationError, match=f"MILPA_AUTHORITY_CUTOVER={printed}@0:5,1:3"):
         wiring.checked_cutover(unbound)
-    bound = with_keys(settings, authority_cutover=f"{actual}@0:5,1:3")
-    assert wiring.checked_cutover(bound) == Cutover({0: 5, 1: 3}, actual)
+    bound = with_keys(settings, authority_cutover=f"{printed}@0:5,1:3")
+    assert wiring.checked_cutover(bound) == Cutover({0: 5, 1: 3}, printed)
+    dashed = with_keys(settings, authority_cutover=f"{actual}@0:5,1:3")  # the UUID form too
+    assert wiring.checked_cutover(dashed).before == {0: 5, 1: 3}
+    with pytest.raises(ConfigurationError, match="not a topic id"):
+        wiring.checked_cutover(with_keys(settings, authority_cutover="nonsense@0:5"))
     # The topic deleted and made again (or mirrored elsewhere): same name, another id.
     admin = _as_admin(settings) if settings.kafka_access().sasl else settings
     delete_topics(admin, [settings.events_topic])
