@@ -876,8 +876,45 @@ def _parse_arguments(text: Any, event_type: str) -> dict[str, Any]:
     except (orjson.JSONDecodeError, TypeError):
         try:
             arguments = json.loads(text)
+            # What the standard parser takes and the projection could not write back: a lone
+            # surrogate is no UTF-8 (the fold digests arguments, the commit stores them).
+            json.dumps(arguments, ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError, RecursionError) as e:  # nested deeper than Python recurses
             raise CorruptRecordError(f"{event_type} payload: arguments are not JSON: {e}") from e
     if not isinstance(arguments, dict):
         raise CorruptRecordError(f"{event_type} payload: arguments are not a JSON object")
+    if _nesting(text) > MAX_ARGUMENT_DEPTH and _depth(arguments) > MAX_ARGUMENT_DEPTH:
+        raise CorruptRecordError(
+            f"{event_type} payload: arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels"
+        )
     return arguments
+
+
+# How deep a call's arguments may nest. Deeper ones are refused at intake (dead-lettered): the
+# fold's digest and the commit's JSON recurse once per level, inside a worker's own deep stack.
+MAX_ARGUMENT_DEPTH = 128
+
+
+def _nesting(text: Any) -> int:
+    """An upper bound of the text's nesting: its opening brackets (counted in C)."""
+    if isinstance(text, bytes):
+        return text.count(b"{") + text.count(b"[")
+    return text.count("{") + text.count("[") if isinstance(text, str) else 0
+
+
+def _depth(value: Any) -> int:
+    """How deep a parsed JSON value nests (iteratively: it may be deeper than Python recurses)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            items: Any = item.values()
+        elif isinstance(item, list):
+            items = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_ARGUMENT_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in items)
+    return deepest

@@ -8,11 +8,15 @@ from collections import Counter
 import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
+from projections.keys import Keys
 from projections.memory import InMemoryProjectionStore
 from projections.projector import Projector
+from projections.requests import commit_call
 from schemas import codec as codec_module
 from schemas.codec import EventCodec
 from session_model import intake
+from session_model.canonical import argument_digest
+from session_model.fold import Kind
 from session_model.intake import Intake, Refusal
 from session_model.partitioning import murmur2, partition_for
 from session_model.projection import (
@@ -169,3 +173,35 @@ def test_whatever_decoding_raises_is_a_refusal(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(codec, "decode", broken)
     admitted = Intake(codec, 6).admit(b"s1", b"anything", _home("s1"), 7)
     assert admitted == Refusal(intake.UNDECODABLE, "MemoryError while decoding: a decoder bug")
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"a":"\\udc80"}', "arguments are not JSON"),  # a lone surrogate: no UTF-8
+        ('{"a":' * 200 + "1" + "}" * 200, "nest deeper than 128"),  # orjson reads it
+        ('{"a":' * 128 + "[" * 5 + "]" * 5 + "}" * 128, "nest deeper than 128"),
+    ],
+)
+def test_arguments_the_projection_could_not_write_back_are_refused(
+    monkeypatch: pytest.MonkeyPatch, text: str, why: str
+) -> None:
+    raw = _tool_call_with_arguments_text(monkeypatch, text)
+    admitted = Intake(CODEC, 6).admit(b"s1", raw, _home("s1"), 7)
+    assert isinstance(admitted, Refusal)
+    assert admitted.code == intake.UNDECODABLE and why in admitted.detail
+
+
+def test_arguments_as_deep_as_allowed_are_folded_and_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    many = ",".join(["[]"] * 300)  # more brackets than levels: the depth itself is measured
+    text = '{"a":' * 125 + '{"b":[' + many + "]}" + "}" * 125  # 125 + 1 + 1 + 1 = 128 levels
+    raw = _tool_call_with_arguments_text(monkeypatch, text)
+    admitted = Intake(CODEC, 6).admit(b"s1", raw, _home("s1"), 7)
+    assert isinstance(admitted, Record)
+    begun = Record(started(session_id="s1"), Position(_home("s1"), 6))
+    (update,) = BatchFolder().fold({}, [begun, admitted])
+    assert [s.outcome.kind for s in update.steps] == [Kind.APPLIED, Kind.APPLIED]
+    commit_call(Keys("t", partitions=6), update, None)  # its Redis arguments made
+    assert argument_digest(admitted.event.payload["arguments"])
