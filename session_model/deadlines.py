@@ -19,7 +19,12 @@ def parse_deadline(text: object) -> datetime | None:
         return None
     if moment.tzinfo is None or moment.utcoffset() is None:
         return None
-    return moment.astimezone(UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:  # within an offset of the calendar's ends: the nearest instant held
+        return (datetime.max if moment.year == datetime.max.year else datetime.min).replace(
+            tzinfo=UTC
+        )
 
 
 def format_instant(moment: datetime) -> str:
