@@ -53,6 +53,10 @@ def _partition_of(update: SessionUpdate) -> int:
     return update.mark.partition
 
 
+_RETRY_FIRST_S = 0.05  # a failed tick's first retry waits this long; each next one twice as long
+_RETRY_MAX_S = 5.0
+
+
 @dataclass
 class SchedulerStats:
     """What the scheduler emitted and how late the closings were."""
@@ -106,6 +110,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._sending: set[asyncio.Future[None]] = set()  # ticks whose acks are awaited
         self._sleeping_until: int | None = None  # ms; None = until woken
+        self._retry_s = 0.0  # the pause before a failed tick's events are sent again
 
     # -- fed by the projector --------------------------------------------------------------------
 
@@ -342,12 +347,17 @@ class Scheduler:
                 [(e.session_id.encode(), self.codec.encode(e), ()) for e in events]
             )
         except Exception as e:  # whatever the producer raised: nothing due may be dropped
+            # Retried after a pause that doubles while failures go on (a failure that does not
+            # pass would otherwise be retried as fast as the loop turns).
+            self._retry_s = min(max(self._retry_s * 2, _RETRY_FIRST_S), _RETRY_MAX_S)
             log.error(
-                "could not append %d closing(s) and %d compaction(s), retrying: %s",
+                "could not append %d closing(s) and %d compaction(s), retrying in %.2fs: %s",
                 len(closings),
                 len(compactions),
+                self._retry_s,
                 e,
             )
+            await asyncio.sleep(self._retry_s)
             for event, deadline, partition in closings:
                 self._closed.pop(event.session_id, None)
                 self._schedule(event.session_id, ceil_ms(deadline), partition)
@@ -356,6 +366,7 @@ class Scheduler:
                 self._compact[event.session_id] = compact_partitions[event.session_id]
             self._wake.set()
             return
+        self._retry_s = 0.0
         acked_ms = time.time() * 1000
         self.stats.closings += len(closings)
         self.stats.compactions += len(compactions)

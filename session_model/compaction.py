@@ -18,6 +18,29 @@ from session_model.session import Session
 FACTS_VERSION = 2
 RESULT_BOUND = 500
 FACTS_HEADER = f"Operational facts (JSON, version {FACTS_VERSION}):"
+# A summary's bounds, in characters (4 bytes each at most): with the event around it, well inside
+# a produce request (1 MiB).
+PROSE_CHARS = 48_000
+FACTS_CHARS = 160_000
+FACT_TEXT_CHARS = 2_000  # of each text in a facts block too long whole (then a tenth of it)
+_OMITTED = "too large for a summary: the session's history holds every fact"
+
+
+def _cut(text: str, kept: int) -> str:
+    if len(text) <= kept:
+        return text
+    return f"{text[:kept]} […cut: {len(text)} characters in all, whole in the session's history]"
+
+
+def _cut_texts(value: Any, kept: int) -> Any:
+    """`value` with every string longer than `kept` cut (keys included), structure kept."""
+    if isinstance(value, str):
+        return _cut(value, kept)
+    if isinstance(value, dict):
+        return {_cut_texts(k, kept): _cut_texts(v, kept) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_cut_texts(v, kept) for v in value]
+    return value
 
 
 def compaction_due(session: Session, max_turns: int | None) -> bool:
@@ -206,10 +229,22 @@ class Compactor:
         return session.turns[len(session.turns) - self.keep_recent - 1].seq
 
     def summary(self, session: Session, through: int) -> str:
-        """The summarizer's prose followed by the operational-facts block no summarizer removes."""
-        prose = self.summarizer.summarize(session, through)
-        facts = canonical_json(SessionFacts(session).operational_facts())
-        return f"{prose}\n\n{FACTS_HEADER}\n{facts}"
+        """The summarizer's prose followed by the operational-facts block no summarizer removes.
+
+        Bounded (`PROSE_CHARS` + `FACTS_CHARS`): a goal, a plan, a question may each be as long
+        as an event may be, and a summary that no produce request could carry would be retried
+        for ever. Long texts are cut with a marker; the whole ones stay in the session's history.
+        """
+        prose = _cut(self.summarizer.summarize(session, through), PROSE_CHARS)
+        facts = SessionFacts(session).operational_facts()
+        block = canonical_json(facts)
+        for kept in (FACT_TEXT_CHARS, FACT_TEXT_CHARS // 10):
+            if len(block) <= FACTS_CHARS:
+                break
+            block = canonical_json(_cut_texts(facts, kept))
+        if len(block) > FACTS_CHARS:
+            block = canonical_json({"version": FACTS_VERSION, "omitted": _OMITTED})
+        return f"{prose}\n\n{FACTS_HEADER}\n{block}"
 
     def plan(self, session: Session) -> CompactionPlan | None:
         """What to append, or None when nothing is due (or the session has ended)."""

@@ -338,3 +338,21 @@ def test_a_compaction_whose_send_failed_is_sent_again() -> None:
         return [e.type for e in sink.events]
 
     assert asyncio.run(scenario()) == [ev.COMPACTED, ev.COMPACTED]
+
+
+def test_a_send_that_keeps_failing_is_retried_after_growing_pauses_not_at_once() -> None:
+    async def scenario() -> int:
+        u = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
+        sink = HeldSink()
+        sink.release.set()
+        sink.fail_next = 1_000_000  # e.g. a record the broker will never take
+        states = {"s1": Folded(u.state, u.mark)}
+        scheduler = _scheduler(states, Clock(DEADLINE), sink, max_turns=6, keep_recent=2)
+        scheduler.observe([u])
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(1.0)
+        task.cancel()
+        return len(sink.events)
+
+    # Pauses of 0.05, 0.1, 0.2, 0.4 s...: five sends or so in a second (hundreds without them).
+    assert 3 <= asyncio.run(scenario()) <= 8

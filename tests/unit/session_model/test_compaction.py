@@ -14,10 +14,14 @@ import pytest
 
 from producers.store import SessionStore
 from schemas import events as ev
+from schemas.codec import EventCodec
 from schemas.errors import ConfigurationError
 from session_model.canonical import argument_digest
 from session_model.compaction import (
+    FACTS_CHARS,
     FACTS_HEADER,
+    FACTS_VERSION,
+    PROSE_CHARS,
     Compactor,
     FactualSummarizer,
     SessionFacts,
@@ -26,7 +30,7 @@ from session_model.compaction import (
 from session_model.fold import Kind, step
 from session_model.principal import Principal
 from session_model.session import Message, Question, Session
-from tests.unit.builders import OPERATOR
+from tests.unit.builders import OPERATOR, answer, ask, fold_all, make_event, plan, started, turn
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 SUMMARY_PREFIX = "Summary of what already happened in this session:\n"
@@ -561,3 +565,24 @@ def test_the_due_index_and_the_compactor_follow_one_rule(n_turns: int) -> None:
     assert compaction_due(session, compactor.max_turns) == (compactor.cut(session) is not None)
     assert compaction_due(session, compactor.max_turns) == (n_turns > 4)
     assert not compaction_due(session, None)
+
+
+def test_a_summary_of_texts_as_long_as_events_may_be_fits_in_an_event() -> None:
+    huge = "x" * 600_000
+    s = fold_all(
+        [
+            started(huge),
+            plan(huge),
+            ask("q1", huge, options=("yes", "no")),
+            answer("q1", "yes"),
+            *[turn("user", f"t{i}") for i in range(8)],
+        ]
+    )
+    compactor = Compactor(max_turns=4, keep_recent=2)
+    summary = compactor.summary(s, s.turns[-3].seq)
+    assert len(summary) <= PROSE_CHARS + FACTS_CHARS + 200
+    assert "[…cut: 600000 characters in all" in summary
+    facts = json.loads(summary.split(FACTS_HEADER, 1)[1])
+    assert facts["version"] == FACTS_VERSION and facts["decisions"]  # still the facts, cut
+    event = make_event(ev.COMPACTED, {"summary": summary, "through": s.turns[-3].seq})
+    assert len(EventCodec().encode(event)) < 1_000_000  # a produce request carries it
