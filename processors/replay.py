@@ -187,7 +187,7 @@ def replay(
     store = dataclasses.replace(store, keys=dataclasses.replace(store.keys, partitions=partitions))
     plan = Plan(starts=dict.fromkeys(ends, 0))
     if snapshots_topic is not None:
-        plan = _snapshot_plan(access, snapshots_topic, sorted(ends), codec, session_id)
+        plan = _snapshot_plan(access, snapshots_topic, ends, codec, session_id)
         for line in plan.messages:
             log.warning("snapshot ignored (the log is folded instead): %s", line)
     starts = {p: min(plan.starts.get(p, 0), end) for p, end in ends.items()}
@@ -244,11 +244,13 @@ def end_offsets(bootstrap: str | KafkaAccess, topic: str) -> tuple[dict[int, int
 def _snapshot_plan(
     access: KafkaAccess,
     topic: str,
-    partitions: Sequence[int],
+    events_ends: Mapping[int, int],
     codec: EventCodec,
     session_id: str | None,
 ) -> Plan:
-    """The rebuild's plan from the snapshots topic (read whole, up to its end offsets now)."""
+    """The rebuild's plan from the snapshots topic (read whole, up to its end offsets now);
+    `events_ends`: the events topic's (snapshots past them are not believed)."""
+    partitions = sorted(events_ends)
     try:
         ends, _ = _end_offsets(access, topic, None)
     except LogError as e:
@@ -259,13 +261,13 @@ def _snapshot_plan(
         mine = partitions[0] if partitions else None
         ends = {p: end for p, end in ends.items() if p == mine}
     if not ends:  # nothing snapshotted yet
-        return plan_rebuild((), partitions, codec, session_id)
+        return plan_rebuild((), partitions, codec, session_id, events_ends)
     with _Fetcher(access, topic, ends, 2000) as fetcher:
         # Planned as the batches arrive: what is kept is each key's latest usable snapshot, never
         # the topic's records (a key's older ones until compaction removes them). A partition's
         # records come in log order (the fetcher keeps each partition's order).
         records = ((p, key, value) for batch in fetcher.batches() for p, _, key, value in batch)
-        return plan_rebuild(records, partitions, codec, session_id)
+        return plan_rebuild(records, partitions, codec, session_id, events_ends)
 
 
 def _groups(

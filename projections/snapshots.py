@@ -149,12 +149,16 @@ def plan(
     partitions: Iterable[int],
     codec: EventCodec,
     session_id: str | None = None,
+    ends: Mapping[int, int] | None = None,
 ) -> Plan:
     """The rebuild plan from the snapshot topic's records (partition, key, value), in log order.
 
     A later record of a key replaces an earlier one (the topic is compacted); a snapshot with a
     lower mark than one already seen does not (a stale owner's late write). With `session_id`,
-    only that session's snapshot counts and its partition starts right after it.
+    only that session's snapshot counts and its partition starts right after it. With `ends`
+    (the events topic's end offsets), a snapshot or checkpoint past them is unreadable: it would
+    skip events the log holds. So is a snapshot whose mark names another partition than the one
+    it was written to (a partition's snapshots go to its own number).
     """
     wanted = set(partitions)
     # The latest record of each key decides (an unusable one is counted only if it is the latest).
@@ -168,7 +172,7 @@ def plan(
             if session_id is None and value is None:
                 checkpoints.pop(partition, None)  # a tombstone: no checkpoint
             elif session_id is None and value is not None:
-                checkpoints[partition] = _checkpoint(codec, partition, value)
+                checkpoints[partition] = _checkpoint(codec, partition, value, ends)
             continue
         sid = key.decode("utf-8", "replace")
         if session_id is not None and sid != session_id:
@@ -183,6 +187,15 @@ def plan(
             continue
         if record["session_id"] != sid:
             why = f"snapshot under key {sid!r} is of {record['session_id']!r}"
+            latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why))
+            continue
+        if record["partition"] != partition or (
+            ends is not None and record["offset"] >= ends.get(partition, 0)
+        ):
+            why = (
+                f"snapshot of {sid} in partition {partition} covers {record['partition']}:"
+                f"{record['offset']}, not an event of that partition's log"
+            )
             latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why))
             continue
         seen = latest.get(sid)
@@ -222,7 +235,9 @@ def plan(
     return out
 
 
-def _checkpoint(codec: EventCodec, partition: int, value: bytes) -> int | UnusableSnapshot:
+def _checkpoint(
+    codec: EventCodec, partition: int, value: bytes, ends: Mapping[int, int] | None
+) -> int | UnusableSnapshot:
     """The offset a checkpoint record covers, or why it cannot be used."""
     try:
         got = codec.decode_checkpoint(value)
@@ -232,6 +247,9 @@ def _checkpoint(codec: EventCodec, partition: int, value: bytes) -> int | Unusab
         why = f"checkpoint of partition {partition}: layout {got['layout']}, of {got['partition']}"
         return UnusableSnapshot(LAYOUT, why)
     offset: int = got["offset"]
+    if ends is not None and offset >= ends.get(partition, 0):
+        why = f"checkpoint of partition {partition} at {offset}: past the log's end"
+        return UnusableSnapshot(UNREADABLE, why)
     return offset
 
 

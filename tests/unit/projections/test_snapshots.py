@@ -228,3 +228,19 @@ def test_a_checkpoint_tombstone_forgets_the_checkpoint() -> None:
         (0, checkpoint_key(0), None),
     ]
     assert plan(records, [0], CODEC).starts == {0: 0}
+
+
+def test_a_snapshot_or_checkpoint_that_is_no_event_of_its_partition_is_not_believed() -> None:
+    # Each would skip events the log holds: restored at an offset past the log's end, or in
+    # another partition than the one it was written to.
+    ends = {0: 20, 1: 20}
+    records = [
+        (0, b"a", _snapshot("a", 2**63 - 1)),  # past the end
+        (0, b"b", _snapshot("b", 5, partition=1)),  # written to 0, says 1
+        (0, b"c", _snapshot("c", 7)),  # fine
+        (1, checkpoint_key(1), _checkpoint(1, 2**63 - 1)),
+    ]
+    got = plan(records, [0, 1], CODEC, ends=ends)
+    assert got.ignored == {UNREADABLE: 3}
+    assert got.starts == {0: 0, 1: 0}  # both folded from the start
+    assert {s: r.mark.offset for s, r in got.sessions[0].items()} == {"c": 7}
