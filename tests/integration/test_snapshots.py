@@ -314,5 +314,8 @@ def test_a_writer_that_lost_its_partition_cannot_land_an_older_snapshot_after_th
     ]  # the zombie's record was never committed: readers never see it
     assert all(k != b"k" for k, _ in records)  # nor the killed round's
     # The rebuild's plan reads the partition to its end, past the aborted records.
-    plan = _snapshot_plan(settings.kafka_access(), settings.snapshots_topic, [0], codec, None)
+    # (The snapshots were written by hand: as if the events topic's partition 0 held 1,000.)
+    plan = _snapshot_plan(
+        settings.kafka_access(), settings.snapshots_topic, {0: 1_000}, codec, None
+    )
     assert plan.sessions[0][sid].mark == Position(0, 120) and plan.starts[0] == 96
