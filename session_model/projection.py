@@ -192,6 +192,19 @@ def foreign_records(known: Mapping[str, Folded], records: Iterable[Record]) -> t
     return tuple(found)
 
 
+def applied_state(known: Mapping[str, Folded], record: Record) -> Session | None:
+    """The known state of the record's session when it already holds the record (the record sits
+    at or below the session's mark, in its partition), else None."""
+    folded = known.get(record.event.session_id)
+    mark = None if folded is None else folded.mark
+    if mark is None:
+        return None
+    position = record.position
+    if position.partition != mark.partition or position.offset > mark.offset:
+        return None
+    return folded.state  # type: ignore[union-attr] # a mark implies a state
+
+
 def redelivered_decisions(
     known: Mapping[str, Folded], records: Iterable[Record]
 ) -> tuple[tuple[str, Decision], ...]:
@@ -203,15 +216,8 @@ def redelivered_decisions(
     """
     stale: dict[str, set[str]] = {}
     for record in records:
-        sid = record.event.session_id
-        folded = known.get(sid)
-        mark = None if folded is None else folded.mark
-        if (
-            mark is not None
-            and record.position.partition == mark.partition
-            and record.position.offset <= mark.offset
-        ):
-            stale.setdefault(sid, set()).add(record.event.event_id)
+        if applied_state(known, record) is not None:
+            stale.setdefault(record.event.session_id, set()).add(record.event.event_id)
     return tuple(
         (sid, d)
         for sid, ids in stale.items()
@@ -239,16 +245,8 @@ def beyond_recent_decisions(
         sid = e.session_id
         if sid in short or (e.type not in _DECIDING and e.type != ev.QUESTION_ASKED):
             continue
-        folded = known.get(sid)
-        mark = None if folded is None else folded.mark
-        if (
-            mark is None
-            or record.position.partition != mark.partition
-            or record.position.offset > mark.offset
-        ):
-            continue
-        state = folded.state  # type: ignore[union-attr] # a mark implies a state
-        if len(state.decisions) < RECENT_DECISIONS:
+        state = applied_state(known, record)
+        if state is None or len(state.decisions) < RECENT_DECISIONS:
             continue
         if e.type in _DECIDING:
             found = any(d.event_id == e.event_id for d in state.decisions)

@@ -19,7 +19,7 @@ from schemas.events import Event
 from schemas.frozen import fast_init
 from session_model.fold import Kind, Step
 from session_model.principal import Principal
-from session_model.projection import Folded, Record, SessionUpdate
+from session_model.projection import Folded, Record, SessionUpdate, applied_state
 from session_model.session import Decision, Question, Session
 
 
@@ -261,16 +261,9 @@ def redelivered_changes(
         e = record.event
         if e.type == ev.QUESTION_ASKED:
             asked[(e.session_id, e.payload.get("question_id"))] = e.payload
-        folded = known.get(e.session_id)
-        mark = None if folded is None else folded.mark
-        if (
-            mark is None
-            or record.position.partition != mark.partition
-            or record.position.offset > mark.offset
-        ):
-            continue
-        state = folded.state  # type: ignore[union-attr] # a mark implies a state
-        out.extend(_recorded(state, e, asked))
+        state = applied_state(known, record)
+        if state is not None:
+            out.extend(_recorded(state, e, asked))
     return tuple(out)
 
 
