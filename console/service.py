@@ -145,17 +145,21 @@ def answer(
     the caller never saw. Without it, the asking checked here is the one answered.
     """
     store = rt.deps.store
-    question = store.load(session_id).question
-    if question is not None and question.id == question_id:
+    session = store.load(session_id)
+    question = session.question
+    if not session.ended:  # (a late answer is appended for the record, and refused: the store)
+        if question is None or question.id != question_id:
+            raise NoOpenQuestionError(f"{question_id!r} is not the open question")
         if asked_seq is not None and question.seq != asked_seq:
             raise NoOpenQuestionError(
                 f"{question_id!r} was asked again since it was shown: read it again before "
                 "answering"
             )
-        asked_seq = question.seq
+        asked_seq = question.seq  # the store answers this asking or nothing
+        if question.relaxed_by(answer):
+            _may_relax(caller, f"answer {answer!r} to {question_id!r}")
         if question.reason == SIGNATURE:
             operation, _ = question.signed_call()
-            _may_relax(caller, f"sign a call of {operation!r}")
             if (confirm or "").strip() != operation:
                 raise ConfirmationRequiredError(
                     f"signing this call allows {operation!r} with exactly these arguments once: "
@@ -166,12 +170,17 @@ def answer(
             raise InvalidAnswerError(f"{answer!r} is not an option of {question_id!r}: {options}")
         granting = granted_by_yes(question, answer)
         if granting is not None and store.signer is not None:
-            _may_relax(caller, f"grant {granting!r} (a yes to {question_id!r} grants it)")
             # «Allow X in this session?» — yes: the grant first (the operator's signed act the
             # agent then relies on), then the answer.
             grant(rt, caller, session_id, granting)
     position = store.answer(
-        session_id, question_id, answer, caller.principal, EXECUTOR, asked_seq=asked_seq
+        session_id,
+        question_id,
+        answer,
+        caller.principal,
+        EXECUTOR,
+        asked_seq=asked_seq,
+        may_relax=caller.relaxes,
     )
     log.info("%s answered %s in %s at %s", caller.principal.id, question_id, session_id, position)
     return position
@@ -230,7 +239,8 @@ def set_mode(rt: Runtime, caller: Identity, session_id: str, mode: str) -> Posit
     wanted = parse_mode(mode.strip())
     if wanted is not None and less_strict(wanted, rt.deps.store.load(session_id).mode):
         _may_relax(caller, f"relax the mode to {wanted.value!r}")
-    position = rt.deps.store.set_mode(session_id, mode.strip())
+    # The store judges again on the read it writes from: a mode relaxed meanwhile is refused.
+    position = rt.deps.store.set_mode(session_id, mode.strip(), may_relax=caller.relaxes)
     log.info("%s set mode %r in %s at %s", caller.principal.id, mode, session_id, position)
     return position
 

@@ -326,8 +326,14 @@ class SessionStore:
         executor: str | None = None,
         *,
         asked_seq: int | None = None,
+        may_relax: bool = True,
     ) -> Position:
         """Answer the open question; a verified principal is signed with this store's key.
+
+        `may_relax=False` (a caller that may not make a session less supervised): an answer that
+        would (`Question.relaxed_by`: a signature question's, a yes to a permission question) is
+        refused with `UnauthorizedError` on the very read that would sign it, before anything is
+        appended.
 
         Without a signing key a claim of `verified` is appended as made and downgraded by the
         fold: this store cannot vouch for it. A late answer (the window already closed) is
@@ -355,6 +361,14 @@ class SessionStore:
                     f"{question_id!r} was asked again (seq {session.question.seq}) since the "
                     f"asking answered (seq {asked_seq}): read it again before answering"
                 )
+            open_question = None if session.ended else session.question
+            if not may_relax and open_question is not None and open_question.relaxed_by(answer):
+                raise UnauthorizedError(
+                    f"answering {answer!r} to {question_id!r} makes session {session_id!r} less "
+                    "supervised: an operator's act"
+                )
+        elif not may_relax:
+            raise UnauthorizedError("an answer on behalf of a limited caller needs checks on")
         event_id = self._new_id()
         payload: dict[str, Any] = {
             "question_id": question_id,
@@ -431,8 +445,9 @@ class SessionStore:
         self._live(session_id)
         return self._emit(session_id, ev.PERMISSION_REVOKED, {"operation": operation})
 
-    def set_mode(self, session_id: str, mode: Mode | str) -> Position:
-        """Change the autonomy mode."""
+    def set_mode(self, session_id: str, mode: Mode | str, *, may_relax: bool = True) -> Position:
+        """Change the autonomy mode; a less strict one is signed, unless `may_relax` is False
+        (then it is refused with `UnauthorizedError`, judged on the same read)."""
         parsed = parse_mode(mode)
         if parsed is None:
             raise InvalidCall(f"unknown mode {mode!r}")
@@ -442,6 +457,10 @@ class SessionStore:
         relaxes = less_strict(parsed, session.mode) if session else self.signer is not None
         if relaxes:
             what = f"changing the mode to {parsed.value}"
+            if not may_relax:
+                raise UnauthorizedError(
+                    f"{what} makes session {session_id!r} less supervised: an operator's act"
+                )
             return self._emit_signed(session_id, ev.MODE_CHANGED, payload, what)
         return self._emit(session_id, ev.MODE_CHANGED, payload)
 

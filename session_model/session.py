@@ -105,6 +105,15 @@ class Question:
         deadline = self.deadline()
         return deadline is not None and now > deadline
 
+    def relaxed_by(self, answer: str) -> bool:
+        """Whether answering `answer` makes the session less supervised (an operator's act): any
+        answer to a signature question (it carries the signed call), and a yes (the first
+        option, what the fold counts as affirmative) to a permission question (`perm:<op>`)."""
+        if self.reason == "signature":
+            return True
+        permission = self.reason == "permission" or self.id.startswith("perm:")
+        return permission and bool(self.options) and answer == self.options[0]
+
     def signed_call(self) -> tuple[str, str]:
         """For a signature question: the operation and the argument digest it asks to approve.
 

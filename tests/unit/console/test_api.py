@@ -9,11 +9,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from producers.store import SessionStore
-from schemas.errors import NoOpenQuestionError, ProjectionError
+from schemas.errors import NoOpenQuestionError, ProjectionError, UnauthorizedError
 from session_model.canonical import text_digest
 from session_model.modes import Mode
+from session_model.policy import signature_question
 from session_model.principal import Principal
 from session_model.session import Question
+from tests.unit.builders import OPERATOR
 from tests.unit.console.conftest import (
     BEARER,
     BRIDGE,
@@ -362,6 +364,86 @@ def test_a_service_without_the_operator_scope_cannot_make_a_session_less_supervi
     ]
     assert [r.status_code for r in allowed] == [202] * 4
     assert store.load("s-c").decisions[-1].by == Principal("service:bridge", verified=True)
+
+
+def _first_read_stale(store: SessionStore, session_id: str, stale: Any) -> None:
+    """The next `load` of the session returns `stale` (an earlier state); later ones the truth.
+
+    What a console request sees when the session changes between its check and the store's own
+    read (another writer appends in between).
+    """
+    real = store.load
+    served: list[bool] = []
+
+    def load(sid: str, at_least: Any = None) -> Any:
+        if sid == session_id and not served:
+            served.append(True)
+            return stale
+        return real(sid, at_least)
+
+    store.load = load  # type: ignore[method-assign]
+
+
+def test_a_bridge_cannot_get_a_call_signed_by_racing_the_question(
+    client: TestClient, store: SessionStore
+) -> None:
+    store.start("s-r", "drop the table")
+    before_asking = store.load("s-r")
+    store.ask("s-r", signature_question("drop_db", {"db": "prod"}, at(600)))
+    _first_read_stale(store, "s-r", before_asking)  # the console read before the agent asked
+    before = _records(store)
+    response = client.post(
+        "/api/v1/sessions/s-r/answer",
+        json={"question_id": "sign:drop_db", "answer": "whatever"},
+        headers=BRIDGE,
+    )
+    assert response.status_code == 409  # not the open question when the console checked
+    assert _records(store) == before
+    # And the store, asked directly on behalf of such a caller, refuses on its own read.
+    with pytest.raises(UnauthorizedError):
+        store.answer("s-r", "sign:drop_db", "ok", Principal("service:bridge"), may_relax=False)
+    assert _records(store) == before
+
+
+def test_a_bridge_tightening_the_mode_is_never_turned_into_a_signed_relaxation(
+    client: TestClient, store: SessionStore
+) -> None:
+    store.start("s-m", "g")
+    store.set_mode("s-m", "auto")  # the operator's signed act
+    in_auto = store.load("s-m")
+    store.set_mode("s-m", "ask")  # an operator tightens to ask ...
+    _first_read_stale(store, "s-m", in_auto)  # ... after the console read auto
+    before = _records(store)
+    response = client.post(  # ... and the bridge's acknowledge would now relax it
+        "/api/v1/sessions/s-m/mode", json={"mode": "acknowledge"}, headers=BRIDGE
+    )
+    assert response.status_code == 403
+    assert _records(store) == before
+    assert store.load("s-m").mode is Mode.ASK
+
+
+@pytest.mark.parametrize(
+    ("signed", "options"),
+    [(False, ("yes", "no")), (True, ("yes", "no", "later")), (False, ("yes", "no", "later"))],
+)
+def test_a_bridge_cannot_say_yes_to_a_permission_question_however_it_is_asked(
+    settings: object, signed: bool, options: tuple[str, ...]
+) -> None:
+    store = SessionStore.in_memory(signer=OPERATOR if signed else None)
+    store.start("s1", "g")
+    store.ask("s1", Question("perm:rm", "Allow rm?", options, "{}", at(600), "permission"))
+    app = make_app(store, settings)  # type: ignore[arg-type]
+    before = _records(store)
+    with TestClient(app, headers=BRIDGE) as bridge:
+        yes = bridge.post(
+            "/api/v1/sessions/s1/answer", json={"question_id": "perm:rm", "answer": "yes"}
+        )
+        assert yes.status_code == 403
+        assert _records(store) == before
+        no = bridge.post(
+            "/api/v1/sessions/s1/answer", json={"question_id": "perm:rm", "answer": "no"}
+        )
+        assert no.status_code == 202
 
 
 def test_without_an_operator_key_authority_is_refused_403(settings: object) -> None:
