@@ -260,6 +260,11 @@ class Scheduler:
             prepared = self._prepared.pop(sid, None)
             if prepared is None:
                 unprepared.append(sid)
+            elif (prepared_ms := ceil_ms(prepared[0])) > now_ms:
+                # Prepared for a later asking than the deadline that came due (a failed send put
+                # an older deadline back): that asking is closed at its own time, not now.
+                self._prepared[sid] = prepared
+                self._schedule(sid, prepared_ms, partition)
             else:
                 closings.append((*self._prepared_closing(sid, prepared, now), partition))
         to_read = list(dict.fromkeys([*unprepared, *compact]))
@@ -359,8 +364,11 @@ class Scheduler:
             )
             await asyncio.sleep(self._retry_s)
             for event, deadline, partition in closings:
-                self._closed.pop(event.session_id, None)
-                self._schedule(event.session_id, ceil_ms(deadline), partition)
+                sid, ms = event.session_id, ceil_ms(deadline)
+                if self._closed.get(sid) == ms:
+                    del self._closed[sid]
+                if sid not in self._deadlines:  # a deadline learned meanwhile is the newer one
+                    self._schedule(sid, ms, partition)
             for event in compactions:
                 self._compacted.pop(event.session_id, None)
                 self._compact[event.session_id] = compact_partitions[event.session_id]

@@ -6,7 +6,11 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
+
+from processors import scheduler as scheduler_module
 from processors.scheduler import Scheduler
 from projections.indexes import ceil_ms
 from schemas import events as ev
@@ -356,3 +360,56 @@ def test_a_send_that_keeps_failing_is_retried_after_growing_pauses_not_at_once()
 
     # Pauses of 0.05, 0.1, 0.2, 0.4 s...: five sends or so in a second (hundreds without them).
     assert 3 <= asyncio.run(scenario()) <= 8
+
+
+def _reasked_while_the_failed_closing_waits(sink: HeldSink) -> list[tuple[str, object]]:
+    """Standalone: q1's closing is sent and fails; while it waits to be sent again, q1 is asked
+    again as q2 (due in an hour) and prepared. What the scheduler then sends."""
+
+    async def scenario() -> list[tuple[str, object]]:
+        first = _asked("s1", "q1", DEADLINE)
+        later = DEADLINE + timedelta(hours=1)
+        second = _asked("s1", "q2", later)
+        states = {"s1": Folded(first.state, first.mark)}
+        clock = Clock(DEADLINE - timedelta(seconds=1))
+        sink.fail_next = 1
+        scheduler, _ = _counting(states, clock, sink)
+        await scheduler.prepare({"s1": (ceil_ms(DEADLINE), 0)}, {})
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.01)
+        clock.now = DEADLINE + timedelta(milliseconds=1)
+        scheduler._wake.set()
+        await asyncio.sleep(0.01)  # q1's closing sent; it fails
+        states["s1"] = Folded(second.state, second.mark)
+        await scheduler.prepare({"s1": (ceil_ms(later), 0)}, {})
+        await asyncio.sleep(0.2)
+        task.cancel()
+        return [(e.type, e.payload.get("question_id")) for e in sink.events]
+
+    return asyncio.run(scenario())
+
+
+def test_a_failed_send_never_closes_the_question_asked_again_meanwhile() -> None:
+    sink = HeldSink()
+    sink.release.set()
+    assert (ev.ANSWER_WINDOW_CLOSED, "q2") not in _reasked_while_the_failed_closing_waits(sink)
+
+
+class _SlowFailing(HeldSink):
+    """Fails its first sends after a while (a broker's timeout), then takes everything."""
+
+    async def publish_many(self, records: Sequence[Any]) -> None:
+        for key, value, headers in records:
+            await self.publish(key, value, headers)
+        if self.fail_next:
+            self.fail_next -= 1
+            await asyncio.sleep(0.05)
+            raise ConnectionError("timed out")
+
+
+def test_the_same_with_a_send_that_fails_slowly_and_no_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduler_module, "_RETRY_FIRST_S", 0.0)
+    sent = _reasked_while_the_failed_closing_waits(_SlowFailing())
+    assert (ev.ANSWER_WINDOW_CLOSED, "q2") not in sent
