@@ -182,12 +182,17 @@ def replay(
             restored = store.retention.restored(restored_at or datetime.now(UTC))
             store = dataclasses.replace(store, retention=restored)
     access = KafkaAccess.of(bootstrap)
+    # The snapshots topic's ends before the events topic's: every snapshot up to them was taken
+    # of events the log held by then (a live rebuild starts while workers take snapshots).
+    snapshot_ends = _snapshot_ends(access, snapshots_topic) if snapshots_topic else None
     ends, partitions = _end_offsets(access, topic, session_id)
     # Where a session's keys live depends on the topic's partition count (`projections.keys`).
     store = dataclasses.replace(store, keys=dataclasses.replace(store.keys, partitions=partitions))
     plan = Plan(starts=dict.fromkeys(ends, 0))
     if snapshots_topic is not None:
-        plan = _snapshot_plan(access, snapshots_topic, ends, codec, session_id)
+        plan = _snapshot_plan(
+            access, snapshots_topic, snapshot_ends, ends, codec, session_id=session_id
+        )
         for line in plan.messages:
             log.warning("snapshot ignored (the log is folded instead): %s", line)
     starts = {p: min(plan.starts.get(p, 0), end) for p, end in ends.items()}
@@ -241,22 +246,32 @@ def end_offsets(bootstrap: str | KafkaAccess, topic: str) -> tuple[dict[int, int
     return _end_offsets(KafkaAccess.of(bootstrap), topic, None)
 
 
-def _snapshot_plan(
-    access: KafkaAccess,
-    topic: str,
-    events_ends: Mapping[int, int],
-    codec: EventCodec,
-    session_id: str | None,
-) -> Plan:
-    """The rebuild's plan from the snapshots topic (read whole, up to its end offsets now);
-    `events_ends`: the events topic's (snapshots past them are not believed)."""
-    partitions = sorted(events_ends)
+def _snapshot_ends(access: KafkaAccess, topic: str) -> dict[int, int] | None:
+    """The snapshots topic's end offsets, or None when it does not exist (never snapshotted)."""
     try:
         ends, _ = _end_offsets(access, topic, None)
     except LogError as e:
         if "does not exist" not in str(e):
             raise
+        return None
+    return ends
+
+
+def _snapshot_plan(
+    access: KafkaAccess,
+    topic: str,
+    snapshot_ends: Mapping[int, int] | None,
+    events_ends: Mapping[int, int],
+    codec: EventCodec,
+    *,
+    session_id: str | None,
+) -> Plan:
+    """The rebuild's plan from the snapshots topic, read up to `snapshot_ends` (read before
+    `events_ends`, the events topic's: snapshots past those are not believed)."""
+    partitions = sorted(events_ends)
+    if snapshot_ends is None:
         return Plan(starts=dict.fromkeys(partitions, 0))  # never snapshotted: the whole log
+    ends = dict(snapshot_ends)
     if session_id is not None:  # its snapshot is in its own partition's number
         mine = partitions[0] if partitions else None
         ends = {p: end for p, end in ends.items() if p == mine}

@@ -18,7 +18,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
-from processors.replay import ReplayReport, _snapshot_plan, replay
+from processors.replay import ReplayReport, _snapshot_ends, _snapshot_plan, replay
 from processors.sinks import FencedSnapshotSink
 from producers.kafka_log import KafkaEventLog
 from projections.codec import STATE_VERSION, session_to_blob
@@ -315,7 +315,8 @@ def test_a_writer_that_lost_its_partition_cannot_land_an_older_snapshot_after_th
     assert all(k != b"k" for k, _ in records)  # nor the killed round's
     # The rebuild's plan reads the partition to its end, past the aborted records.
     # (The snapshots were written by hand: as if the events topic's partition 0 held 1,000.)
-    plan = _snapshot_plan(
-        settings.kafka_access(), settings.snapshots_topic, {0: 1_000}, codec, None
-    )
+    access = settings.kafka_access()
+    topic = settings.snapshots_topic
+    ends = _snapshot_ends(access, topic)
+    plan = _snapshot_plan(access, topic, ends, {0: 1_000}, codec, session_id=None)
     assert plan.sessions[0][sid].mark == Position(0, 120) and plan.starts[0] == 96
