@@ -35,6 +35,7 @@ router = APIRouter(include_in_schema=False)
 FLASH_COOKIE = "milpa_console_flash"
 _FLASH_SECONDS = 120
 _LOGIN_FORM_SECONDS = 3600
+MAX_USERNAME_CHARS = 256  # a longer name is no operator's: refused unchecked and uncounted
 
 
 # -- rendering -------------------------------------------------------------------------------------
@@ -132,6 +133,11 @@ async def login(request: Request) -> Response:
     expected = rt.cookies.loads(request.cookies.get(LOGIN_COOKIE), "login", _LOGIN_FORM_SECONDS)
     if not isinstance(expected, str) or not csrf_matches(expected, _field(form, "csrf")):
         return _login_page(request, next_path, "The sign-in form expired: please try again.", 400)
+    if not username or not password or len(username) > MAX_USERNAME_CHARS:
+        # Never checked, so never counted: names made up by the million must not fill every
+        # bucket (and lock every operator out) at the price of one Redis call each.
+        await asyncio.sleep(rt.settings.console_login_delay)
+        return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
     throttle = rt.throttle
     wait_s = await run_in_threadpool(throttle.attempt, username)  # counted before the check
     if wait_s > 0:  # the password is not even checked
@@ -145,9 +151,7 @@ async def login(request: Request) -> Response:
         )
         refused.headers["Retry-After"] = str(math.ceil(wait_s))
         return refused
-    ok = bool(username and password) and await run_in_threadpool(
-        rt.passwords.verify, username, password
-    )
+    ok = await run_in_threadpool(rt.passwords.verify, username, password)
     if not ok:
         await asyncio.sleep(rt.settings.console_login_delay)  # slows down guessing
         return _login_page(request, next_path, "Unknown operator or wrong password.", 401)

@@ -129,3 +129,17 @@ def test_buckets_come_from_a_keyed_hash_of_the_name() -> None:
     assert len(buckets) > 190 and all(0 <= int(b, 16) < BUCKETS for b in buckets)
     assert one.bucket("alice") == one.bucket("alice")
     assert [one.bucket(n) for n in names] != [other.bucket(n) for n in names]
+
+
+def test_a_sign_in_that_is_never_checked_is_never_counted(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    # Made-up names with no password cost no password check: counted, they could fill every
+    # bucket and lock every operator out.
+    failures = MemorySignInFailures()
+    client, checked = _console(store, settings, failures)
+    for _ in range(LIMIT + 2):
+        assert sign_in(client, password="").status_code == 401
+        assert sign_in(client, username="x" * 300).status_code == 401
+    assert not failures._counts and not checked
+    assert sign_in(client).status_code == 303
