@@ -160,6 +160,12 @@ def schema_fingerprint(schema: Any) -> bytes:
     return bytes.fromhex(avro_fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
 
 
+# How deep a call's arguments may nest: deeper ones are refused when written (EncodeError) and at
+# intake (dead-lettered), since the fold's digest and the commit's JSON recurse once per level,
+# inside a worker's own deep stack.
+MAX_ARGUMENT_DEPTH = 128
+
+
 def canonical_json(value: Any) -> str:
     """Return JSON data as canonical JSON: sorted keys, no whitespace, raw UTF-8 (EncodeError)."""
     try:
@@ -202,31 +208,46 @@ def _expected(kind: str, value: Any) -> _Misfit:
     return _Misfit(f"expected {kind}, got {_describe(value)}")
 
 
-def _check_json(value: Any) -> None:
-    """Refuse what `json.dumps` would alter (non-string keys) or emit as non-standard JSON."""
-    if value is None or isinstance(value, bool | str | int):
+def _check_json(value: Any, level: int = 1) -> None:
+    """Refuse what `json.dumps` would alter (non-string keys) or emit as non-standard JSON, text
+    UTF-8 cannot hold, and nesting deeper than `MAX_ARGUMENT_DEPTH` (what intake refuses)."""
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, str):
+        _check_text(value)
         return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise _expected("a finite JSON number", value)
         return
+    if isinstance(value, Mapping | list | tuple) and level > MAX_ARGUMENT_DEPTH:
+        raise _Misfit(f"nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _Misfit(f"object key {key!r} is not a string")
             try:
-                _check_json(item)
+                _check_text(key)
+                _check_json(item, level + 1)
             except _Misfit as e:
                 raise e.at(key) from None
         return
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
             try:
-                _check_json(item)
+                _check_json(item, level + 1)
             except _Misfit as e:
                 raise e.at(f"[{index}]") from None
         return
     raise _expected("a JSON value", value)
+
+
+def _check_text(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Misfit("text UTF-8 cannot hold (a lone surrogate)") from None
 
 
 _Check = Callable[[Any], Any]
@@ -890,16 +911,11 @@ def _parse_arguments(text: Any, event_type: str) -> dict[str, Any]:
     return arguments
 
 
-# How deep a call's arguments may nest. Deeper ones are refused at intake (dead-lettered): the
-# fold's digest and the commit's JSON recurse once per level, inside a worker's own deep stack.
-MAX_ARGUMENT_DEPTH = 128
-
-
-def _nesting(text: Any) -> int:
+def _nesting(text: Any) -> float:
     """An upper bound of the text's nesting: its opening brackets (counted in C)."""
     if isinstance(text, bytes):
         return text.count(b"{") + text.count(b"[")
-    return text.count("{") + text.count("[") if isinstance(text, str) else 0
+    return text.count("{") + text.count("[") if isinstance(text, str) else math.inf
 
 
 def _depth(value: Any) -> int:

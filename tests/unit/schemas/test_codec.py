@@ -988,3 +988,33 @@ def test_registry_lookup_of_an_unknown_fingerprint_raises() -> None:
         SchemaRegistry.default().writer(bytes(8))
     with pytest.raises(CodecError):
         SchemaRegistry.default().reader("milpa.sessions.Nope")
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (_nested(129), "nests deeper than 128 levels"),
+        (_nested(1_200), "nests deeper than 128 levels"),  # not a RecursionError
+        ({"a": ["\udc80"]}, r"a\[0\]: text UTF-8 cannot hold"),
+        ({"\udc80": 1}, "text UTF-8 cannot hold"),
+    ],
+)
+def test_arguments_intake_would_refuse_are_refused_when_written(
+    arguments: dict[str, Any], message: str
+) -> None:
+    call = {**FULL[events.TOOL_CALLED], "arguments": arguments}
+    with pytest.raises(EncodeError, match=message):
+        CODEC.encode(make_event(events.TOOL_CALLED, call))
+
+
+def test_arguments_as_deep_as_allowed_are_written_and_read_back() -> None:
+    call = {**FULL[events.TOOL_CALLED], "arguments": _nested(128)}
+    event = make_event(events.TOOL_CALLED, call)
+    assert CODEC.decode(CODEC.encode(event)).payload["arguments"] == _nested(128)
