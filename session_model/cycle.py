@@ -218,11 +218,16 @@ class ProjectionCycle:
     def _with_decisions(self, history: Mapping[str, tuple[Decision, ...]]) -> dict[str, Folded]:
         """The cached states of these sessions holding every decision their history holds."""
         cache = self.cache
-        return {
-            sid: Folded(replace(cache[sid].state, decisions=decisions), cache[sid].mark)
-            for sid, decisions in history.items()
-            if sid in cache and decisions
-        }
+        out: dict[str, Folded] = {}
+        for sid, decisions in history.items():
+            folded = cache.get(sid)
+            if folded is None or not decisions:
+                continue
+            # The history as read, and what the state holds beyond it (committed since the read).
+            every = {d.seq: d for d in (*decisions, *folded.state.decisions)}
+            merged = tuple(every[seq] for seq in sorted(every))
+            out[sid] = Folded(replace(folded.state, decisions=merged), folded.mark)
+        return out
 
     def commit(self, folding: Folding) -> Steps[Committed]:
         """Commit a folded batch, re-folding conflicted sessions from the store until none is.

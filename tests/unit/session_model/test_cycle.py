@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from projections.memory import InMemoryProjectionStore
+from schemas import events as ev
 from schemas.errors import ProjectionError
 from session_model.cycle import (
     PAUSE,
@@ -341,3 +342,19 @@ def test_a_batch_folded_on_a_state_its_predecessor_found_stale_is_folded_again()
     stored = store.folded(["s1"])["s1"]
     assert stored.mark == rec[4].position
     assert stored.state == fold("s1", events)
+
+
+def test_a_history_read_older_than_the_state_loses_none_of_the_state_s_decisions() -> None:
+    count = RECENT_DECISIONS + 4
+    records = _records(_questions_answered(count))
+    store = InMemoryProjectionStore()
+    run(ProjectionCycle(BatchFolder()).project(records), store)
+    history = store.facts("s1").decisions
+    answered = [r for r in records if r.event.type == ev.QUESTION_ANSWERED]
+    redelivered = [answered[1], answered[-1]]  # one only the history holds, one the state holds
+    requests, folding = _script(
+        ProjectionCycle(BatchFolder()).fold(redelivered),
+        [store.folded(("s1",)), {"s1": history[:-3]}],  # read before the last commits landed
+    )
+    assert type(requests[-1]) is ReadDecisions
+    assert [d.question_id for _, d in folding.again] == ["q1", f"q{count - 1}"]
