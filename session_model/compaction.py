@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas.errors import ConfigurationError
-from session_model.canonical import canonical_json
+from session_model.canonical import canonical_json, text_digest
 from session_model.session import Session
 
 FACTS_VERSION = 2
@@ -32,12 +32,20 @@ def _cut(text: str, kept: int) -> str:
     return f"{text[:kept]} […cut: {len(text)} characters in all, whole in the session's history]"
 
 
+def _cut_key(key: str, kept: int) -> str:
+    """A key cut like a text, with its digest: two long keys alike in their first `kept`
+    characters stay two keys."""
+    if len(key) <= kept:
+        return key
+    return f"{_cut(key, kept)} #{text_digest(key)[:12]}"
+
+
 def _cut_texts(value: Any, kept: int) -> Any:
     """`value` with every string longer than `kept` cut (keys included), structure kept."""
     if isinstance(value, str):
         return _cut(value, kept)
     if isinstance(value, dict):
-        return {_cut_texts(k, kept): _cut_texts(v, kept) for k, v in value.items()}
+        return {_cut_key(k, kept): _cut_texts(v, kept) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_cut_texts(v, kept) for v in value]
     return value

@@ -30,7 +30,17 @@ from session_model.compaction import (
 from session_model.fold import Kind, step
 from session_model.principal import Principal
 from session_model.session import Message, Question, Session
-from tests.unit.builders import OPERATOR, answer, ask, fold_all, make_event, plan, started, turn
+from tests.unit.builders import (
+    OPERATOR,
+    answer,
+    ask,
+    fold_all,
+    make_event,
+    plan,
+    started,
+    tool,
+    turn,
+)
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 SUMMARY_PREFIX = "Summary of what already happened in this session:\n"
@@ -586,3 +596,18 @@ def test_a_summary_of_texts_as_long_as_events_may_be_fits_in_an_event() -> None:
     assert facts["version"] == FACTS_VERSION and facts["decisions"]  # still the facts, cut
     event = make_event(ev.COMPACTED, {"summary": summary, "through": s.turns[-3].seq})
     assert len(EventCodec().encode(event)) < 1_000_000  # a produce request carries it
+
+
+def test_two_long_tool_names_alike_at_first_stay_two_in_a_cut_summary() -> None:
+    long_a, long_b = "t" * 700_000 + "a", "t" * 700_000 + "b"
+    s = fold_all(
+        [
+            started(),
+            tool(long_a, {"x": 1}, "ok"),
+            tool(long_b, {"x": 2}, "ok"),
+            *[turn("user", f"t{i}") for i in range(8)],
+        ]
+    )
+    summary = Compactor(max_turns=4, keep_recent=2).summary(s, s.turns[-3].seq)
+    facts = json.loads(summary.split(FACTS_HEADER, 1)[1])
+    assert list(facts["tools"].values()) == [1, 1]  # two tools, each called once
