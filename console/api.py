@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from console import service
 from console.guards import ApiCaller
@@ -22,34 +22,51 @@ from session_model.modes import Mode
 
 router = APIRouter(prefix="/api/v1", tags=["operator API"])
 
+NAME_CHARS = 512  # a question id, an operation's name
+TEXT_CHARS = 65_536  # an answer, why a session ends
 
-class AnswerRequest(BaseModel):
+
+class _Request(BaseModel):
+    """A write's body: every text one an event can carry (UTF-8 holds it: no lone surrogate)."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _utf8(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("text UTF-8 cannot hold (a lone surrogate)") from None
+        return value
+
+
+class AnswerRequest(_Request):
     """An answer to a session's open question."""
 
-    question_id: str = Field(min_length=1)
-    answer: str
+    question_id: str = Field(min_length=1, max_length=NAME_CHARS)
+    answer: str = Field(max_length=TEXT_CHARS)
     # For a signature question: the operation's name, typed back as deliberate confirmation.
-    confirm: str | None = None
+    confirm: str | None = Field(default=None, max_length=NAME_CHARS)
     # The `seq` of the question as the caller was shown it: refused (409) if it was asked again.
-    asked_seq: int | None = Field(default=None, ge=1)
+    asked_seq: int | None = Field(default=None, ge=1, le=2**63 - 1)
 
 
-class OperationRequest(BaseModel):
-    """An operation to grant or revoke."""
+class OperationRequest(_Request):
+    """An operation to grant or revoke (a name: no control characters)."""
 
-    operation: str = Field(min_length=1)
+    operation: str = Field(min_length=1, max_length=NAME_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$")
 
 
-class ModeRequest(BaseModel):
+class ModeRequest(_Request):
     """The autonomy mode to change to."""
 
     mode: Mode
 
 
-class EndRequest(BaseModel):
+class EndRequest(_Request):
     """Why the session ends."""
 
-    because: str = Field(min_length=1)
+    because: str = Field(min_length=1, max_length=TEXT_CHARS)
 
 
 class Accepted(BaseModel):

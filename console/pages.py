@@ -13,6 +13,7 @@ import math
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -25,7 +26,7 @@ from console.charts import pauses_chart, reason_classes, tta_chart
 from console.guards import PageCaller, identify, safe_next
 from console.problems import detail_of
 from console.runtime import Runtime, runtime
-from schemas.errors import MilpaError, UnknownSessionError
+from schemas.errors import InvalidCall, MilpaError, UnknownSessionError
 from session_model.modes import Mode
 from session_model.projection import Position
 
@@ -225,7 +226,12 @@ async def find_session(request: Request, caller: PageCaller, id: str = "") -> Re
     session_id = id.strip()
     if not session_id:
         return RedirectResponse("/", status_code=303)
-    return RedirectResponse(str(request.url_for("session_page", session_id=session_id)), 303)
+    return RedirectResponse(session_path(session_id), 303)
+
+
+def session_path(session_id: str) -> str:
+    """The session page's path, the id quoted whole (a `/`, `?` or `#` in it stays the id's)."""
+    return f"/sessions/{quote(session_id, safe='')}"
 
 
 @router.get("/sessions/{session_id}", name="session_page")
@@ -262,7 +268,7 @@ async def _act(
 ) -> Response:
     rt = runtime(request)
     form = await request.form()
-    to = str(request.url_for("session_page", session_id=session_id))
+    to = session_path(session_id)
     try:
         position = await run_in_threadpool(act, rt, form)
     except MilpaError as e:
@@ -290,9 +296,13 @@ async def answer(request: Request, caller: PageCaller, session_id: str) -> Respo
 
 
 def _asked_seq(form: Any) -> int | None:
-    """The asking the page showed (its hidden field), None when absent or not a number."""
+    """The asking the page showed (its hidden field), None when absent."""
     text = _field(form, "asked_seq")
-    return int(text) if text.isdecimal() else None
+    if not text:
+        return None
+    if not text.isdecimal() or len(text) > 18:
+        raise InvalidCall(f"asked_seq {text[:40]!r} is not a question's seq")
+    return int(text)
 
 
 @router.post("/sessions/{session_id}/grant")

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from schemas.errors import (
     BackendError,
+    EncodeError,
     InvalidCall,
     MilpaError,
     NoOpenQuestionError,
@@ -35,6 +36,7 @@ _STATUS: tuple[tuple[type[MilpaError], int], ...] = (
     (UnknownSessionError, 404),
     (UnauthorizedError, 403),
     (InvalidCall, 422),
+    (EncodeError, 422),  # a value the event's schema cannot hold (caught before it is appended)
     (BackendError, 503),
 )
 _GENERIC_CODES = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "not_allowed"}
