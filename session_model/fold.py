@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -119,6 +119,7 @@ _STARTED, _CLOSED, _ANSWERED = ev.STARTED, ev.ANSWER_WINDOW_CLOSED, ev.QUESTION_
 # The outcomes that carry nothing but their kind and seq, made once for the first seqs of every
 # session (values, so sharing them is invisible) instead of once per event.
 _SHARED_SEQS = 1024
+_MILLISECOND = timedelta(milliseconds=1)  # a closing's `at` is cut to the millisecond
 _PLAIN: dict[Kind, tuple[Outcome, ...]] = {
     kind: tuple(Outcome(kind, seq) for seq in range(_SHARED_SEQS))
     for kind in (_APPLIED, _NOOP, _SKIPPED)
@@ -568,6 +569,11 @@ def _window_closed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Cha
         # The answer (or an earlier closing) won the race: nothing left to close.
         return {}, _plain(_NOOP, seq)
     at = e.payload.get("at")
+    deadline = question.deadline()
+    if deadline is not None and isinstance(at, datetime) and at < deadline - _MILLISECOND:
+        # Noticed before this asking's deadline: the closing of an earlier asking of the same id
+        # (answered, then asked again before the closing landed). It does not match this one.
+        return {}, _plain(_NOOP, seq)
     at_text = format_instant(at) if isinstance(at, datetime) else str(at)
     decision = Decision(
         question_id=question.id,

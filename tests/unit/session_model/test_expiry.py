@@ -402,3 +402,22 @@ def test_late_answer_signed_by_a_trusted_key_keeps_a_verified_by() -> None:
     s = store.load("s1")
     assert s.rejections[-1].code == "late_answer"
     assert s.rejections[-1].by == human
+
+
+def test_a_closing_of_an_earlier_asking_does_not_close_the_question_asked_again() -> None:
+    # q1 asked (due at noon), answered, asked again (due at one); the scheduler's closing of the
+    # first asking, noticed at noon and delayed, lands after the second asking.
+    noon = datetime(2025, 1, 2, 12, 0, tzinfo=UTC)
+    state = fold_all(
+        [
+            started(),
+            ask("q1", "Deploy?", expires_at="2025-01-02T12:00:00Z"),
+            answer("q1", "no"),
+            ask("q1", "Deploy now?", expires_at="2025-01-02T13:00:00Z"),
+        ]
+    )
+    stale = step(state, window_closed("q1", at=noon + timedelta(milliseconds=1)))
+    assert stale.outcome.kind is Kind.NOOP
+    assert stale.state.question is not None and not stale.state.ended
+    due = step(state, window_closed("q1", at=noon + timedelta(hours=1)))
+    assert due.outcome.kind is Kind.APPLIED and due.state.ended
