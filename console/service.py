@@ -147,6 +147,11 @@ def answer(
     store = rt.deps.store
     session = store.load(session_id)
     question = session.question
+    closed = session.closed_question
+    late = session.ended and closed is not None and closed.id == question_id
+    if late and closed is not None and closed.relaxed_by(answer):
+        # Late, and refused by the fold: still no act this caller may make.
+        _may_relax(caller, f"answer {answer!r} to {question_id!r}")
     if not session.ended:  # (a late answer is appended for the record, and refused: the store)
         if question is None or question.id != question_id:
             raise NoOpenQuestionError(f"{question_id!r} is not the open question")
@@ -237,10 +242,14 @@ def revoke(rt: Runtime, caller: Identity, session_id: str, operation: str) -> Po
 def set_mode(rt: Runtime, caller: Identity, session_id: str, mode: str) -> Position:
     """Change the autonomy mode (a less strict one is signed with the console's key)."""
     wanted = parse_mode(mode.strip())
-    if wanted is not None and less_strict(wanted, rt.deps.store.load(session_id).mode):
-        _may_relax(caller, f"relax the mode to {wanted.value!r}")
-    # The store judges again on the read it writes from: a mode relaxed meanwhile is refused.
-    position = rt.deps.store.set_mode(session_id, mode.strip(), may_relax=caller.relaxes)
+    relaxing = wanted is not None and less_strict(wanted, rt.deps.store.load(session_id).mode)
+    if relaxing:
+        _may_relax(caller, f"relax the mode to {wanted.value!r}")  # type: ignore[union-attr]
+    # The store judges again on the read it writes from: a change asked as a tightening is never
+    # signed as a relaxation (the mode was tightened meanwhile), whoever asks.
+    position = rt.deps.store.set_mode(
+        session_id, mode.strip(), may_relax=caller.relaxes and relaxing
+    )
     log.info("%s set mode %r in %s at %s", caller.principal.id, mode, session_id, position)
     return position
 

@@ -468,6 +468,9 @@ def answer(  # noqa: PLR0917 - click passes every argument and option positional
     if verified and store.signer is None:
         raise InvalidCall("--verified needs MILPA_SIGNING_KEY (an Ed25519 PEM private key)")
     question = store.load(session_id).question
+    # The asking shown here is the one answered (and signed), or nothing: an agent asking the
+    # same id again in between (another call) gets a 409, not the operator's signature.
+    asked_seq = question.seq if question is not None and question.id == question_id else None
     if question is not None and question.id == question_id and question.reason == "signature":
         operation, digest = question.signed_call()
         err.print(f"signing exactly this call in {session_id}: {operation} {question.why}")
@@ -479,7 +482,9 @@ def answer(  # noqa: PLR0917 - click passes every argument and option positional
         if by
         else Principal.from_terminal(os.environ.get("USER", "unknown"), os.uname().nodename)
     )
-    position = store.answer(session_id, question_id, answer, principal, executor="cli")
+    position = store.answer(
+        session_id, question_id, answer, principal, executor="cli", asked_seq=asked_seq
+    )
     _emit(ctx, {"position": str(position)}, lambda: out.print(f"answered at {position}"))
 
 

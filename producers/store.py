@@ -361,8 +361,9 @@ class SessionStore:
                     f"{question_id!r} was asked again (seq {session.question.seq}) since the "
                     f"asking answered (seq {asked_seq}): read it again before answering"
                 )
-            open_question = None if session.ended else session.question
-            if not may_relax and open_question is not None and open_question.relaxed_by(answer):
+            # A late answer is judged by the question it came late for.
+            answered = session.closed_question if session.ended else session.question
+            if not may_relax and answered is not None and answered.relaxed_by(answer):
                 raise UnauthorizedError(
                     f"answering {answer!r} to {question_id!r} makes session {session_id!r} less "
                     "supervised: an operator's act"

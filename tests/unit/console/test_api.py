@@ -422,6 +422,38 @@ def test_a_bridge_tightening_the_mode_is_never_turned_into_a_signed_relaxation(
     assert store.load("s-m").mode is Mode.ASK
 
 
+def test_an_operator_tightening_the_mode_is_not_signed_as_a_relaxation_either(
+    client: TestClient, store: SessionStore
+) -> None:
+    store.start("s-o", "g")
+    store.set_mode("s-o", "auto")
+    in_auto = store.load("s-o")
+    store.set_mode("s-o", "ask")  # another operator tightened meanwhile
+    _first_read_stale(store, "s-o", in_auto)
+    before = _records(store)
+    response = client.post(
+        "/api/v1/sessions/s-o/mode", json={"mode": "acknowledge"}, headers=BEARER
+    )  # asked as a tightening from auto: never signed as a relaxation from ask
+    assert response.status_code == 403
+    assert _records(store) == before
+
+
+def test_a_late_yes_to_a_permission_question_is_no_bridge_s_act_either(
+    client: TestClient, store: SessionStore
+) -> None:
+    store.start("s-l", "g")
+    store.ask("s-l", Question("perm:rm", "Allow rm?", ("yes", "no"), "{}", at(60), "permission"))
+    store.expire_if_due("s-l", NOW + timedelta(seconds=61))
+    before = _records(store)
+    response = client.post(
+        "/api/v1/sessions/s-l/answer",
+        json={"question_id": "perm:rm", "answer": "yes"},
+        headers=BRIDGE,
+    )
+    assert response.status_code == 403
+    assert _records(store) == before
+
+
 @pytest.mark.parametrize(
     ("signed", "options"),
     [(False, ("yes", "no")), (True, ("yes", "no", "later")), (False, ("yes", "no", "later"))],

@@ -1,0 +1,41 @@
+"""`milpa-sessions answer` signs the asking it showed, or nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from milpa_sessions import cli
+from producers.store import SessionStore
+from session_model.policy import signature_question
+from session_model.principal import Principal
+from session_model.session import Question
+from tests.unit.builders import OPERATOR
+
+
+def test_an_asking_replaced_between_the_read_and_the_answer_is_not_signed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = SessionStore.in_memory(signer=OPERATOR)
+    store.start("s1", "g")
+    store.ask("s1", Question("sign:drop_db", "Proceed?", ("ok", "no")))  # a plain question
+    shown = store.load("s1")  # what the CLI reads (no signature prompt for a plain question)
+    # Meanwhile the agent answers it itself and asks the same id as a signature question.
+    store.answer("s1", "sign:drop_db", "no", Principal("agent"))
+    store.ask("s1", signature_question("drop_db", {"db": "prod"}))
+    before = len(store.log.records)  # type: ignore[attr-defined]
+    real = store.load
+    reads: list[str] = []
+
+    def load(sid: str, at_least: Any = None) -> Any:
+        reads.append(sid)
+        return shown if len(reads) == 1 else real(sid, at_least)
+
+    monkeypatch.setattr(store, "load", load)
+    monkeypatch.setattr(cli, "_store", lambda ctx: store)
+    result = CliRunner().invoke(cli.main, ["answer", "s1", "sign:drop_db", "ok", "--yes"])
+    assert result.exit_code != 0
+    assert "asked again" in result.output
+    assert len(store.log.records) == before  # type: ignore[attr-defined]
