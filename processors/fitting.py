@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from session_model.cutting import cut_text
+
 # aiokafka's default max_request_size, less room for the key, the headers and the batch framing.
 MAX_RECORD_BYTES: Final = 1_048_576 - 16_384
 KEPT_CHARS: Final = 16_384  # of each long text of a record cut to fit
@@ -57,15 +59,11 @@ def _cut(record: Mapping[str, Any], kept: int) -> dict[str, Any]:
     cut: dict[str, Any] = {}
     for name, value in record.items():
         if name in TEXTS and isinstance(value, str):
-            cut[name] = _text(value, kept)
+            cut[name] = cut_text(value, kept)
         elif name == "options" and isinstance(value, list):
-            cut[name] = [_text(o, kept) if isinstance(o, str) else o for o in value[:KEPT_OPTIONS]]
+            cut[name] = [
+                cut_text(o, kept) if isinstance(o, str) else o for o in value[:KEPT_OPTIONS]
+            ]
         else:
             cut[name] = value
     return cut
-
-
-def _text(text: str, kept: int) -> str:
-    if len(text) <= kept:
-        return text
-    return f"{text[:kept]} […cut: {len(text)} characters in all, whole in the session's history]"

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from schemas.errors import ConfigurationError
 from session_model.canonical import canonical_json, text_digest
+from session_model.cutting import cut_text
 from session_model.session import Session
 
 FACTS_VERSION = 2
@@ -26,24 +27,18 @@ FACT_TEXT_CHARS = 2_000  # of each text in a facts block too long whole (then a 
 _OMITTED = "too large for a summary: the session's history holds every fact"
 
 
-def _cut(text: str, kept: int) -> str:
-    if len(text) <= kept:
-        return text
-    return f"{text[:kept]} […cut: {len(text)} characters in all, whole in the session's history]"
-
-
 def _cut_key(key: str, kept: int) -> str:
     """A key cut like a text, with its digest: two long keys alike in their first `kept`
     characters stay two keys."""
     if len(key) <= kept:
         return key
-    return f"{_cut(key, kept)} #{text_digest(key)[:12]}"
+    return f"{cut_text(key, kept)} #{text_digest(key)[:12]}"
 
 
 def _cut_texts(value: Any, kept: int) -> Any:
     """`value` with every string longer than `kept` cut (keys included), structure kept."""
     if isinstance(value, str):
-        return _cut(value, kept)
+        return cut_text(value, kept)
     if isinstance(value, dict):
         return {_cut_key(k, kept): _cut_texts(v, kept) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -243,7 +238,7 @@ class Compactor:
         as an event may be, and a summary that no produce request could carry would be retried
         for ever. Long texts are cut with a marker; the whole ones stay in the session's history.
         """
-        prose = _cut(self.summarizer.summarize(session, through), PROSE_CHARS)
+        prose = cut_text(self.summarizer.summarize(session, through), PROSE_CHARS)
         facts = SessionFacts(session).operational_facts()
         block = canonical_json(facts)
         for kept in (FACT_TEXT_CHARS, FACT_TEXT_CHARS // 10):

@@ -173,8 +173,7 @@ class ProjectionCycle:
             chunk = records[at : at + size]
             if at:
                 yield PAUSE
-                yield from self._read_missing([r.event.session_id for r in chunk], new)
-                self._refold_replaced(records[:at], chunk, merged, based)
+                yield from self._resume(records[:at], chunk, merged, based, new)
             updates = fold(cache, chunk)
             skipped = len(chunk) - sum(len(u.steps) for u in updates)
             if skipped:  # rare (a redelivery): only then is the slice searched, before its fold
@@ -184,8 +183,7 @@ class ProjectionCycle:
                     history: dict[str, tuple[Decision, ...]] = yield ReadDecisions(short)
                     # Other work ran meanwhile (a commit may have replaced states this slice
                     # was folded onto): fold the slice again, as after a pause.
-                    yield from self._read_missing([r.event.session_id for r in chunk], new)
-                    self._refold_replaced(records[:at], chunk, merged, based)
+                    yield from self._resume(records[:at], chunk, merged, based, new)
                     updates = fold(cache, chunk)
                     skipped = len(chunk) - sum(len(u.steps) for u in updates)
                     known = ChainMap(self._with_decisions(history), cache)
@@ -214,6 +212,18 @@ class ProjectionCycle:
             tuple(reasked),
             based,
         )
+
+    def _resume(
+        self,
+        earlier: Sequence[Record],
+        chunk: Sequence[Record],
+        merged: dict[str, SessionUpdate],
+        based: dict[str, Session],
+        new: set[str],
+    ) -> Steps[None]:
+        """After other work ran: read what left the cache, fold again what was replaced."""
+        yield from self._read_missing([r.event.session_id for r in chunk], new)
+        self._refold_replaced(earlier, chunk, merged, based)
 
     def _with_decisions(self, history: Mapping[str, tuple[Decision, ...]]) -> dict[str, Folded]:
         """The cached states of these sessions holding every decision their history holds."""
