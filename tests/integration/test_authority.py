@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +152,8 @@ def test_a_cutover_is_believed_only_in_the_topic_its_offsets_were_read_from(
     # The topic deleted and made again (or mirrored elsewhere): same name, another id.
     admin = _as_admin(settings) if settings.kafka_access().sasl else settings
     delete_topics(admin, [settings.events_topic])
-    wait_for(lambda: _recreated(admin), timeout=60)
-    assert topic_id(settings, settings.events_topic) != actual
+    # Deletion is asynchronous: until it completes the old topic (and id) may still answer.
+    wait_for(lambda: _recreated(admin, settings, actual), timeout=60)
     with pytest.raises(ConfigurationError, match="recreated or mirrored"):
         wiring.checked_cutover(bound)
     # And the processes that fold refuse to start on it.
@@ -163,13 +164,12 @@ def test_a_cutover_is_believed_only_in_the_topic_its_offsets_were_read_from(
     assert "recreated or mirrored" in worker.log()
 
 
-def _recreated(settings: Settings) -> bool:
+def _recreated(admin: Settings, settings: Settings, old: uuid.UUID) -> bool:
     try:
-        ensure_topics(settings)
-        topic_id(settings, settings.events_topic)
+        ensure_topics(admin)
+        return topic_id(settings, settings.events_topic) != old
     except LogError:
         return False
-    return True
 
 
 def _positions(projections: RedisProjectionStore, sid: str) -> dict[int, int]:
