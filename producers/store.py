@@ -341,6 +341,11 @@ class SessionStore:
         the asking the caller answers (the question's `seq` as it was shown); if the question was
         asked again since (same id, another asking: other arguments, another reason), nothing is
         appended or signed (`NoOpenQuestionError`).
+
+        The answer's record names the asking it answers (`asked_seq`: the one this store read,
+        with checks on; the caller's, without), and a verified principal's signature covers it:
+        the fold rejects it as `stale_question` if it lands on another asking of the same id
+        (asked again while the projection this store read lagged behind).
         """
         if self.checks:
             session = self.load(session_id)
@@ -368,6 +373,8 @@ class SessionStore:
                     f"answering {answer!r} to {question_id!r} makes session {session_id!r} less "
                     "supervised: an operator's act"
                 )
+            if asked_seq is None and answered is not None and answered.seq:
+                asked_seq = answered.seq  # the answer names the asking judged here
         elif not may_relax:
             raise UnauthorizedError("an answer on behalf of a limited caller needs checks on")
         event_id = self._new_id()
@@ -378,6 +385,7 @@ class SessionStore:
             "executor": executor,
             "signature": None,
             "approval": None,
+            "asked_seq": asked_seq,
         }
         if self.checks and session.question is not None and session.question.reason == "signature":
             payload["approval"] = self._approval(session_id, session.question)
@@ -388,6 +396,7 @@ class SessionStore:
                 answer=answer,
                 principal_id=by.id,
                 event_id=event_id,
+                asked_seq=asked_seq,
             )
         position = self.append(
             self.event(session_id, ev.QUESTION_ANSWERED, payload, event_id=event_id)

@@ -261,11 +261,19 @@ def _already_decided(s: Session, question_id: object) -> bool:
     return question_id in s.decided
 
 
+def _answers_asking(p: Mapping[str, Any], question: Question) -> bool:
+    """Whether an answer names this asking of the question (one without `asked_seq`, written
+    before answers named their asking, is taken as meant for the open one)."""
+    asked = p.get("asked_seq")
+    return asked is None or (type(asked) is int and asked == question.seq)
+
+
 def _principal(e: Event, question_id: str, keys: TrustedKeys) -> tuple[Principal | None, bool]:
     """Who answered, believed verified only with a trusted signature; and whether it was lowered."""
     claimed = Principal.from_record(e.payload.get("by"))
     if claimed is None or not claimed.verified:
         return claimed, False
+    asked = e.payload.get("asked_seq")
     trusted = verify_answer_claim(
         keys,
         e.payload.get("signature"),
@@ -274,6 +282,7 @@ def _principal(e: Event, question_id: str, keys: TrustedKeys) -> tuple[Principal
         answer=_text(e.payload, "answer"),
         principal_id=claimed.id,
         event_id=e.event_id,
+        asked_seq=asked if type(asked) is int else None,
     )
     return (claimed, False) if trusted else (Principal(claimed.id, verified=False), True)
 
@@ -492,7 +501,7 @@ def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple
     question = s.question
     if question is None:
         raise _Reject("no_open_question")
-    if p.get("question_id") != question.id:
+    if p.get("question_id") != question.id or not _answers_asking(p, question):
         raise _Reject("stale_question")
     answer = _text(p, "answer")
     approval = _approval(s, e, question, seq, auth) if question.reason == "signature" else None

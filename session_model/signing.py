@@ -22,20 +22,33 @@ from session_model.canonical import canonical_bytes
 
 
 def answer_signing_bytes(
-    *, key_id: str, session_id: str, question_id: str, answer: str, principal_id: str, event_id: str
+    *,
+    key_id: str,
+    session_id: str,
+    question_id: str,
+    answer: str,
+    principal_id: str,
+    event_id: str,
+    asked_seq: int | None = None,
 ) -> bytes:
-    """The bytes an answering key signs: they name one answer by one principal in one event."""
-    return canonical_bytes(
-        {
-            "kind": "milpa.answer.v1",
-            "key_id": key_id,
-            "session_id": session_id,
-            "question_id": question_id,
-            "answer": answer,
-            "principal_id": principal_id,
-            "event_id": event_id,
-        }
-    )
+    """The bytes an answering key signs: they name one answer by one principal in one event.
+
+    With `asked_seq`, also the asking answered: the field is then part of the signed bytes, so an
+    answer's record cannot be moved to another asking of the same question id (or stripped of
+    its binding) without losing its signature.
+    """
+    fields: dict[str, object] = {
+        "kind": "milpa.answer.v1",
+        "key_id": key_id,
+        "session_id": session_id,
+        "question_id": question_id,
+        "answer": answer,
+        "principal_id": principal_id,
+        "event_id": event_id,
+    }
+    if asked_seq is not None:
+        fields["asked_seq"] = asked_seq
+    return canonical_bytes(fields)
 
 
 def authority_signing_bytes(
@@ -177,9 +190,17 @@ class Signer:
         return TrustedKeys({self.key_id: self.private_key.public_key()})
 
     def sign_answer(
-        self, *, session_id: str, question_id: str, answer: str, principal_id: str, event_id: str
+        self,
+        *,
+        session_id: str,
+        question_id: str,
+        answer: str,
+        principal_id: str,
+        event_id: str,
+        asked_seq: int | None = None,
     ) -> dict[str, object]:
-        """The `signature` field of a `question_answered` payload."""
+        """The `signature` field of a `question_answered` payload (answering the asking at
+        `asked_seq`, when given)."""
         message = answer_signing_bytes(
             key_id=self.key_id,
             session_id=session_id,
@@ -187,6 +208,7 @@ class Signer:
             answer=answer,
             principal_id=principal_id,
             event_id=event_id,
+            asked_seq=asked_seq,
         )
         return {"key_id": self.key_id, "signature": self.private_key.sign(message)}
 
@@ -253,6 +275,7 @@ def verify_answer_claim(
     answer: str,
     principal_id: str,
     event_id: str,
+    asked_seq: int | None = None,
 ) -> bool:
     """True only if `signature` is a trusted key's signature of exactly this answer."""
     return _verify_record(
@@ -265,6 +288,7 @@ def verify_answer_claim(
             answer=answer,
             principal_id=principal_id,
             event_id=event_id,
+            asked_seq=asked_seq,
         ),
     )
 

@@ -28,6 +28,8 @@ from schemas.events import Event
 from session_model.authority import Cutover
 from session_model.modes import Mode
 from session_model.policy import SessionPolicy, Verdict, signature_question
+from session_model.principal import Principal
+from session_model.session import Question
 from session_model.signing import Signer, TrustedKeys
 from tests.integration.conftest import _as_admin, run_cli, with_keys
 
@@ -101,6 +103,51 @@ def test_unsigned_authority_is_refused_by_the_worker_counted_and_signed_authorit
     counts = {c.name: c.count for c in Analytics(projections.client, projections.keys).rejections()}
     assert counts == {"unauthorized": 4}
     wait_for(lambda: _scrape(port, 'milpa_rejections_total{code="unauthorized"} 4.0'), timeout=30)
+
+
+def test_a_verified_yes_written_from_a_lagging_read_does_not_land_on_the_question_asked_again(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+    tmp_path: Path,
+) -> None:
+    console = Signer.generate("console-1")
+    worker_settings = with_keys(settings, trusted_keys_dir=_trust(console, tmp_path / "trusted"))
+    worker = start_worker(worker_settings)
+    agent = SessionStore(kafka_log, projections, producer="agent-7", read_timeout=60)
+    human = SessionStore(
+        kafka_log, projections, producer="console", signer=console, read_timeout=60
+    )
+    agent.start("b1", "deploy when allowed")
+    agent.ask("b1", Question("perm:deploy", "Allow deploy?", ("yes", "no"), reason="permission"))
+    first = agent.load("b1").question
+    assert first is not None
+    # The projection stops here (the worker is gone) while the agent, past the writer API's
+    # checks, has the question refused and asks it again: same id, another asking.
+    worker.stop()
+    _forged(agent, "b1", ev.QUESTION_ANSWERED, {"question_id": "perm:deploy", "answer": "no"})
+    _forged(
+        agent,
+        "b1",
+        ev.QUESTION_ASKED,
+        {
+            "question_id": "perm:deploy",
+            "question": "Allow deploy?",
+            "options": ["yes", "no"],
+            "reason": "permission",
+        },
+    )
+    kafka_log.flush()
+    shown = human.load("b1").question  # the lagging projection: the first asking, still open
+    assert shown == first
+    human.answer("b1", "perm:deploy", "yes", by=Principal("operator:alice", verified=True))
+    start_worker(worker_settings)
+    wait_for(lambda: projections.load("b1").rejection_counts() == {"stale_question": 1}, 60)
+    session = projections.load("b1")
+    assert session.question is not None and session.question.seq > first.seq  # still waiting
+    assert [(d.answer, d.by) for d in session.decisions] == [("no", None)]
+    assert session.permissions == ()
 
 
 def _scrape(port: int, line: str) -> bool:

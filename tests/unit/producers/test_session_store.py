@@ -282,6 +282,7 @@ def test_answer_appends_question_answered() -> None:
         "executor": "runner-1",
         "signature": None,
         "approval": None,
+        "asked_seq": 2,  # the asking answered: the question's seq as this store read it
     }
     s = store.load("s1")
     assert s.is_runnable() is True

@@ -79,7 +79,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     events.PLAN_SET: {},
     events.TODO_CHANGED: {"replaces": None, "inherited_from": None},
     events.QUESTION_ASKED: {"options": [], "why": None, "expires_at": None, "reason": None},
-    events.QUESTION_ANSWERED: {"by": None, "executor": None, "signature": None, "approval": None},
+    events.QUESTION_ANSWERED: {
+        "by": None,
+        "executor": None,
+        "signature": None,
+        "approval": None,
+        "asked_seq": None,
+    },
     events.ANSWER_WINDOW_CLOSED: {},
     events.PERMISSION_GRANTED: {"authority": None},
     events.PERMISSION_REVOKED: {},
@@ -141,6 +147,7 @@ FULL: dict[str, dict[str, Any]] = {
             "key_id": "k2",
             "signature": b"\x02" * 64,
         },
+        "asked_seq": 2**40,
     },
     events.ANSWER_WINDOW_CLOSED: {"question_id": "perm:deploy", "at": T0 + timedelta(minutes=5)},
     events.PERMISSION_GRANTED: {
@@ -882,6 +889,14 @@ def test_golden_v2_carries_the_operator_signatures_and_a_call_approval() -> None
         assert authority["key_id"] == "operator-2026"
         assert len(authority["signature"]) == 64
     answered = CODEC.decode((GOLDEN / "v2" / f"{events.QUESTION_ANSWERED}.bin").read_bytes())
+    assert answered.payload["approval"]["operation"] == "deploy"
+    assert answered.payload["asked_seq"] is None  # added in v3: read at its default
+
+
+def test_golden_v3_binds_an_answer_to_its_asking() -> None:
+    assert {p.stem for p in (GOLDEN / "v3").glob("*.bin")} == {*EVENT_TYPES, "decision"}
+    answered = CODEC.decode((GOLDEN / "v3" / f"{events.QUESTION_ANSWERED}.bin").read_bytes())
+    assert answered.payload["asked_seq"] == 6
     assert answered.payload["approval"]["operation"] == "deploy"
 
 
