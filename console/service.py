@@ -152,6 +152,7 @@ def answer(
     if late and closed is not None and closed.relaxed_by(answer):
         # Late, and refused by the fold: still no act this caller may make.
         _may_relax(caller, f"answer {answer!r} to {question_id!r}")
+    granting: str | None = None
     if not session.ended:  # (a late answer is appended for the record, and refused: the store)
         if question is None or question.id != question_id:
             raise NoOpenQuestionError(f"{question_id!r} is not the open question")
@@ -176,8 +177,11 @@ def answer(
         granting = granted_by_yes(question, answer)
         if granting is not None and store.signer is not None:
             # «Allow X in this session?» — yes: the grant first (the operator's signed act the
-            # agent then relies on), then the answer.
-            grant(rt, caller, session_id, granting)
+            # agent then relies on), then the answer; both only once the store's own read of
+            # the question passed (a question asked again meanwhile is a 409 with no grant).
+            _may_relax(caller, f"grant {granting!r}")
+        else:
+            granting = None  # (without a signing key the yes is answered, and grants nothing)
     position = store.answer(
         session_id,
         question_id,
@@ -186,7 +190,10 @@ def answer(
         EXECUTOR,
         asked_seq=asked_seq,
         may_relax=caller.relaxes,
+        grant=granting,
     )
+    if granting is not None:
+        log.info("%s granted %r in %s", caller.principal.id, granting, session_id)
     log.info("%s answered %s in %s at %s", caller.principal.id, question_id, session_id, position)
     return position
 

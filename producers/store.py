@@ -327,8 +327,12 @@ class SessionStore:
         *,
         asked_seq: int | None = None,
         may_relax: bool = True,
+        grant: str | None = None,
     ) -> Position:
         """Answer the open question; a verified principal is signed with this store's key.
+
+        `grant`: an operation to grant (signed) right before the answer, once the answer's checks
+        passed (a yes to «Allow X?»: the agent relies on the grant when it reads the yes).
 
         `may_relax=False` (a caller that may not make a session less supervised): an answer that
         would (`Question.relaxed_by`: a signature question's, a yes to a permission question) is
@@ -377,6 +381,10 @@ class SessionStore:
                 asked_seq = answered.seq  # the answer names the asking judged here
         elif not may_relax:
             raise UnauthorizedError("an answer on behalf of a limited caller needs checks on")
+        if grant is not None:
+            if not may_relax:
+                raise UnauthorizedError(f"granting {grant!r} is an operator's act")
+            self.grant(session_id, grant)
         event_id = self._new_id()
         payload: dict[str, Any] = {
             "question_id": question_id,

@@ -247,6 +247,30 @@ def test_an_answer_to_a_question_asked_again_since_it_was_shown_is_refused(
     assert answered.status_code == 202 and store.load("s-a").allows("rm")
 
 
+def test_a_yes_to_a_permission_question_asked_again_after_the_consoles_read_grants_nothing(
+    operator: TestClient, store: SessionStore
+) -> None:
+    """The console read the first asking; the agent answered and re-asked before the store's
+    read. The store refuses the answer, and the grant that goes with a yes is not made either."""
+    seed(store)
+    shown = store.load("s-a")
+    store.answer("s-a", "perm:rm", "no")  # the agent, unverified
+    store.ask(
+        "s-a",
+        Question("perm:rm", "Allow «rm»?", ("yes", "no"), '{"path": "/"}', at(600), "permission"),
+    )
+    _first_read_stale(store, "s-a", shown)
+    before = _records(store)
+    response = operator.post(
+        "/api/v1/sessions/s-a/answer",
+        json={"question_id": "perm:rm", "answer": "yes"},
+        headers={"X-CSRF-Token": page_csrf(operator)},
+    )
+    assert response.status_code == 409
+    assert _records(store) == before  # no grant, no answer
+    assert not store.load("s-a").allows("rm")
+
+
 def test_the_store_refuses_an_answer_to_another_asking(store: SessionStore) -> None:
     seed(store)
     asked = store.load("s-a").question
