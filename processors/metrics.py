@@ -128,6 +128,11 @@ class StatsCollector(Collector):
             "milpa_redis_retries", "Redis calls retried after a failure.", w.redis_retries
         )
         yield _counter(
+            "milpa_publish_retries",
+            "Sends of decisions, question changes or dead letters retried after a failure.",
+            w.publish_retries,
+        )
+        yield _counter(
             "milpa_dead_lettered", "Records sent to the dead-letter topic.", w.dead_lettered
         )
         yield _counter("milpa_decisions_published", "Decisions published.", w.decisions)

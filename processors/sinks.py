@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError, ProducerFenced
 from processors.ports import OutRecord
 from producers.kafka_access import KafkaAccess
 from projections.snapshots import SNAPSHOT_MAX_BYTES, snapshot_writer_id
-from schemas.errors import LogError
+from schemas.errors import LogError, ProducerStoppedError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class LazyProducer:
         self._starting = self._starting or asyncio.Lock()
         async with self._starting:
             if self._stopped:
-                raise LogError(f"the producer to {self.bootstrap} was stopped")
+                raise ProducerStoppedError(f"the producer to {self.bootstrap} was stopped")
             if self._producer is None:
                 producer = aiokafka.AIOKafkaProducer(
                     **self.access.aiokafka(),
@@ -96,6 +96,7 @@ class ProducerSink:
         """
         producer = await self.producer.started()
         pending: list[asyncio.Future[object]] = []
+        refused: KafkaError | None = None
         try:
             for key, value, headers in records:
                 pending.append(
@@ -103,12 +104,14 @@ class ProducerSink:
                         self.topic, value=value, key=key, headers=list(headers) or None
                     )
                 )
+        except KafkaError as e:  # e.g. no metadata for the topic in time: nothing more queued
+            refused = e
         finally:
             # Every queued record's outcome is awaited, also when a later send raised.
             results = await asyncio.gather(*pending, return_exceptions=True)
-        for result in results:
+        for result in (*results, refused):
             if isinstance(result, BaseException):
-                raise LogError(f"publishing to {self.topic} failed: {result}") from result
+                raise LogError(f"publishing to {self.topic} failed: {result!r}") from result
 
 
 _ABORT_TIMEOUT_S = 10.0  # how long a failed round waits for its transaction's abort

@@ -23,7 +23,7 @@ from producers.decisions import decision_record
 from producers.questions import change_record
 from projections.redis_store import AsyncRedisProjectionStore
 from schemas.codec import EventCodec
-from schemas.errors import ProjectionError
+from schemas.errors import LogError, ProducerStoppedError, ProjectionError
 from session_model.cycle import Folding, ProjectionCycle, Read, ReadDecisions, Steps, Write
 from session_model.fold import Kind
 from session_model.intake import WRONG_PARTITION, Intake, Refusal
@@ -75,6 +75,7 @@ class WorkerStats:
     conflicts: int = 0
     redis_round_trips: int = 0
     redis_retries: int = 0
+    publish_retries: int = 0  # decisions, question changes and dead letters sent again
     outcomes: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
     pauses: Counter[str] = field(default_factory=Counter)
@@ -216,7 +217,7 @@ class ProjectionWorker:
             headers.append((DEADLETTER_CUT, cut.encode()))
             self.stats.records_cut += 1
         log.warning("dead-lettering %s: %s", source, reason)
-        await self.deadletter.publish(key, value, headers)
+        await self._publishing(self.deadletter, [(key, value, headers)])
         self.stats.dead_lettered += 1
         self.stats.refused[refusal.code] += 1
 
@@ -251,6 +252,27 @@ class ProjectionWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max)
 
+    async def _publishing(self, sink: Sink, records: Sequence[OutRecord]) -> None:
+        """Publish, retried after pauses that double while the broker refuses.
+
+        A batch's records go out after its commit and before its offsets: a failed send is sent
+        again here (its decisions may then be published twice, as after a redelivery) instead of
+        ending the worker, whose restart would redeliver and republish the same. A stopped
+        producer (shutting down) is not retried: the batch stays unacknowledged.
+        """
+        delay = self.retry_initial
+        while True:
+            try:
+                await sink.publish_many(records)
+                return
+            except ProducerStoppedError:
+                raise
+            except LogError as e:
+                self.stats.publish_retries += 1
+                log.error("%s; retrying in %.2fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max)
+
     def _count(self, updates: Sequence[SessionUpdate]) -> None:
         stats = self.stats
         kinds: Counter[Kind] = Counter()
@@ -280,7 +302,7 @@ class ProjectionWorker:
             for sid, d in (*again, *made)
         ]
         if records:
-            await self.decisions.publish_many(records)
+            await self._publishing(self.decisions, records)
             self.stats.decisions += len(made)
             self.stats.decisions_republished += len(again)
 
@@ -313,7 +335,7 @@ class ProjectionWorker:
             for c in (*again, *made)
         ]
         if records:
-            await self.questions.publish_many(records)
+            await self._publishing(self.questions, records)
             self.stats.question_changes += len(made)
             self.stats.question_changes_republished += len(again)
 

@@ -128,6 +128,12 @@ class LogError(BackendError):
     code = "log_unavailable"
 
 
+class ProducerStoppedError(LogError):
+    """A send after its producer was stopped for good (shutting down): never worth a retry."""
+
+    code = "log_unavailable"
+
+
 class ProjectionError(BackendError):
     """Reading or writing a projection failed."""
 

@@ -37,7 +37,7 @@ from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import EventCodec
-from schemas.errors import LogError
+from schemas.errors import LogError, ProducerStoppedError
 from schemas.events import Event
 from session_model.policy import permission_question, signature_question, target_question
 from session_model.principal import Principal
@@ -807,6 +807,63 @@ def test_question_changes_lost_before_the_publish_are_published_after_a_restart(
             was = asked[(c["session_id"], c["seq"])]
             for name in ("question_id", "question", "options", "reason", "why", "asked_at"):
                 assert c[name] == was[name], (name, c, was)
+
+
+@dataclass
+class FlakySink(RecordingSink):
+    """Refuses its first `failures` sends as the broker would (then `error` each time)."""
+
+    failures: int = 0
+    error: type[LogError] = LogError
+
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise self.error("publishing to decisions failed: KafkaTimeoutError()")
+        await super().publish_many(records)
+
+
+def test_a_refused_publish_is_sent_again_and_the_worker_goes_on(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    """A broker that refuses a batch's decisions and question changes for a while delays the
+    batch; it no longer ends the worker (whose restart would republish the same)."""
+    _, events = generate(40)
+    raws = raw_records(events)
+    expected = expected_projections(events, TrustedKeys.none())
+    decisions, questions, dead = FlakySink(failures=3), FlakySink(failures=2), RecordingSink()
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        worker = ProjectionWorker(
+            store, BatchFolder(), dead, decisions, questions=questions, retry_initial=0.01
+        )
+        applied = await worker.process(raws)
+        assert len(applied) == len(expected)
+        assert worker.stats.publish_retries == 5
+        assert worker.stats.decisions == len(decided(expected))
+
+    asyncio.run(_with_store(settings, run))
+    assert sorted(decisions.decisions()) == decided(expected)  # each once: none was half-sent
+    assert questions.published
+    assert_equals_the_fold(projections, expected)
+
+
+def test_a_publish_refused_because_the_producer_stopped_is_not_retried(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    _, events = generate(10)
+    decisions = FlakySink(failures=1, error=ProducerStoppedError)
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        worker = _worker(store, decisions, RecordingSink())
+        with pytest.raises(ProducerStoppedError):
+            await worker.process(raw_records(events))
+        assert worker.stats.publish_retries == 0
+
+    asyncio.run(_with_store(settings, run))
+    assert decisions.published == []
 
 
 def test_a_batch_folded_in_many_slices_equals_the_fold(

@@ -6,9 +6,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaTimeoutError
 
 from processors.sinks import FencedSnapshotSink, FencedWriter, LazyProducer, ProducerSink
-from schemas.errors import LogError
+from schemas.errors import LogError, ProducerStoppedError
 
 
 class FakeProducer:
@@ -43,7 +44,7 @@ def test_a_stopped_producer_is_not_started_again() -> None:
 
     async def run() -> None:
         await producer.stop()
-        with pytest.raises(LogError, match="stopped"):
+        with pytest.raises(ProducerStoppedError, match="stopped"):
             await sink.publish(b"k", b"v", ())
 
     asyncio.run(run())
@@ -61,6 +62,33 @@ def test_every_record_is_queued_in_order_and_a_refused_one_fails_the_call() -> N
 
     asyncio.run(run())
     assert [key for _, key, _ in fake.sent] == [b"s0", b"s1", b"s3", b"s0", b"s1", b"s2", b"s3"]
+
+
+class NoMetadata(FakeProducer):
+    """`send` itself raises for `refused` (aiokafka does when the topic's metadata is late)."""
+
+    def __init__(self, refused: bytes) -> None:
+        super().__init__(failing=set())
+        self.refused = refused
+
+    async def send(self, topic: str, *, value: bytes, key: bytes | None, headers: Any) -> Any:
+        if key == self.refused:
+            raise KafkaTimeoutError("no metadata within 60 s")
+        return await super().send(topic, value=value, key=key, headers=headers)
+
+
+def test_a_send_that_raises_is_a_log_error_after_the_queued_ones_are_awaited() -> None:
+    fake = NoMetadata(refused=b"s1")
+    sink = ProducerSink(Started(fake), "decisions")
+    records = [(f"s{i}".encode(), b"v", ()) for i in range(3)]
+
+    async def run() -> None:
+        with pytest.raises(LogError, match=r"decisions failed.*KafkaTimeoutError") as raised:
+            await sink.publish_many(records)
+        assert isinstance(raised.value.__cause__, KafkaTimeoutError)
+
+    asyncio.run(run())
+    assert [key for _, key, _ in fake.sent] == [b"s0"]  # nothing queued after the refusal
 
 
 class StuckTransactions:
