@@ -110,7 +110,9 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._sending: set[asyncio.Future[None]] = set()  # ticks whose acks are awaited
         self._sleeping_until: int | None = None  # ms; None = until woken
-        self._retry_s = 0.0  # the pause before a failed tick's events are sent again
+        self._retry_s = 0.0  # the pause before a failed tick's closings are sent again
+        self._compact_retry_s = 0.0  # the same for compactions (they never hold closings back)
+        self._later: set[asyncio.Future[None]] = set()  # compactions waiting to be sent again
 
     # -- fed by the projector --------------------------------------------------------------------
 
@@ -220,7 +222,7 @@ class Scheduler:
                 await self._send_due()
                 await self._sleep()
         finally:
-            for sending in list(self._sending):
+            for sending in [*self._sending, *self._later]:
                 sending.cancel()  # queued records are flushed when the app stops the producer
 
     async def _sleep(self) -> None:
@@ -304,8 +306,8 @@ class Scheduler:
 
     async def drain(self) -> None:
         """Wait until every tick sent so far was acknowledged (or failed and was rescheduled)."""
-        while self._sending:
-            await asyncio.wait(self._sending)
+        while self._sending or self._later:
+            await asyncio.wait(self._sending | self._later)
 
     @staticmethod
     def _partition(folded: Folded) -> int:
@@ -345,40 +347,85 @@ class Scheduler:
         compactions: Sequence[Event],
         compact_partitions: Mapping[str, int],
     ) -> None:
-        """Send one tick's events, wait for their acks; on failure, schedule them again."""
-        events = [event for event, _, _ in closings] + list(compactions)
+        """Send one tick's events, wait for their acks; on failure, schedule them again.
+
+        Closings and compactions are sent side by side, each failing on its own: a compaction
+        the broker keeps refusing never delays (or re-sends) a closing.
+        """
+        closed, compacted = await asyncio.gather(
+            self._send([event for event, _, _ in closings]), self._send(compactions)
+        )
+        if compacted is None:
+            self._compact_retry_s = 0.0
+            self.stats.compactions += len(compactions)
+        else:
+            self._compaction_failed(compactions, compact_partitions, compacted)
+        if closed is None:
+            self._retry_s = 0.0
+            acked_ms = time.time() * 1000
+            self.stats.closings += len(closings)
+            self.stats.lateness.observe_many(
+                acked_ms - d.timestamp() * 1000 for _, d, _ in closings
+            )
+            return
+        # Retried after a pause that doubles while failures go on (a failure that does not
+        # pass would otherwise be retried as fast as the loop turns).
+        self._retry_s = _backoff(self._retry_s)
+        log.error(
+            "could not append %d closing(s), retrying in %.2fs: %s",
+            len(closings),
+            self._retry_s,
+            closed,
+        )
+        await asyncio.sleep(self._retry_s)
+        for event, deadline, partition in closings:
+            sid, ms = event.session_id, ceil_ms(deadline)
+            if self._closed.get(sid) == ms:
+                del self._closed[sid]
+            if sid not in self._deadlines:  # a deadline learned meanwhile is the newer one
+                self._schedule(sid, ms, partition)
+        self._wake.set()
+
+    async def _send(self, events: Sequence[Event]) -> Exception | None:
+        """Send and wait for the acks; what the producer raised, or None."""
+        if not events:
+            return None
         try:
             await self._events.publish_many(
                 [(e.session_id.encode(), self.codec.encode(e), ()) for e in events]
             )
         except Exception as e:  # whatever the producer raised: nothing due may be dropped
-            # Retried after a pause that doubles while failures go on (a failure that does not
-            # pass would otherwise be retried as fast as the loop turns).
-            self._retry_s = min(max(self._retry_s * 2, _RETRY_FIRST_S), _RETRY_MAX_S)
-            log.error(
-                "could not append %d closing(s) and %d compaction(s), retrying in %.2fs: %s",
-                len(closings),
-                len(compactions),
-                self._retry_s,
-                e,
-            )
-            await asyncio.sleep(self._retry_s)
-            for event, deadline, partition in closings:
-                sid, ms = event.session_id, ceil_ms(deadline)
-                if self._closed.get(sid) == ms:
-                    del self._closed[sid]
-                if sid not in self._deadlines:  # a deadline learned meanwhile is the newer one
-                    self._schedule(sid, ms, partition)
+            return e
+        return None
+
+    def _compaction_failed(
+        self, compactions: Sequence[Event], partitions: Mapping[str, int], error: Exception
+    ) -> None:
+        """Put failed compactions back after a pause, without holding a tick's slot meanwhile."""
+        self._compact_retry_s = pause = _backoff(self._compact_retry_s)
+        log.error(
+            "could not append %d compaction(s), retrying in %.2fs: %s",
+            len(compactions),
+            pause,
+            error,
+        )
+
+        async def again() -> None:
+            await asyncio.sleep(pause)
             for event in compactions:
-                self._compacted.pop(event.session_id, None)
-                self._compact[event.session_id] = compact_partitions[event.session_id]
+                sid = event.session_id
+                self._compacted.pop(sid, None)
+                self._compact[sid] = partitions[sid]
             self._wake.set()
-            return
-        self._retry_s = 0.0
-        acked_ms = time.time() * 1000
-        self.stats.closings += len(closings)
-        self.stats.compactions += len(compactions)
-        self.stats.lateness.observe_many(acked_ms - d.timestamp() * 1000 for _, d, _ in closings)
+
+        later = asyncio.ensure_future(again())
+        self._later.add(later)
+        later.add_done_callback(self._later.discard)
+
+
+def _backoff(previous_s: float) -> float:
+    """The pause after one more failure: 0.05 s, then twice the previous, at most 5 s."""
+    return min(max(previous_s * 2, _RETRY_FIRST_S), _RETRY_MAX_S)
 
 
 # (partitions, now) -> the ids of the ended sessions dropped (at most a batch per partition).

@@ -362,6 +362,41 @@ def test_a_send_that_keeps_failing_is_retried_after_growing_pauses_not_at_once()
     assert 3 <= asyncio.run(scenario()) <= 8
 
 
+class RefusesCompactions(Sink):
+    """Takes closings; refuses every send that holds a compaction (a record it never takes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        if any(EventCodec().decode(value).type == ev.COMPACTED for _, value, _ in records):
+            self.refused += 1
+            raise ConnectionError("record too large")
+        await super().publish_many(records)
+
+
+def test_a_compaction_that_keeps_failing_never_holds_back_or_repeats_a_closing() -> None:
+    async def scenario() -> tuple[list[str], int, int]:
+        long = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
+        asked = _asked("s2", "q2", DEADLINE)
+        states = {"s1": Folded(long.state, long.mark), "s2": Folded(asked.state, asked.mark)}
+        sink = RefusesCompactions()
+        clock = Clock(DEADLINE + timedelta(milliseconds=5))
+        scheduler = _scheduler(states, clock, sink, max_turns=6, keep_recent=2)
+        scheduler.observe([long, asked])  # both due in the same tick
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        return [e.type for e in sink.events], scheduler.stats.closings, sink.refused
+
+    sent, closings, refused = asyncio.run(scenario())
+    assert sent == [ev.ANSWER_WINDOW_CLOSED] and closings == 1  # once, acknowledged at once
+    assert 2 <= refused <= 6  # the compaction alone retried, after its own growing pauses
+
+
 def _reasked_while_the_failed_closing_waits(sink: HeldSink) -> list[tuple[str, object]]:
     """Standalone: q1's closing is sent and fails; while it waits to be sent again, q1 is asked
     again as q2 (due in an hour) and prepared. What the scheduler then sends."""
