@@ -188,6 +188,10 @@ def step(state: Session, event: Event, keys: Trust = _NO_AUTHORITY) -> Step:
         except _Reject as rejected:
             rejection = _rejection(event, seq, rejected.code, rejected.by)
             changes = _rejected(state, rejection)
+            if event_type == _ANSWERED and _signed_answer(event, auth.keys):
+                # Remembered as a signed act although refused: the same record sent again once
+                # its id left the dedupe window must not be applied to a later asking.
+                changes.update(_signed(state, event))
             outcome = Outcome(_REJECTED, seq, rejection=rejection)
     changes["seq"] = seq
     changes["event_ids"] = event_ids.add(event_id)
@@ -266,6 +270,15 @@ def _answers_asking(p: Mapping[str, Any], question: Question) -> bool:
     before answers named their asking, is taken as meant for the open one)."""
     asked = p.get("asked_seq")
     return asked is None or (type(asked) is int and asked == question.seq)
+
+
+def _signed_answer(e: Event, keys: TrustedKeys) -> bool:
+    """Whether a refused answer carries a human's verified claim that a trusted key signed."""
+    question_id = e.payload.get("question_id")
+    if not isinstance(question_id, str):
+        return False
+    by, downgraded = _principal(e, question_id, keys)
+    return by is not None and by.verified and not downgraded
 
 
 def _principal(e: Event, question_id: str, keys: TrustedKeys) -> tuple[Principal | None, bool]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.events import Event
+from session_model.dedupe import HORIZON
 from session_model.fold import Kind, fold, step
 from session_model.principal import Principal
 from session_model.session import Session
 from session_model.signing import Signer, answer_signing_bytes
-from tests.unit.builders import answer, ask, started, trusted
+from tests.unit.builders import answer, ask, started, trusted, turn
 
 CONSOLE = Signer.generate("console")
 KEYS = trusted(CONSOLE.trusted_keys())
@@ -122,3 +123,32 @@ def test_the_signed_bytes_name_the_asking_only_when_given() -> None:
     assert answer_signing_bytes(**common, asked_seq=4) != answer_signing_bytes(
         **common, asked_seq=2
     )
+
+
+def test_a_refused_signed_answer_sent_again_to_a_later_asking_is_a_duplicate() -> None:
+    """A human's signed yes that came too late for its asking (the agent answered first) is
+    refused; the same record sent again after its id left the dedupe window, once the question
+    is asked again, must not become a verified yes to the new asking — also without
+    `asked_seq` (answers written before v3 name no asking)."""
+    yes = _signed_yes("a1", asked_seq=None)
+    events = [
+        started(),
+        ask("perm:deploy", reason="permission"),
+        answer("perm:deploy", "no"),  # the agent's own answer got there first
+        yes,  # refused: no_open_question
+        *[turn("user", f"t{i}") for i in range(HORIZON + 64)],
+        ask("perm:deploy", reason="permission"),
+    ]
+    before = fold("s1", events, KEYS)
+    assert [r.code for r in before.rejections][:1] == ["no_open_question"]
+    assert yes.event_id in before.signed_ids
+    again = step(before, yes, KEYS)
+    assert again.outcome.kind is Kind.DUPLICATE
+    assert again.state.question == before.question
+
+
+def test_a_refused_answer_whose_claim_is_not_signed_is_not_remembered() -> None:
+    forged = answer("perm:deploy", "yes", by=HUMAN.to_record(), event_id="f1")
+    s = fold("s1", [started(), forged], KEYS)
+    assert [r.code for r in s.rejections] == ["no_open_question"]
+    assert s.signed_ids == frozenset()
