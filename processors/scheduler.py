@@ -355,13 +355,14 @@ class Scheduler:
         closed, compacted = await asyncio.gather(
             self._send([event for event, _, _ in closings]), self._send(compactions)
         )
-        if compacted is None:
+        if compacted is not None:
+            self._compaction_failed(compactions, compact_partitions, compacted)
+        elif compactions:  # (an empty half of a tick says nothing of the broker: no reset)
             self._compact_retry_s = 0.0
             self.stats.compactions += len(compactions)
-        else:
-            self._compaction_failed(compactions, compact_partitions, compacted)
         if closed is None:
-            self._retry_s = 0.0
+            if closings:
+                self._retry_s = 0.0
             acked_ms = time.time() * 1000
             self.stats.closings += len(closings)
             self.stats.lateness.observe_many(
@@ -413,9 +414,11 @@ class Scheduler:
         async def again() -> None:
             await asyncio.sleep(pause)
             for event in compactions:
-                sid = event.session_id
-                self._compacted.pop(sid, None)
-                self._compact[sid] = partitions[sid]
+                sid, partition = event.session_id, partitions[event.session_id]
+                if self._compacted.get(sid) == event.payload["through"]:
+                    del self._compacted[sid]  # (a newer one sent meanwhile stays marked)
+                if not self.owned or partition in self.owned:  # (it may have moved meanwhile)
+                    self._compact[sid] = partition
             self._wake.set()
 
         later = asyncio.ensure_future(again())

@@ -397,6 +397,44 @@ def test_a_compaction_that_keeps_failing_never_holds_back_or_repeats_a_closing()
     assert 2 <= refused <= 6  # the compaction alone retried, after its own growing pauses
 
 
+def test_a_tick_with_closings_only_keeps_the_compactions_backoff_growing() -> None:
+    async def scenario() -> float:
+        long = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
+        asked = _asked("s2", "q2", DEADLINE)
+        states = {"s1": Folded(long.state, long.mark), "s2": Folded(asked.state, asked.mark)}
+        clock = Clock(DEADLINE - timedelta(seconds=1))
+        scheduler = _scheduler(states, clock, RefusesCompactions(), max_turns=6, keep_recent=2)
+        scheduler.observe([long])
+        await scheduler._send_due()  # the compaction fails: its pause starts at 0.05 s
+        await asyncio.sleep(0.01)
+        scheduler.observe([asked])
+        clock.now = DEADLINE + timedelta(milliseconds=5)
+        await scheduler._send_due()  # a closing alone, acknowledged
+        await asyncio.gather(*scheduler._sending)
+        return scheduler._compact_retry_s
+
+    assert asyncio.run(scenario()) == 0.05
+
+
+def test_a_failed_compaction_is_not_put_back_once_its_partition_moved_away() -> None:
+    async def scenario() -> dict[str, int]:
+        long = _update([started(), *[turn("user", f"t{i}") for i in range(10)]], partition=0)
+        states = {"s1": Folded(long.state, long.mark)}
+        scheduler = _scheduler(
+            states, Clock(DEADLINE), RefusesCompactions(), max_turns=6, keep_recent=2
+        )
+        scheduler.owned = {0}
+        scheduler.observe([long])
+        await scheduler._send_due()
+        await asyncio.gather(*scheduler._sending)  # refused; to be put back after 0.05 s ...
+        assert scheduler._later
+        scheduler.owned = {1}  # ... but partition 0 went to another worker meanwhile
+        await asyncio.gather(*scheduler._later)
+        return dict(scheduler._compact)
+
+    assert asyncio.run(scenario()) == {}
+
+
 def _reasked_while_the_failed_closing_waits(sink: HeldSink) -> list[tuple[str, object]]:
     """Standalone: q1's closing is sent and fails; while it waits to be sent again, q1 is asked
     again as q2 (due in an hour) and prepared. What the scheduler then sends."""
