@@ -55,7 +55,12 @@ class LazyProducer:
                     enable_idempotence=True,
                     linger_ms=0,
                 )
-                await producer.start()
+                try:
+                    await producer.start()
+                except KafkaError as e:  # e.g. no broker reachable: the next send starts again
+                    with contextlib.suppress(Exception):
+                        await producer.stop()
+                    raise LogError(f"starting a producer to {self.bootstrap} failed: {e!r}") from e
                 self._producer = producer
         return self._producer
 

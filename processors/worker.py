@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from aiokafka import errors as kafka_errors
+
 from processors.fitting import fit, fit_dead_letter
 from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
 from processors.ports import Consumed, OutRecord, Sink
@@ -82,6 +84,16 @@ class WorkerStats:
     downgrades: int = 0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
     last_offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset processed
+
+
+# What a retry cannot cure: the worker ends with it (as it did with every failed send before).
+_PERMANENT = (
+    kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.ClusterAuthorizationFailedError,
+    kafka_errors.MessageSizeTooLargeError,
+    kafka_errors.RecordTooLargeError,
+    kafka_errors.InvalidTopicError,
+)
 
 
 class ProjectionWorker:
@@ -258,7 +270,8 @@ class ProjectionWorker:
         A batch's records go out after its commit and before its offsets: a failed send is sent
         again here (its decisions may then be published twice, as after a redelivery) instead of
         ending the worker, whose restart would redeliver and republish the same. A stopped
-        producer (shutting down) is not retried: the batch stays unacknowledged.
+        producer (shutting down) and a refusal no retry cures (`_PERMANENT`: rights, sizes) are
+        not retried: the batch stays unacknowledged and the error ends the worker.
         """
         delay = self.retry_initial
         while True:
@@ -268,6 +281,8 @@ class ProjectionWorker:
             except ProducerStoppedError:
                 raise
             except LogError as e:
+                if isinstance(e.__cause__, _PERMANENT):
+                    raise  # a setting to fix (rights, sizes): a retry would stall the partition
                 self.stats.publish_retries += 1
                 log.error("%s; retrying in %.2fs", e, delay)
                 await asyncio.sleep(delay)

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 
@@ -815,13 +816,14 @@ class FlakySink(RecordingSink):
 
     failures: int = 0
     error: type[LogError] = LogError
+    cause: Exception = dataclasses.field(default_factory=KafkaTimeoutError)
 
     async def publish_many(
         self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
     ) -> None:
         if self.failures:
             self.failures -= 1
-            raise self.error("publishing to decisions failed: KafkaTimeoutError()")
+            raise self.error(f"publishing to decisions failed: {self.cause!r}") from self.cause
         await super().publish_many(records)
 
 
@@ -864,6 +866,22 @@ def test_a_publish_refused_because_the_producer_stopped_is_not_retried(
 
     asyncio.run(_with_store(settings, run))
     assert decisions.published == []
+
+
+def test_a_publish_refused_for_good_is_not_retried(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    """No rights on the decisions topic (a setting to fix): the error ends the batch at once."""
+    _, events = generate(10)
+    decisions = FlakySink(failures=1, cause=TopicAuthorizationFailedError())
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        worker = _worker(store, decisions, RecordingSink())
+        with pytest.raises(LogError, match="TopicAuthorizationFailed"):
+            await worker.process(raw_records(events))
+        assert worker.stats.publish_retries == 0
+
+    asyncio.run(_with_store(settings, run))
 
 
 def test_a_batch_folded_in_many_slices_equals_the_fold(

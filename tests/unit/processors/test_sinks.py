@@ -6,8 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
+from processors import sinks as sinks_module
 from processors.sinks import FencedSnapshotSink, FencedWriter, LazyProducer, ProducerSink
 from schemas.errors import LogError, ProducerStoppedError
 
@@ -89,6 +90,37 @@ def test_a_send_that_raises_is_a_log_error_after_the_queued_ones_are_awaited() -
 
     asyncio.run(run())
     assert [key for _, key, _ in fake.sent] == [b"s0"]  # nothing queued after the refusal
+
+
+class Unreachable:
+    """An aiokafka producer whose start finds no broker."""
+
+    stopped = 0
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    async def start(self) -> None:
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    async def stop(self) -> None:
+        Unreachable.stopped += 1
+
+
+def test_a_producer_that_cannot_start_is_a_log_error_and_is_started_again_next_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sinks_module.aiokafka, "AIOKafkaProducer", Unreachable)
+    sink = ProducerSink(LazyProducer("127.0.0.1:1"), "decisions")
+
+    async def run() -> None:
+        for _ in range(2):
+            with pytest.raises(LogError, match="starting a producer") as raised:
+                await sink.publish(b"k", b"v", ())
+            assert isinstance(raised.value.__cause__, KafkaConnectionError)
+
+    asyncio.run(run())
+    assert Unreachable.stopped == 2  # each half-started producer closed
 
 
 class StuckTransactions:
