@@ -10,63 +10,19 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field, field_validator
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
 from console import service
 from console.guards import ApiCaller
+from console.inputs import AnswerRequest, EndRequest, ModeRequest, OperationRequest
 from console.live import event_stream
 from console.problems import Problem
 from console.runtime import runtime
-from session_model.modes import Mode
 
 router = APIRouter(prefix="/api/v1", tags=["operator API"])
-
-NAME_CHARS = 512  # a question id, an operation's name
-TEXT_CHARS = 65_536  # an answer, why a session ends
-
-
-class _Request(BaseModel):
-    """A write's body: every text one an event can carry (UTF-8 holds it: no lone surrogate)."""
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _utf8(cls, value: Any) -> Any:
-        if isinstance(value, str) and not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("text UTF-8 cannot hold (a lone surrogate)") from None
-        return value
-
-
-class AnswerRequest(_Request):
-    """An answer to a session's open question."""
-
-    question_id: str = Field(min_length=1, max_length=NAME_CHARS)
-    answer: str = Field(max_length=TEXT_CHARS)
-    # For a signature question: the operation's name, typed back as deliberate confirmation.
-    confirm: str | None = Field(default=None, max_length=NAME_CHARS)
-    # The `seq` of the question as the caller was shown it: refused (409) if it was asked again.
-    asked_seq: int | None = Field(default=None, ge=1, le=2**63 - 1)
-
-
-class OperationRequest(_Request):
-    """An operation to grant or revoke (a name: no control characters)."""
-
-    operation: str = Field(min_length=1, max_length=NAME_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$")
-
-
-class ModeRequest(_Request):
-    """The autonomy mode to change to."""
-
-    mode: Mode
-
-
-class EndRequest(_Request):
-    """Why the session ends."""
-
-    because: str = Field(min_length=1, max_length=TEXT_CHARS)
+# `/openapi.json`, served here instead of by FastAPI (`openapi_url=None`): to the API's callers.
+document = APIRouter(include_in_schema=False)
 
 
 class Accepted(BaseModel):
@@ -189,3 +145,9 @@ async def events(caller: ApiCaller, request: Request) -> StreamingResponse:
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+@document.get("/openapi.json")
+def openapi(caller: ApiCaller, request: Request) -> JSONResponse:
+    """The API's OpenAPI document, authenticated like the API (401 problem without)."""
+    return JSONResponse(request.app.openapi())

@@ -138,6 +138,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
             secret.encode(),
             limit=settings.console_login_attempts,
             window_s=settings.console_login_window_s,
+            source_limit=settings.console_login_source_attempts,
         ),
         tokens=tokens,
         cookies=CookieSigner(secret, hours * 3600, deps.sign_outs),
@@ -154,6 +155,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
         title="milpa-sessions operator console",
         summary="Waiting questions, the fleet, sessions, and the operator's acts.",
         version="1",
+        openapi_url=None,  # served by `api.document`, to authenticated callers only
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
@@ -163,6 +165,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
     app.add_exception_handler(LoginRequired, _on_login_required)
     app.add_exception_handler(CsrfRefused, _on_csrf_refused)
     app.include_router(api.router)
+    app.include_router(api.document)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=Path(HERE / "static")), name="static")
     app.add_middleware(SecurityHeaders)

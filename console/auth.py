@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import secrets
 import threading
@@ -249,7 +250,8 @@ class MemorySignOuts:
 
 
 class SignInFailures(Protocol):
-    """Sign-in attempts per bucket, seen by every console replica (`projections.sign_ins`)."""
+    """Sign-in attempts per bucket (of names, or a client address's), seen by every console
+    replica (`projections.sign_ins`)."""
 
     def attempt(self, bucket: str, limit: int, window_s: float) -> float:
         """Count an attempt (a window of `window_s` starts with a bucket's first); 0 if it may
@@ -285,11 +287,28 @@ class MemorySignInFailures:
 
 
 BUCKETS = 1 << 16  # sign-in counts: names are spread over this many by a keyed hash
+SOURCE_PREFIX = "src-"  # a client address's bucket: this, then 64 bits of a keyed hash
+
+
+def source_of(host: str) -> str:
+    """What a client address is counted as: an IPv4 address as itself (an IPv4-mapped IPv6 one
+    too), an IPv6 address by its /64 (one host's share: its addresses within are free to pick),
+    anything else (a name, a test client's) as written."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return f"{int(ip) >> 64:016x}::/64"
+    return str(ip)
 
 
 class SignInThrottle:
-    """Refuses a name's sign-ins, unchecked, once `limit` attempts within `window_s` seconds
-    failed; a success starts the count again.
+    """Refuses sign-ins, unchecked, once too many were tried within `window_s` seconds: from one
+    client address (`source_limit` attempts), or of one name (`limit` failed attempts; a success
+    starts the name's count again).
 
     Why per name: the fixed delay of a failed sign-in slows one client; many clients in parallel
     guess as fast as the password checks run. Each attempt is counted before its password is
@@ -299,6 +318,14 @@ class SignInThrottle:
     nobody without the secret can pick names that share an operator's bucket. The price, as with
     any lockout: whoever fails a name's sign-ins `limit` times keeps its operator out until the
     window ends.
+
+    Why per source too, counted first: one client trying many names gets `source_limit` checks
+    per window in all, not `limit` per name, and once refused it counts against no name (so it
+    locks out at most `source_limit / limit` names per window). Every attempt counts, successful
+    or not: one operator's own password must not reset the count for guessing others'. The
+    address is the TCP peer's (`X-Forwarded-For` is not trusted: behind a reverse proxy every
+    client shares the proxy's address, and the limit). Each address has its own count, named
+    by a hash keyed with the secret (no address is stored).
     """
 
     def __init__(
@@ -308,21 +335,37 @@ class SignInThrottle:
         *,
         limit: int = 10,
         window_s: float = 900.0,
+        source_limit: int = 100,
     ) -> None:
-        if limit < 0 or window_s <= 0:
+        if limit < 0 or source_limit < 0 or window_s <= 0:
             raise ConfigurationError(
-                f"sign-in limit {limit} within {window_s} s: the limit must be 0 (none) or more, "
-                "the window positive"
+                f"sign-in limit {limit} per name and {source_limit} per source within {window_s} "
+                "s: each limit must be 0 (none) or more, the window positive"
             )
         self.failures = failures
         self._key = hmac.new(key, b"milpa sign-in buckets", hashlib.sha256).digest()
+        self._source_key = hmac.new(key, b"milpa sign-in sources", hashlib.sha256).digest()
         self.limit = limit
         self.window_s = window_s
+        self.source_limit = source_limit
 
     def bucket(self, username: str) -> str:
         """Where a name's attempts are counted."""
         digest = hmac.new(self._key, username.encode(), hashlib.sha256).digest()
         return f"{int.from_bytes(digest[:4], 'big') % BUCKETS:04x}"
+
+    def source_bucket(self, host: str) -> str:
+        """Where a client address's attempts are counted (`source_of` it)."""
+        digest = hmac.new(self._source_key, source_of(host).encode(), hashlib.sha256).digest()
+        return f"{SOURCE_PREFIX}{digest[:8].hex()}"
+
+    def attempt_from(self, host: str | None) -> float:
+        """Count an attempt from this client address (before its name's): 0 if it may go on,
+        else the seconds until it may try again. Without an address (a Unix socket's peer)
+        there is nothing to count."""
+        if not self.source_limit or not host:
+            return 0.0
+        return self.failures.attempt(self.source_bucket(host), self.source_limit, self.window_s)
 
     def attempt(self, username: str) -> float:
         """Count an attempt of this name: 0 if its password may be checked, else the seconds
@@ -332,7 +375,7 @@ class SignInThrottle:
         return self.failures.attempt(self.bucket(username), self.limit, self.window_s)
 
     def succeeded(self, username: str) -> None:
-        """The operator signed in: their count starts again."""
+        """The operator signed in: their name's count starts again (not their address's)."""
         if self.limit:
             self.failures.cleared(self.bucket(username))
 

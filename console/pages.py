@@ -1,8 +1,9 @@
 """The server-rendered pages: sign-in, the fleet overview, the inbox and a session.
 
-Forms post to the page routes with the session's CSRF token in a hidden `csrf` field; each act
-redirects back (303) with a flash message saying what happened or what went wrong. The store's
-blocking calls run in the thread pool.
+Forms post to the page routes with the session's CSRF token in a hidden `csrf` field; a form is
+checked with the API's own limits (`console.inputs`), and each act redirects back (303) with a
+flash message saying what happened or what went wrong. The store's blocking calls run in the
+thread pool.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ from console import service
 from console.auth import LOGIN_COOKIE, SESSION_COOKIE, Identity, csrf_matches
 from console.charts import pauses_chart, reason_classes, tta_chart
 from console.guards import PageCaller, identify, safe_next
+from console.inputs import (
+    Act,
+    AnswerRequest,
+    EndRequest,
+    ModeRequest,
+    OperationRequest,
+    validated,
+)
 from console.problems import detail_of
 from console.runtime import Runtime, runtime
-from schemas.errors import InvalidCall, MilpaError, UnknownSessionError
+from schemas.errors import MilpaError, UnknownSessionError
 from session_model.modes import Mode
 from session_model.projection import Position
 
@@ -140,18 +149,15 @@ async def login(request: Request) -> Response:
         await asyncio.sleep(rt.settings.console_login_delay)
         return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
     throttle = rt.throttle
+    host = request.client.host if request.client is not None else None
+    wait_s = await run_in_threadpool(throttle.attempt_from, host)  # the address's count first
+    if wait_s > 0:  # neither the name's count nor the password is touched
+        log.warning("sign-in from %s refused: too many attempts (%.0f s left)", host, wait_s)
+        return _too_many(request, next_path, "Too many sign-ins from this address", wait_s)
     wait_s = await run_in_threadpool(throttle.attempt, username)  # counted before the check
     if wait_s > 0:  # the password is not even checked
-        minutes = max(1, math.ceil(wait_s / 60))
         log.warning("sign-in of %r refused: too many failures (%.0f s left)", username, wait_s)
-        refused = _login_page(
-            request,
-            next_path,
-            f"Too many failed sign-ins with this name: try again in {minutes} minute(s).",
-            429,
-        )
-        refused.headers["Retry-After"] = str(math.ceil(wait_s))
-        return refused
+        return _too_many(request, next_path, "Too many failed sign-ins with this name", wait_s)
     ok = await run_in_threadpool(rt.passwords.verify, username, password)
     if not ok:
         await asyncio.sleep(rt.settings.console_login_delay)  # slows down guessing
@@ -162,6 +168,14 @@ async def login(request: Request) -> Response:
     _set_cookie(request, response, SESSION_COOKIE, value, rt.cookies.session_seconds)
     response.delete_cookie(LOGIN_COOKIE, path="/")
     return response
+
+
+def _too_many(request: Request, next_path: str, what: str, wait_s: float) -> Response:
+    """The sign-in form again, 429 with `Retry-After`: `what`, and when to try again."""
+    minutes = max(1, math.ceil(wait_s / 60))
+    refused = _login_page(request, next_path, f"{what}: try again in {minutes} minute(s).", 429)
+    refused.headers["Retry-After"] = str(math.ceil(wait_s))
+    return refused
 
 
 @router.post("/logout")
@@ -260,20 +274,35 @@ async def session_page(request: Request, caller: PageCaller, session_id: str) ->
 # -- acting ----------------------------------------------------------------------------------------
 
 
+def form_input(model: type[Act], form: FormData) -> Act:
+    """A form's fields as `model`, under the API's very limits (`console.inputs.validated`): a
+    required field left out is empty, an optional one left empty is absent."""
+    data: dict[str, object] = {}
+    for name, info in model.model_fields.items():
+        value = _field(form, name)
+        if value or info.is_required():
+            data[name] = value
+    return validated(model, data)
+
+
 async def _act(
     request: Request,
     session_id: str,
-    act: Callable[[Runtime, FormData], Position],
-    done: Callable[[FormData], str],
+    model: type[Act],
+    act: Callable[[Runtime, Act], Position],
+    done: Callable[[Act], str],
 ) -> Response:
+    """Check the form as the API checks its body, act, and go back saying what happened (a
+    refused input, like a refused act, is a flash error: `invalid_request`)."""
     rt = runtime(request)
     form = await request.form()
     to = session_path(session_id)
     try:
-        position = await run_in_threadpool(act, rt, form)
+        body = form_input(model, form)
+        position = await run_in_threadpool(act, rt, body)
     except MilpaError as e:
         return back(request, to, "error", f"Not done ({e.code}): {detail_of(e)}")
-    return back(request, to, "ok", f"{done(form)} (appended at {position}).")
+    return back(request, to, "ok", f"{done(body)} (appended at {position}).")
 
 
 @router.post("/sessions/{session_id}/answer")
@@ -282,27 +311,18 @@ async def answer(request: Request, caller: PageCaller, session_id: str) -> Respo
     return await _act(
         request,
         session_id,
-        lambda rt, f: service.answer(
+        AnswerRequest,
+        lambda rt, b: service.answer(
             rt,
             caller,
             session_id,
-            question_id=_field(f, "question_id"),
-            answer=_field(f, "answer"),
-            confirm=_field(f, "confirm") or None,
-            asked_seq=_asked_seq(f),
+            question_id=b.question_id,
+            answer=b.answer,
+            confirm=b.confirm,
+            asked_seq=b.asked_seq,
         ),
-        lambda f: f"Answered «{_field(f, 'answer')}» as {caller.principal.id}",
+        lambda b: f"Answered «{b.answer}» as {caller.principal.id}",
     )
-
-
-def _asked_seq(form: Any) -> int | None:
-    """The asking the page showed (its hidden field), None when absent."""
-    text = _field(form, "asked_seq")
-    if not text:
-        return None
-    if not text.isdecimal() or len(text) > 18:
-        raise InvalidCall(f"asked_seq {text[:40]!r} is not a question's seq")
-    return int(text)
 
 
 @router.post("/sessions/{session_id}/grant")
@@ -311,8 +331,9 @@ async def grant(request: Request, caller: PageCaller, session_id: str) -> Respon
     return await _act(
         request,
         session_id,
-        lambda rt, f: service.grant(rt, caller, session_id, _field(f, "operation")),
-        lambda f: f"Granted «{_field(f, 'operation').strip()}»",
+        OperationRequest,
+        lambda rt, b: service.grant(rt, caller, session_id, b.operation),
+        lambda b: f"Granted «{b.operation.strip()}»",
     )
 
 
@@ -322,8 +343,9 @@ async def revoke(request: Request, caller: PageCaller, session_id: str) -> Respo
     return await _act(
         request,
         session_id,
-        lambda rt, f: service.revoke(rt, caller, session_id, _field(f, "operation")),
-        lambda f: f"Revoked «{_field(f, 'operation').strip()}»",
+        OperationRequest,
+        lambda rt, b: service.revoke(rt, caller, session_id, b.operation),
+        lambda b: f"Revoked «{b.operation.strip()}»",
     )
 
 
@@ -333,8 +355,9 @@ async def mode(request: Request, caller: PageCaller, session_id: str) -> Respons
     return await _act(
         request,
         session_id,
-        lambda rt, f: service.set_mode(rt, caller, session_id, _field(f, "mode")),
-        lambda f: f"Mode set to {_field(f, 'mode').strip()}",
+        ModeRequest,
+        lambda rt, b: service.set_mode(rt, caller, session_id, b.mode.value),
+        lambda b: f"Mode set to {b.mode.value}",
     )
 
 
@@ -344,6 +367,7 @@ async def end(request: Request, caller: PageCaller, session_id: str) -> Response
     return await _act(
         request,
         session_id,
-        lambda rt, f: service.end(rt, caller, session_id, _field(f, "because")),
-        lambda f: "Session ended",
+        EndRequest,
+        lambda rt, b: service.end(rt, caller, session_id, b.because),
+        lambda b: "Session ended",
     )

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from console.inputs import error_detail, error_lines
 from schemas.errors import (
     BackendError,
     EncodeError,
@@ -115,11 +116,8 @@ async def _on_milpa(request: Request, exc: Exception) -> Response:
 
 async def _on_validation(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    errors = [
-        {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")}
-        for e in exc.errors()
-    ]
-    detail = "; ".join(f"{e['where']}: {e['problem']}" for e in errors) or "invalid request"
+    errors = error_lines(exc.errors())
+    detail = error_detail(errors)
     return problem_response(422, "invalid_request", detail, {"errors": errors})
 
 

@@ -34,3 +34,8 @@ class WebConsoleSettings(WriterSettings):
     # that are no operator's share one count. 0: no limit.
     console_login_attempts: int = 10
     console_login_window_s: float = 900.0
+    # Sign-in attempts from one client address (the TCP peer's: X-Forwarded-For is not trusted;
+    # an IPv6 address counts by its /64) within console_login_window_s seconds, successful or
+    # not, counted before the name's: past it, that address is refused unchecked until the
+    # window ends. Behind a reverse proxy every client shares the proxy's address. 0: no limit.
+    console_login_source_attempts: int = 100

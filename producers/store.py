@@ -332,7 +332,10 @@ class SessionStore:
         """Answer the open question; a verified principal is signed with this store's key.
 
         `grant`: an operation to grant (signed) right before the answer, once the answer's checks
-        passed (a yes to «Allow X?»: the agent relies on the grant when it reads the yes).
+        passed (a yes to «Allow X?»: the agent relies on the grant when it reads the yes). The
+        grant is an act of its own: should the answer still be refused by the fold (the agent
+        re-asked the same id between this read and the append), the operation stays granted,
+        as the operator who said yes to it decided; a late yes grants nothing.
 
         `may_relax=False` (a caller that may not make a session less supervised): an answer that
         would (`Question.relaxed_by`: a signature question's, a yes to a permission question) is
@@ -384,7 +387,8 @@ class SessionStore:
         if grant is not None:
             if not may_relax:
                 raise UnauthorizedError(f"granting {grant!r} is an operator's act")
-            self.grant(session_id, grant)
+            if not (self.checks and session.ended):  # a late yes grants nothing
+                self.grant(session_id, grant)
         event_id = self._new_id()
         payload: dict[str, Any] = {
             "question_id": question_id,

@@ -112,8 +112,9 @@ class Keys:
         return f"{self.prefix}:console:signed-out:{session_id}"
 
     def sign_in_failures(self, bucket: str) -> str:
-        """String counter with a TTL: console sign-in attempts of one bucket of names
-        (`projections.sign_ins`); `bucket` comes from a keyed hash, never the name."""
+        """String counter with a TTL: console sign-in attempts of one bucket of names, or of one
+        client address (`src-…`) (`projections.sign_ins`); `bucket` comes from a keyed hash,
+        never the name or the address."""
         return f"{self.prefix}:console:sign-in-failures:{bucket}"
 
     def rebuild_lease(self) -> str:

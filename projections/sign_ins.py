@@ -1,5 +1,6 @@
 """The console's sign-in attempts in Redis, so that every replica (and a restarted one) counts the
-same attempts per name: one counter per bucket of names, expiring with its window."""
+same attempts per name and per client address: one counter per bucket (of names, or an address's:
+`src-<keyed hash>`), expiring with its window."""
 
 from __future__ import annotations
 

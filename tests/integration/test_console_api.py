@@ -55,7 +55,8 @@ def test_the_inbox_lists_what_waits_by_deadline_for_a_bearer_token(
         one = client.get(f"/api/v1/sessions/{later}", headers=headers).json()
         assert one["question"]["id"] == "q1" and one["status"] == "waiting"
         assert client.get("/api/v1/questions?after=garbage", headers=headers).status_code == 422
-        assert client.get("/openapi.json").json()["paths"]["/api/v1/questions"]
+        assert client.get("/openapi.json", headers=headers).json()["paths"]["/api/v1/questions"]
+        assert client.get("/openapi.json").status_code == 401
 
 
 def test_unauthenticated_and_csrf_less_writes_are_refused_and_append_nothing(

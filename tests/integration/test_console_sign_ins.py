@@ -1,4 +1,5 @@
-"""Console sign-in attempts counted in Redis: every replica refuses a name after its limit."""
+"""Console sign-in attempts counted in Redis: every replica refuses a name, and a client address,
+after its limit."""
 
 from __future__ import annotations
 
@@ -78,6 +79,45 @@ def test_two_replicas_refuse_the_same_name(settings: Settings, client: SyncClien
         k.decode() for k in client.scan_iter(match=settings.redis_keys().sign_in_failures("*"))
     ]
     assert found and not any("alice" in k or "bob" in k for k in found)
+
+
+def test_an_address_is_refused_past_its_limit_whatever_the_names(
+    failures: SignInFailures,
+) -> None:
+    throttle = SignInThrottle(failures, b"s" * 32, limit=2, window_s=60, source_limit=3)
+    assert [throttle.attempt_from("192.0.2.7") for _ in range(3)] == [0.0] * 3
+    assert 59 < throttle.attempt_from("192.0.2.7") <= 60
+    assert throttle.attempt_from("192.0.2.8") == 0  # another address's count is its own
+    assert throttle.attempt_from("2001:db8::1") == 0
+    assert throttle.attempt("alice") == 0  # and so is every name's
+    throttle.succeeded("alice")  # a success clears the name's count, not the address's
+    assert throttle.attempt_from("192.0.2.7") > 0
+    assert [throttle.attempt_from("2001:db8::2") for _ in range(2)] == [0.0] * 2  # one /64
+    assert throttle.attempt_from("2001:db8::3") > 0
+
+
+def test_two_replicas_refuse_the_same_address_by_a_key_that_does_not_name_it(
+    settings: Settings, client: SyncClient
+) -> None:
+    other = settings.redis_sync()
+    keys = settings.redis_keys()
+    try:
+        one = SignInThrottle(
+            RedisSignInFailures(client, keys), b"s" * 32, window_s=60, source_limit=2
+        )
+        two = SignInThrottle(
+            RedisSignInFailures(other, keys), b"s" * 32, window_s=60, source_limit=2
+        )
+        assert one.attempt_from("198.51.100.4") == 0 and two.attempt_from("198.51.100.4") == 0
+        assert 59 < one.attempt_from("198.51.100.4") <= 60
+        assert two.attempt_from("198.51.100.4") > 0
+        assert two.attempt_from("198.51.100.5") == 0
+    finally:
+        other.close()
+    key = keys.sign_in_failures(one.source_bucket("198.51.100.4"))
+    assert client.get(key) == b"4" and 59_000 < client.pttl(key) <= 60_000
+    found = [k.decode() for k in client.scan_iter(match=keys.sign_in_failures("*"))]
+    assert key in found and not any("198.51" in k for k in found)
 
 
 def test_redis_away_is_a_projection_error(settings: Settings) -> None:

@@ -25,6 +25,7 @@ from tests.unit.console.conftest import (
     make_app,
     page_csrf,
     seed,
+    sign_in,
 )
 
 
@@ -271,6 +272,27 @@ def test_a_yes_to_a_permission_question_asked_again_after_the_consoles_read_gran
     assert not store.load("s-a").allows("rm")
 
 
+def test_a_yes_that_turns_late_between_the_consoles_read_and_the_stores_grants_nothing(
+    operator: TestClient, store: SessionStore
+) -> None:
+    """The console read «Allow rm?» open; its window closed before the store's read: the late
+    yes is on record (409 late_answer) and no grant goes with it."""
+    store.start("s-l", "g")
+    store.ask("s-l", Question("perm:rm", "Allow «rm»?", ("yes", "no"), "{}", at(1), "permission"))
+    shown = store.load("s-l")
+    assert store.expire_if_due("s-l", NOW + timedelta(seconds=5))
+    _first_read_stale(store, "s-l", shown)
+    before = _records(store)
+    response = operator.post(
+        "/api/v1/sessions/s-l/answer",
+        json={"question_id": "perm:rm", "answer": "yes"},
+        headers={"X-CSRF-Token": page_csrf(operator)},
+    )
+    assert response.status_code == 409 and response.json()["code"] == "late_answer"
+    assert _records(store) == before + 1  # the late answer, for the record; no grant
+    assert not store.load("s-l").allows("rm")
+
+
 def test_the_store_refuses_an_answer_to_another_asking(store: SessionStore) -> None:
     seed(store)
     asked = store.load("s-a").question
@@ -514,9 +536,24 @@ def test_without_an_operator_key_authority_is_refused_403(settings: object) -> N
 
 
 def test_the_openapi_document_is_served_but_no_cdn_backed_ui(client: TestClient) -> None:
-    doc = client.get("/openapi.json").json()
+    doc = client.get("/openapi.json", headers=BEARER).json()
     assert "/api/v1/questions" in doc["paths"]
     assert "post" in doc["paths"]["/api/v1/sessions/{session_id}/answer"]
     assert "/login" not in doc["paths"]  # the pages are not part of the API
+    assert "/openapi.json" not in doc["paths"]
+    assert doc["components"]["schemas"]["AnswerRequest"]["properties"]["answer"]["maxLength"]
     assert client.get("/docs").status_code == 404
     assert client.get("/redoc").status_code == 404
+
+
+def test_the_openapi_document_needs_the_api_s_authentication(client: TestClient) -> None:
+    refused = client.get("/openapi.json")
+    assert refused.status_code == 401
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    assert refused.json()["code"] == "unauthenticated"
+    assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+    wrong = client.get("/openapi.json", headers={"Authorization": "Bearer not-a-token"})
+    assert wrong.status_code == 401
+    assert client.get("/openapi.json", headers=BRIDGE).status_code == 200  # any API caller
+    assert sign_in(client).status_code == 303
+    assert "/api/v1/fleet" in client.get("/openapi.json").json()["paths"]  # an operator's cookie

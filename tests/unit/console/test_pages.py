@@ -5,9 +5,13 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+import pytest
 from fastapi.testclient import TestClient
+from starlette.datastructures import FormData
 
 from console.app import pattern_literal
+from console.inputs import AnswerRequest, InvalidInputError, OperationRequest
+from console.pages import form_input
 from producers.store import SessionStore
 from session_model.principal import Principal
 from session_model.session import Question
@@ -224,3 +228,52 @@ def test_the_confirmation_pattern_matches_only_the_operation_name() -> None:
     assert pattern_literal("rm-rf(all)") == "rm-rf\\(all\\)"  # `-` stays: \\- is an error
     assert re.fullmatch(pattern_literal("a.b*c"), "a.b*c")
     assert not re.fullmatch(pattern_literal("a.b"), "axb")
+
+
+_LONG_NAME, _LONG_TEXT = "r" * 513, "x" * 65_537  # one past the API's limits
+
+
+@pytest.mark.parametrize(
+    ("act", "form"),
+    [
+        ("answer", {"question_id": "free", "answer": _LONG_TEXT}),
+        ("answer", {"question_id": "free", "answer": "ok", "confirm": _LONG_NAME}),
+        ("answer", {"question_id": "q" * 513, "answer": "ok"}),
+        ("answer", {"question_id": "free", "answer": "ok", "asked_seq": "9" * 30}),
+        ("answer", {"question_id": "free", "answer": "ok", "asked_seq": "0"}),
+        ("answer", {"question_id": "free", "answer": "ok", "asked_seq": "x1"}),
+        ("grant", {"operation": "rm\x00"}),
+        ("grant", {"operation": "rm\x1b[2J"}),
+        ("grant", {"operation": _LONG_NAME}),
+        ("revoke", {"operation": _LONG_NAME}),
+        ("revoke", {"operation": "a\tb"}),
+        ("mode", {"mode": "anything-goes"}),
+        ("end", {"because": _LONG_TEXT}),
+    ],
+)
+def test_a_form_the_api_would_refuse_is_not_done_and_appends_nothing(
+    operator: TestClient, store: SessionStore, act: str, form: dict[str, str]
+) -> None:
+    store.start("s1", "g")
+    store.grant("s1", _LONG_NAME)  # (so that revoking it would append something)
+    store.ask("s1", Question("free", "Anything to add?", (), None, at(600), None))
+    before = len(store.log.records)  # type: ignore[attr-defined]
+    response = operator.post(
+        f"/sessions/s1/{act}", data={**form, "csrf": page_csrf(operator)}, follow_redirects=False
+    )
+    assert response.status_code == 303 and response.headers["location"] == "/sessions/s1"
+    page = operator.get("/sessions/s1").text
+    assert re.search(r'class="flash error"[^>]*>Not done \(invalid_request\): ', page)
+    assert len(store.log.records) == before  # type: ignore[attr-defined]
+
+
+def test_the_pages_check_a_form_with_the_api_s_own_models() -> None:
+    # One set of limits: what the API's bodies refuse, a form is refused for (even what no
+    # browser sends, such as a lone surrogate).
+    with pytest.raises(InvalidInputError, match="answer: "):
+        form_input(AnswerRequest, FormData({"question_id": "free", "answer": "\udc80"}))
+    with pytest.raises(InvalidInputError, match="question_id: "):
+        form_input(AnswerRequest, FormData({"answer": "ok"}))  # a required field left out
+    body = form_input(AnswerRequest, FormData({"question_id": "q", "answer": "", "confirm": ""}))
+    assert (body.answer, body.confirm, body.asked_seq) == ("", None, None)
+    assert form_input(OperationRequest, FormData({"operation": "deploy"})).operation == "deploy"

@@ -1,13 +1,21 @@
-"""Sign-in attempts per name: after the limit, refused unchecked until the window ends."""
+"""Sign-in attempts per client address and per name: after the limit, refused unchecked until the
+window ends."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
 
-from console.auth import BUCKETS, SESSION_COOKIE, MemorySignInFailures, SignInThrottle
+from console.auth import (
+    BUCKETS,
+    SESSION_COOKIE,
+    MemorySignInFailures,
+    SignInThrottle,
+    source_of,
+)
 from console.runtime import Runtime
 from console.settings import WebConsoleSettings
 from producers.store import SessionStore
@@ -29,12 +37,19 @@ def _console(
     store: SessionStore,
     settings: WebConsoleSettings,
     failures: MemorySignInFailures,
+    *,
+    source_limit: int = 100,
 ) -> tuple[TestClient, list[tuple[str, int]]]:
     """A console counting attempts in `failures`; the names whose passwords it checked, each
     with its bucket's count at that moment."""
     app = make_app(
         store,
-        replace(settings, console_login_attempts=LIMIT, console_login_window_s=WINDOW_S),
+        replace(
+            settings,
+            console_login_attempts=LIMIT,
+            console_login_window_s=WINDOW_S,
+            console_login_source_attempts=source_limit,
+        ),
         sign_in_failures=failures,
     )
     rt: Runtime = app.state.console
@@ -107,7 +122,8 @@ def test_a_name_that_is_no_operator_is_answered_as_an_operator_s_would_be(
 
 def test_a_limit_of_zero_counts_nothing(store: SessionStore, settings: WebConsoleSettings) -> None:
     failures = MemorySignInFailures()
-    app = make_app(store, replace(settings, console_login_attempts=0), sign_in_failures=failures)
+    unlimited = replace(settings, console_login_attempts=0, console_login_source_attempts=0)
+    app = make_app(store, unlimited, sign_in_failures=failures)
     client = TestClient(app)
     for _ in range(12):
         assert sign_in(client, password="guess").status_code == 401
@@ -115,10 +131,106 @@ def test_a_limit_of_zero_counts_nothing(store: SessionStore, settings: WebConsol
     assert not failures._counts  # nothing was counted
 
 
-@pytest.mark.parametrize(("limit", "window_s"), [(-1, 60.0), (3, 0.0)])
-def test_a_meaningless_limit_is_a_configuration_error(limit: int, window_s: float) -> None:
+@pytest.mark.parametrize(
+    ("limit", "source_limit", "window_s"), [(-1, 9, 60.0), (3, -1, 60.0), (3, 9, 0.0)]
+)
+def test_a_meaningless_limit_is_a_configuration_error(
+    limit: int, source_limit: int, window_s: float
+) -> None:
     with pytest.raises(ConfigurationError, match="sign-in limit"):
-        SignInThrottle(MemorySignInFailures(), b"k" * 32, limit=limit, window_s=window_s)
+        SignInThrottle(
+            MemorySignInFailures(),
+            b"k" * 32,
+            limit=limit,
+            window_s=window_s,
+            source_limit=source_limit,
+        )
+
+
+def test_a_meaningless_source_limit_setting_stops_the_console(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    parsed = WebConsoleSettings.from_env({"MILPA_CONSOLE_LOGIN_SOURCE_ATTEMPTS": "7"})
+    assert parsed.console_login_source_attempts == 7
+    assert WebConsoleSettings().console_login_source_attempts == 100
+    with pytest.raises(ConfigurationError, match="MILPA_CONSOLE_LOGIN_SOURCE_ATTEMPTS"):
+        WebConsoleSettings.from_env({"MILPA_CONSOLE_LOGIN_SOURCE_ATTEMPTS": "many"})
+    with pytest.raises(ConfigurationError, match="-1 per source"):
+        make_app(store, replace(settings, console_login_source_attempts=-1))
+
+
+SOURCE_LIMIT = 5
+
+
+def test_after_the_source_limit_an_address_is_refused_unchecked_whatever_the_name(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    clock = _Clock()
+    failures = MemorySignInFailures(clock=clock)
+    client, checked = _console(store, settings, failures, source_limit=SOURCE_LIMIT)
+    for n in range(SOURCE_LIMIT):  # a name each: no name's limit is reached
+        assert sign_in(client, username=f"name{n}", password="guess").status_code == 401
+    names = dict(failures._counts)
+    refused = sign_in(client)  # alice, the right password, from the same address
+    assert refused.status_code == 429
+    assert "Too many sign-ins from this address" in refused.text
+    assert "10 minute(s)" in refused.text and refused.headers["Retry-After"] == "600"
+    assert SESSION_COOKIE not in refused.cookies
+    assert len(checked) == SOURCE_LIMIT  # alice's password was not checked
+    rt: Runtime = client.app.state.console  # type: ignore[attr-defined]
+    assert rt.throttle.bucket("alice") not in failures._counts  # nor her name counted
+    assert sign_in(client, username="name0", password="guess").status_code == 429
+    assert {b: c for b, c in failures._counts.items() if not b.startswith("src-")} == {
+        b: c for b, c in names.items() if not b.startswith("src-")
+    }
+    elsewhere = TestClient(client.app, client=("192.0.2.7", 50000))  # another address
+    assert sign_in(elsewhere).status_code == 303
+    clock.now += WINDOW_S + 1
+    assert sign_in(client).status_code == 303
+
+
+def test_a_success_does_not_start_the_address_s_count_again(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    # Else one operator's own password would buy its holder more guesses at others'.
+    client, checked = _console(store, settings, MemorySignInFailures(), source_limit=SOURCE_LIMIT)
+    for _ in range(SOURCE_LIMIT // 2):
+        assert sign_in(client, username="bob", password="guess").status_code == 401
+        assert sign_in(client).status_code == 303
+        client.cookies.clear()  # signed out (by dropping the cookie)
+    assert sign_in(client, username="bob", password="guess").status_code == 401
+    assert sign_in(client).status_code == 429
+    assert len(checked) == SOURCE_LIMIT
+
+
+def test_a_source_limit_of_zero_leaves_the_name_s_limit(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    failures = MemorySignInFailures()
+    client, checked = _console(store, settings, failures, source_limit=0)
+    for n in range(3 * LIMIT):
+        assert sign_in(client, username=f"name{n}", password="guess").status_code == 401
+    assert len(checked) == 3 * LIMIT
+    assert not [b for b in failures._counts if b.startswith("src-")]
+    for _ in range(LIMIT):
+        sign_in(client, password="guess")
+    assert sign_in(client).status_code == 429  # the name's limit still holds
+
+
+def test_addresses_are_counted_by_a_keyed_hash_an_ipv6_one_by_its_64() -> None:
+    one = SignInThrottle(MemorySignInFailures(), b"a" * 32)
+    other = SignInThrottle(MemorySignInFailures(), b"b" * 32)  # another console secret
+    bucket = one.source_bucket("192.0.2.7")
+    assert re.fullmatch(r"src-[0-9a-f]{16}", bucket) and "192" not in bucket
+    assert bucket == one.source_bucket("::ffff:192.0.2.7")  # IPv4-mapped: the same client
+    assert bucket != other.source_bucket("192.0.2.7")
+    assert bucket != one.source_bucket("192.0.2.8")
+    assert one.source_bucket("2001:db8:1:2::1") == one.source_bucket("2001:db8:1:2:ffff::9")
+    assert one.source_bucket("2001:db8:1:2::1") != one.source_bucket("2001:db8:1:3::1")
+    assert source_of("2001:db8:1:2:3:4:5:6") == "20010db800010002::/64"
+    assert source_of("testclient") == "testclient"
+    assert one.source_bucket("alice") != one.bucket("alice")
+    assert one.attempt_from(None) == 0 and not one.failures._counts  # type: ignore[attr-defined]
 
 
 def test_buckets_come_from_a_keyed_hash_of_the_name() -> None:
