@@ -705,12 +705,14 @@ def test_a_redelivered_batch_changes_nothing_and_publishes_its_decisions_again(
 
 @dataclass
 class FailingSink(RecordingSink):
-    """Refuses every publish: the worker fails after its Redis commit, before any decision left."""
+    """Refuses every publish as a stopped producer does: the worker stops after its Redis commit,
+    before any decision left (as when it is stopped, or dies, mid-batch; a refusal that may pass
+    would be retried instead)."""
 
     async def publish(
         self, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
     ) -> None:
-        raise LogError("broker unreachable")
+        raise ProducerStoppedError("the producer to the broker was stopped")
 
 
 def test_decisions_lost_between_the_commit_and_the_publish_are_published_after_a_restart(
