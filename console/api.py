@@ -15,7 +15,13 @@ from pydantic import BaseModel
 
 from console import service
 from console.guards import ApiCaller
-from console.inputs import AnswerRequest, EndRequest, ModeRequest, OperationRequest
+from console.inputs import (
+    AnswerRequest,
+    EndRequest,
+    ModeRequest,
+    OperationRequest,
+    RevokeRequest,
+)
 from console.live import event_stream
 from console.problems import Problem
 from console.runtime import runtime
@@ -105,9 +111,7 @@ def grant(caller: ApiCaller, request: Request, session_id: str, body: OperationR
 
 
 @router.post("/sessions/{session_id}/revoke", status_code=202)
-def revoke(
-    caller: ApiCaller, request: Request, session_id: str, body: OperationRequest
-) -> Accepted:
+def revoke(caller: ApiCaller, request: Request, session_id: str, body: RevokeRequest) -> Accepted:
     """Revoke a granted operation."""
     position = service.revoke(runtime(request), caller, session_id, body.operation)
     return Accepted(position=str(position))

@@ -7,6 +7,7 @@ reported like any refused act). One set of limits: every text one an event can c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -50,10 +51,28 @@ class AnswerRequest(ActRequest):
     asked_seq: int | None = Field(default=None, ge=1, le=2**63 - 1)
 
 
-class OperationRequest(ActRequest):
-    """An operation to grant or revoke (a name: no control characters)."""
+# An operation's name: no C0 or C1 control characters, no bidirectional overrides or marks
+# (a name that reads as another on a page or in a log).
+OPERATION_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]+$"
+_OPERATION = re.compile(OPERATION_PATTERN)
 
-    operation: str = Field(min_length=1, max_length=NAME_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$")
+
+def is_operation_name(name: str) -> bool:
+    """Whether `name` may be granted (what `OperationRequest` accepts)."""
+    return 0 < len(name) <= NAME_CHARS and _OPERATION.match(name) is not None
+
+
+class OperationRequest(ActRequest):
+    """An operation to grant (a name: no control or bidirectional formatting characters)."""
+
+    operation: str = Field(min_length=1, max_length=NAME_CHARS, pattern=OPERATION_PATTERN)
+
+
+class RevokeRequest(ActRequest):
+    """An operation to revoke: any granted name, whatever it holds (taking a permission away is
+    never refused for the name's form; a grant made before the limits may hold anything)."""
+
+    operation: str = Field(min_length=1, max_length=TEXT_CHARS)
 
 
 class ModeRequest(ActRequest):

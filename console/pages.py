@@ -31,6 +31,7 @@ from console.inputs import (
     EndRequest,
     ModeRequest,
     OperationRequest,
+    RevokeRequest,
     validated,
 )
 from console.problems import detail_of
@@ -81,9 +82,14 @@ def render(
     return response
 
 
+FLASH_CHARS = 400  # a flash rides in a cookie: browsers drop one over ~4 KB (and proxies 502)
+
+
 def back(request: Request, to: str, kind: str, text: str) -> Response:
-    """A 303 to `to` that shows `text` there once."""
+    """A 303 to `to` that shows `text` there once (its first `FLASH_CHARS` characters)."""
     response = RedirectResponse(to, status_code=303)
+    if len(text) > FLASH_CHARS:
+        text = text[: FLASH_CHARS - 1] + "…"
     flash = runtime(request).cookies.dumps({"kind": kind, "text": text}, "flash")
     _set_cookie(request, response, FLASH_COOKIE, flash, _FLASH_SECONDS)
     return response
@@ -343,7 +349,7 @@ async def revoke(request: Request, caller: PageCaller, session_id: str) -> Respo
     return await _act(
         request,
         session_id,
-        OperationRequest,
+        RevokeRequest,
         lambda rt, b: service.revoke(rt, caller, session_id, b.operation),
         lambda b: f"Revoked «{b.operation.strip()}»",
     )

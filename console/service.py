@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from console.auth import Identity
+from console.inputs import is_operation_name
 from console.runtime import Runtime
 from console.views import (
     SIGNATURE,
@@ -211,14 +212,17 @@ def grantable(question_id: str, reason: str | None, options: Sequence[str]) -> s
     Only a `perm:<op>` question with exactly the options `permission_question` gives: whoever
     asks (the agent) chooses a question's options, and the console signs the grant, so an option
     list reordered or relabelled ("No, keep waiting" first) must not turn a refusal into a signed
-    grant. The operator grants such an operation explicitly, if at all.
+    grant. The operator grants such an operation explicitly, if at all. Nor does a "yes" grant a
+    name the grant act itself refuses (control or bidirectional formatting characters, over
+    long): the asker chose it.
     """
     if (
         reason == "permission"
         and question_id.startswith("perm:")
         and tuple(options) == PERMISSION_OPTIONS
+        and is_operation_name(operation := question_id.removeprefix("perm:"))
     ):
-        return question_id.removeprefix("perm:")
+        return operation
     return None
 
 

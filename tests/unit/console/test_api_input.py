@@ -33,7 +33,9 @@ def free_question(store: SessionStore) -> SessionStore:
         ("answer", '{"question_id":"free","answer":"ok","asked_seq":' + "9" * 30 + "}"),
         ("grant", '{"operation":"rm\\u0000\\n"}'),
         ("grant", '{"operation":"' + "r" * 600 + '"}'),
-        ("revoke", '{"operation":"' + "r" * 10_000 + '"}'),
+        ("grant", '{"operation":"rm\u0085x"}'),  # a C1 control character
+        ("grant", '{"operation":"rm\u202etxt.exe"}'),  # a bidirectional override
+        ("revoke", '{"operation":"' + "r" * 70_000 + '"}'),
         ("end", '{"because":"' + "b" * 70_000 + '"}'),
     ],
 )

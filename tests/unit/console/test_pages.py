@@ -245,8 +245,8 @@ _LONG_NAME, _LONG_TEXT = "r" * 513, "x" * 65_537  # one past the API's limits
         ("grant", {"operation": "rm\x00"}),
         ("grant", {"operation": "rm\x1b[2J"}),
         ("grant", {"operation": _LONG_NAME}),
-        ("revoke", {"operation": _LONG_NAME}),
-        ("revoke", {"operation": "a\tb"}),
+        ("grant", {"operation": "rm\u202etxt"}),
+        ("revoke", {"operation": _LONG_TEXT}),
         ("mode", {"mode": "anything-goes"}),
         ("end", {"because": _LONG_TEXT}),
     ],
@@ -265,6 +265,59 @@ def test_a_form_the_api_would_refuse_is_not_done_and_appends_nothing(
     page = operator.get("/sessions/s1").text
     assert re.search(r'class="flash error"[^>]*>Not done \(invalid_request\): ', page)
     assert len(store.log.records) == before  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", [_LONG_NAME, "a\tb", "rm\x1b[2J"])
+def test_any_granted_name_can_be_revoked_from_the_page(
+    operator: TestClient, store: SessionStore, name: str
+) -> None:
+    """Taking a permission away is never refused for its name's form (a grant made before the
+    limits, or with a writer of its own, may hold anything)."""
+    store.start("s1", "g")
+    store.grant("s1", name)
+    assert store.load("s1").allows(name)
+    response = operator.post(
+        "/sessions/s1/revoke",
+        data={"operation": name, "csrf": page_csrf(operator)},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    assert not store.load("s1").allows(name)
+
+
+def test_a_yes_to_a_permission_question_naming_what_a_grant_refuses_grants_nothing(
+    operator: TestClient, store: SessionStore
+) -> None:
+    """The agent chose the question's id: a yes to «perm:rm<ESC>[2J<TAB>x» must not grant a
+    name the grant act itself refuses (and that a page would then show garbled)."""
+    store.start("s1", "g")
+    odd = "perm:rm\x1b[2J\tx"
+    store.ask("s1", Question(odd, "Allow?", ("yes", "no"), None, at(600), "permission"))
+    response = operator.post(
+        "/sessions/s1/answer",
+        data={"question_id": odd, "answer": "yes", "csrf": page_csrf(operator)},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    session = store.load("s1")
+    assert session.question is None and session.permissions == ()
+
+
+def test_a_long_answer_s_flash_is_cut_to_fit_a_cookie(
+    operator: TestClient, store: SessionStore
+) -> None:
+    store.start("s1", "g")
+    store.ask("s1", Question("free", "Anything to add?", (), None, at(600), None))
+    answer = "".join(chr(0x4E00 + i % 20_000) for i in range(20_000))  # compresses badly
+    response = operator.post(
+        "/sessions/s1/answer",
+        data={"question_id": "free", "answer": answer, "csrf": page_csrf(operator)},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    assert len(response.headers["set-cookie"]) < 4_096
+    assert store.load("s1").decisions[-1].answer == answer  # the answer itself is whole
+    assert "Answered «" + answer[:50] in operator.get("/sessions/s1").text
 
 
 def test_the_pages_check_a_form_with_the_api_s_own_models() -> None:
