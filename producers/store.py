@@ -335,7 +335,8 @@ class SessionStore:
         passed (a yes to «Allow X?»: the agent relies on the grant when it reads the yes). The
         grant is an act of its own: should the answer still be refused by the fold (the agent
         re-asked the same id between this read and the append), the operation stays granted,
-        as the operator who said yes to it decided; a late yes grants nothing.
+        as the operator who said yes to it decided; a yes this read finds late grants nothing
+        (a window that closes between this read and the append still leaves the grant).
 
         `may_relax=False` (a caller that may not make a session less supervised): an answer that
         would (`Question.relaxed_by`: a signature question's, a yes to a permission question) is
