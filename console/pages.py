@@ -282,11 +282,12 @@ async def session_page(request: Request, caller: PageCaller, session_id: str) ->
 
 def form_input(model: type[Act], form: FormData) -> Act:
     """A form's fields as `model`, under the API's very limits (`console.inputs.validated`): a
-    required field left out is empty, an optional one left empty is absent."""
+    field left out (or sent as a file) is absent, as in a JSON body; an optional one left empty
+    is absent too, a required one left empty is the empty text."""
     data: dict[str, object] = {}
     for name, info in model.model_fields.items():
-        value = _field(form, name)
-        if value or info.is_required():
+        value = form.get(name)
+        if isinstance(value, str) and (value or info.is_required()):
             data[name] = value
     return validated(model, data)
 

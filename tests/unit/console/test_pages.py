@@ -327,6 +327,8 @@ def test_the_pages_check_a_form_with_the_api_s_own_models() -> None:
         form_input(AnswerRequest, FormData({"question_id": "free", "answer": "\udc80"}))
     with pytest.raises(InvalidInputError, match="question_id: "):
         form_input(AnswerRequest, FormData({"answer": "ok"}))  # a required field left out
+    with pytest.raises(InvalidInputError, match="answer: Field required"):
+        form_input(AnswerRequest, FormData({"question_id": "q"}))  # as the API says: 422
     body = form_input(AnswerRequest, FormData({"question_id": "q", "answer": "", "confirm": ""}))
     assert (body.answer, body.confirm, body.asked_seq) == ("", None, None)
     assert form_input(OperationRequest, FormData({"operation": "deploy"})).operation == "deploy"
