@@ -25,7 +25,7 @@ from producers.decisions import decision_record
 from producers.questions import change_record
 from projections.redis_store import AsyncRedisProjectionStore
 from schemas.codec import EventCodec
-from schemas.errors import LogError, ProducerStoppedError, ProjectionError
+from schemas.errors import BackendError, LogError, ProducerStoppedError, ProjectionError
 from session_model.cycle import Folding, ProjectionCycle, Read, ReadDecisions, Steps, Write
 from session_model.fold import Kind
 from session_model.intake import WRONG_PARTITION, Intake, Refusal
@@ -94,6 +94,24 @@ _PERMANENT = (
     kafka_errors.RecordTooLargeError,
     kafka_errors.InvalidTopicError,
 )
+
+
+def _redis_retry(e: Exception, stats: WorkerStats) -> str | None:
+    """Every Redis failure is retried (what it says, counted), none other."""
+    if not isinstance(e, ProjectionError):
+        return None
+    stats.redis_retries += 1
+    return f"redis unavailable ({e})"
+
+
+def _publish_retry(e: Exception, stats: WorkerStats) -> str | None:
+    """A refused send is retried (counted) unless the producer stopped or no retry cures it."""
+    if not isinstance(e, LogError) or isinstance(e, ProducerStoppedError):
+        return None
+    if isinstance(e.__cause__, _PERMANENT):
+        return None  # a setting to fix (rights, sizes): a retry would stall the partition
+    stats.publish_retries += 1
+    return str(e)
 
 
 class ProjectionWorker:
@@ -253,19 +271,16 @@ class ProjectionWorker:
             )
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
-        delay = self.retry_initial
-        while True:
-            try:
-                self.stats.redis_round_trips += 1
-                return await call()
-            except ProjectionError as e:
-                self.stats.redis_retries += 1
-                log.error("redis unavailable (%s); retrying in %.2fs", e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry_max)
+        """A Redis call, retried until Redis answers."""
+
+        async def attempt() -> T:
+            self.stats.redis_round_trips += 1
+            return await call()
+
+        return await self._backing_off(attempt, _redis_retry)
 
     async def _publishing(self, sink: Sink, records: Sequence[OutRecord]) -> None:
-        """Publish, retried after pauses that double while the broker refuses.
+        """Publish, retried while the broker refuses for a reason that may pass.
 
         A batch's records go out after its commit and before its offsets: a failed send is sent
         again here (its decisions may then be published twice, as after a redelivery) instead of
@@ -273,18 +288,24 @@ class ProjectionWorker:
         producer (shutting down) and a refusal no retry cures (`_PERMANENT`: rights, sizes) are
         not retried: the batch stays unacknowledged and the error ends the worker.
         """
+        await self._backing_off(functools.partial(sink.publish_many, records), _publish_retry)
+
+    async def _backing_off(
+        self,
+        call: Callable[[], Awaitable[T]],
+        retry: Callable[[Exception, WorkerStats], str | None],
+    ) -> T:
+        """`call`, again after pauses that double (`retry_initial` to `retry_max`) for as long as
+        `retry` names the failure (counting it in the stats); any other failure is raised."""
         delay = self.retry_initial
         while True:
             try:
-                await sink.publish_many(records)
-                return
-            except ProducerStoppedError:
-                raise
-            except LogError as e:
-                if isinstance(e.__cause__, _PERMANENT):
-                    raise  # a setting to fix (rights, sizes): a retry would stall the partition
-                self.stats.publish_retries += 1
-                log.error("%s; retrying in %.2fs", e, delay)
+                return await call()
+            except BackendError as e:
+                what = retry(e, self.stats)
+                if what is None:
+                    raise
+                log.error("%s; retrying in %.2fs", what, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max)
 
