@@ -389,7 +389,7 @@ class SessionStore:
             if not may_relax:
                 raise UnauthorizedError(f"granting {grant!r} is an operator's act")
             if not (self.checks and session.ended):  # a late yes grants nothing
-                self.grant(session_id, grant)
+                self._granted(session_id, grant)  # judged on the read above, not read again
         event_id = self._new_id()
         payload: dict[str, Any] = {
             "question_id": question_id,
@@ -455,8 +455,12 @@ class SessionStore:
 
     def grant(self, session_id: str, operation: str) -> Position:
         """Grant one operation in this session."""
-        _nonempty(operation, "operation")
         self._live(session_id)
+        return self._granted(session_id, operation)
+
+    def _granted(self, session_id: str, operation: str) -> Position:
+        """Append the signed grant of `operation` (checks done by the caller)."""
+        _nonempty(operation, "operation")
         payload = {"operation": operation}
         return self._emit_signed(
             session_id, ev.PERMISSION_GRANTED, payload, f"granting {operation}"
