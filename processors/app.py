@@ -220,9 +220,16 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        # The batches in flight finish (Redis, decisions) before the cache is dropped.
+        # The batches in flight finish (Redis, decisions) before the cache is dropped, or are
+        # cancelled after `revoke_grace`: a rebalance waits for every member's revocation.
         async with folding:
-            await app.settle()
+            if not await app.settle_within(settings.revoke_grace):
+                worker().stats.abandoned += 1
+                log.warning(
+                    "a batch still unfinished %.1fs after its partitions were revoked (Redis or "
+                    "the broker refusing) was cancelled: its records go to their next owner",
+                    settings.revoke_grace,
+                )
             worker().forget()
         async with snapshotting_lock:  # a round under way ends first; none starts after this
             worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads

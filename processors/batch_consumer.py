@@ -21,6 +21,7 @@ integration tests check commits, redelivery and rebalances against a real broker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
@@ -143,9 +144,38 @@ class BatchConsumer(faust_aiokafka.Consumer):
         if in_flight is None:
             return
         try:
-            await in_flight
+            # Shielded: a cancelled waiter (the fetch loop stopping) leaves the batch to finish.
+            await asyncio.shield(in_flight)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if not in_flight.cancelled() or (me is not None and me.cancelling()):
+                raise
+            # Cancelled by a revocation (`settle_within`): nothing left to wait for.
         finally:
-            if self._in_flight is in_flight:
+            if self._in_flight is in_flight and in_flight.done():
+                self._in_flight = None
+
+    async def settle_within(self, timeout: float) -> bool:
+        """Wait at most `timeout` s for the batch being committed; past that, cancel it.
+
+        False when it was cancelled. Its offsets were not committed, so its records are delivered
+        again (to their partitions' next owner), whose marks skip what this batch did apply and
+        republish its decisions. Raises what the batch raised when it ended in time.
+        """
+        in_flight = self._in_flight
+        if in_flight is None:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(in_flight), timeout)
+            return True
+        except TimeoutError:
+            in_flight.cancel()
+            # Its Redis write landed or not, as a whole per session (one script each).
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await in_flight
+            return False
+        finally:
+            if self._in_flight is in_flight and in_flight.done():
                 self._in_flight = None
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
@@ -215,6 +245,10 @@ class BatchApp(faust.App):
     async def settle(self) -> None:
         """Wait until the batch being committed is done."""
         await cast(BatchConsumer, self.consumer).settle()
+
+    async def settle_within(self, timeout: float) -> bool:
+        """Wait at most `timeout` s for the batch being committed, then cancel it (False)."""
+        return await cast(BatchConsumer, self.consumer).settle_within(timeout)
 
     def _new_transport(self) -> Any:
         return BatchTransport(self.conf.broker_consumer, self)

@@ -230,6 +230,113 @@ def test_a_failed_commit_phase_is_raised_and_its_offsets_stay_uncommitted() -> N
     asyncio.run(main())
 
 
+def _stuck_commit(h: Harness, log: list[str]) -> None:
+    """Batches whose commit phase never ends (a send refused and retried for ever)."""
+
+    async def handler(raws: Sequence[RawRecord]) -> Any:
+        async def commit() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                log.append(f"cancelled {raws[0].offset}")
+                raise
+
+        return commit()
+
+    h.app.batch_handlers["ev"] = handler
+
+
+def test_a_revocation_cancels_a_batch_still_committing_after_its_grace() -> None:
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        plain = h.app.batch_handlers["ev"]
+        _stuck_commit(h, log)
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        assert not await h.app.settle_within(0.05)
+        assert log == ["cancelled 0"]
+        assert h.consumer._new_offset(EV0) is None  # left to be redelivered
+        await h.consumer.settle()  # nothing in flight any more: the next batch does not wait
+        h.app.batch_handlers["ev"] = plain
+        await h.deliver({EV0: [record(EV0, 1)]})
+        assert h.consumer._new_offset(EV0) == 2
+
+    asyncio.run(main())
+
+
+def test_a_next_batch_waiting_for_a_cancelled_one_goes_on() -> None:
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        plain = h.app.batch_handlers["ev"]
+        _stuck_commit(h, log)
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        h.app.batch_handlers["ev"] = plain
+        # The fetch loop folded the next batch and waits for the stuck one before committing it.
+        waiting = asyncio.ensure_future(
+            h.consumer._deliver({EV1: [record(EV1, 0)]}, h.app.batch_handlers)
+        )
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        assert not await h.app.settle_within(0.02)
+        await waiting  # not cancelled with it
+        await h.consumer.settle()
+        assert log == ["cancelled 0"]
+        assert (h.consumer._new_offset(EV0), h.consumer._new_offset(EV1)) == (None, 1)
+
+    asyncio.run(main())
+
+
+def test_a_stopping_fetch_loop_leaves_the_batch_in_flight_to_finish() -> None:
+    async def main() -> None:
+        h = Harness()
+        release = asyncio.Event()
+
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            async def commit() -> None:
+                await release.wait()
+
+            return commit()
+
+        h.app.batch_handlers["ev"] = handler
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        waiter = asyncio.ensure_future(h.consumer.settle())
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        release.set()
+        assert await h.app.settle_within(5)  # it was not cancelled with its waiter
+        assert h.consumer._new_offset(EV0) == 1
+
+    asyncio.run(main())
+
+
+def test_a_batch_that_ends_within_the_grace_is_waited_for_and_its_failure_raised() -> None:
+    async def main() -> None:
+        h = Harness()
+
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            async def commit() -> None:
+                await asyncio.sleep(0.02)
+                if raws[0].offset == 1:
+                    raise RuntimeError("decisions topic unavailable")
+
+            return commit()
+
+        h.app.batch_handlers["ev"] = handler
+        assert await h.app.settle_within(0.01)  # nothing in flight
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        assert await h.app.settle_within(5)
+        assert h.consumer._new_offset(EV0) == 1
+        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        with pytest.raises(RuntimeError, match="decisions topic"):
+            await h.app.settle_within(5)
+        assert h.consumer._new_offset(EV0) == 1
+
+    asyncio.run(main())
+
+
 def test_topics_without_a_handler_take_fausts_per_record_route() -> None:
     async def main() -> None:
         h = Harness()
