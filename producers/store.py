@@ -357,7 +357,13 @@ class SessionStore:
         """
         if self.checks:
             session = self.load(session_id)
-            late = session.closed_question is not None and session.closed_question.id == question_id
+            closed = session.closed_question
+            # Late: an answer to the asking whose window closed (not to an earlier one).
+            late = (
+                closed is not None
+                and closed.id == question_id
+                and (asked_seq is None or asked_seq == closed.seq)
+            )
             if session.ended and not late:
                 raise SessionEndedError(f"session {session_id!r} has ended")
             if not session.ended and (

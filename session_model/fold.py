@@ -257,7 +257,10 @@ def _closing_or_ended(s: Session, e: Event, auth: Authority) -> _Handler:
 
 
 def _is_closed_question(s: Session, p: Mapping[str, Any]) -> bool:
-    return s.closed_question is not None and p.get("question_id") == s.closed_question.id
+    """An answer to the asking whose window closed (one naming an earlier asking is not late
+    for it: the session had ended, and its verified answerer must not be shown as late here)."""
+    closed = s.closed_question
+    return closed is not None and p.get("question_id") == closed.id and _answers_asking(p, closed)
 
 
 def _already_decided(s: Session, question_id: object) -> bool:

@@ -15,7 +15,7 @@ from session_model.fold import Kind, fold, step
 from session_model.principal import Principal
 from session_model.session import Session
 from session_model.signing import Signer, answer_signing_bytes
-from tests.unit.builders import answer, ask, started, trusted, turn
+from tests.unit.builders import answer, ask, started, trusted, turn, window_closed
 
 CONSOLE = Signer.generate("console")
 KEYS = trusted(CONSOLE.trusted_keys())
@@ -152,3 +152,29 @@ def test_a_refused_answer_whose_claim_is_not_signed_is_not_remembered() -> None:
     s = fold("s1", [started(), forged], KEYS)
     assert [r.code for r in s.rejections] == ["no_open_question"]
     assert s.signed_ids == frozenset()
+
+
+def _closed_after_a_second_asking() -> Session:
+    """perm:deploy asked (seq 2), refused, asked again (seq 4) with a deadline, and closed."""
+    events = [
+        started(),
+        ask("perm:deploy", reason="permission"),
+        answer("perm:deploy", "no"),
+        ask("perm:deploy", reason="permission", expires_at="2025-01-01T00:00:00Z"),
+        window_closed("perm:deploy"),
+    ]
+    s = fold("s1", events, KEYS)
+    assert s.closed_question is not None and s.closed_question.seq == 4
+    return s
+
+
+def test_a_late_answer_naming_the_closed_asking_is_late() -> None:
+    s = _closed_after_a_second_asking()
+    result = step(s, _signed_yes("a1", asked_seq=4), KEYS)
+    assert [(r.code, r.by) for r in result.state.rejections] == [("late_answer", HUMAN)]
+
+
+def test_an_answer_naming_an_earlier_asking_after_the_close_is_not_shown_as_late() -> None:
+    s = _closed_after_a_second_asking()
+    result = step(s, _signed_yes("a1", asked_seq=2), KEYS)  # the first asking, refused long ago
+    assert [(r.code, r.by) for r in result.state.rejections] == [("session_ended", None)]

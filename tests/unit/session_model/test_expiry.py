@@ -12,7 +12,7 @@ import pytest
 
 from producers.store import SessionStore, deadline_in
 from schemas import events as ev
-from schemas.errors import SessionEndedError
+from schemas.errors import LateAnswerError, SessionEndedError
 from session_model.fold import Kind, step
 from session_model.principal import Principal
 from session_model.session import Question, Rejection, Session
@@ -265,6 +265,21 @@ def test_answer_after_the_window_closed_is_recorded_late_and_raises() -> None:
     assert s.rejection_counts() == {"late_answer": 1}
     assert len(s.decisions) == 1
     assert s.decisions[0].answer == ""
+
+
+def test_answer_naming_another_asking_after_close_raises_and_appends_nothing() -> None:
+    store = _asked()
+    store.expire_if_due("s1", AFTER)
+    closed = store.load("s1").closed_question
+    assert closed is not None
+    before = len(store.log.records)
+    with pytest.raises(SessionEndedError) as raised:
+        store.answer("s1", "q1", "yes", asked_seq=closed.seq - 1)  # not the asking that closed
+    assert not isinstance(raised.value, LateAnswerError)
+    assert len(store.log.records) == before
+    with pytest.raises(LateAnswerError):
+        store.answer("s1", "q1", "yes", asked_seq=closed.seq)
+    assert len(store.log.records) == before + 1
 
 
 def test_answer_to_another_question_after_close_raises_and_appends_nothing() -> None:
