@@ -213,7 +213,7 @@ class ProjectionWorker:
             lambda ids: self._retrying(functools.partial(store.folded, ids)),
             lambda updates: self._retrying(functools.partial(store.commit, updates)),
             self._pause,
-            lambda ids: self._retrying(functools.partial(store.decisions, ids)),
+            lambda ids, latest: self._retrying(functools.partial(store.decisions, ids, latest)),
         )
 
     async def _decode(self, raws: Sequence[Consumed]) -> list[Record]:
@@ -382,7 +382,9 @@ async def drive(
     read: Callable[[tuple[str, ...]], Awaitable[dict[str, Folded]]],
     write: Callable[[tuple[SessionUpdate, ...]], Awaitable[CommitResult]],
     pause: Callable[[], Awaitable[None]],
-    decisions: Callable[[tuple[str, ...]], Awaitable[dict[str, tuple[Decision, ...]]]],
+    decisions: Callable[
+        [tuple[str, ...], tuple[int, ...]], Awaitable[dict[str, tuple[Decision, ...]]]
+    ],
 ) -> T:
     """Answer a `ProjectionCycle`'s requests asynchronously; the cycle's result."""
     reply: Any = None
@@ -397,7 +399,7 @@ async def drive(
         elif type(request) is Write:
             reply = await write(request.updates)
         elif type(request) is ReadDecisions:
-            reply = await decisions(request.session_ids)
+            reply = await decisions(request.session_ids, request.latest)
         else:
             await pause()
             reply = None

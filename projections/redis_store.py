@@ -377,10 +377,14 @@ class AsyncRedisProjectionStore:
         request = requests.read(self.keys, session_ids, event_ids=event_ids)
         return await execute_async(self.client, request, self.durability, settle=True)
 
-    async def decisions(self, session_ids: Sequence[str]) -> dict[str, tuple[Decision, ...]]:
-        """Every decision of these sessions, from their history lists (one round trip)."""
+    async def decisions(
+        self, session_ids: Sequence[str], latest: Sequence[int] | None = None
+    ) -> dict[str, tuple[Decision, ...]]:
+        """The decisions of these sessions, from their history lists (one round trip): every one,
+        or the latest `latest[i]` of session i."""
         await self._fresh()
-        return await execute_async(self.client, requests.decisions(self.keys, session_ids))
+        request = requests.decisions(self.keys, session_ids, latest)
+        return await execute_async(self.client, request)
 
     async def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
         """Apply every update (compare-and-set on its mark) in one pipelined round trip.

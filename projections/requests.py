@@ -355,10 +355,17 @@ def read(
     return Request(commands, parse, "reading projections failed")
 
 
-def decisions(keys: Keys, session_ids: Sequence[str]) -> Request[dict[str, tuple[Decision, ...]]]:
-    """Every decision each session's history holds, in seq order (one `LRANGE` each)."""
+def decisions(
+    keys: Keys, session_ids: Sequence[str], latest: Sequence[int] | None = None
+) -> Request[dict[str, tuple[Decision, ...]]]:
+    """The decisions each session's history holds, in seq order (one `LRANGE` each): every one,
+    or the latest `latest[i]` (at least one) of session i."""
     at = HISTORY_KINDS.index("decisions")
-    commands = [("LRANGE", keys.session(sid).history[at], 0, -1) for sid in session_ids]
+    firsts = [0] * len(session_ids) if latest is None else [-max(n, 1) for n in latest]
+    commands = [
+        ("LRANGE", keys.session(sid).history[at], first, -1)
+        for sid, first in zip(session_ids, firsts, strict=True)
+    ]
 
     def parse(replies: list[Any]) -> dict[str, tuple[Decision, ...]]:
         return {

@@ -51,11 +51,14 @@ class Write:
 
 @dataclass(frozen=True, slots=True)
 class ReadDecisions:
-    """Request: every decision these sessions' histories hold (answered with
+    """Request: the latest decisions these sessions' histories hold, in seq order (answered with
     `dict[str, tuple[Decision, ...]]`), for a redelivery whose decisions the states no longer hold.
+
+    `latest[i]`: how many of session i's latest decisions are needed (more may be answered).
     """
 
     session_ids: tuple[str, ...]
+    latest: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +183,9 @@ class ProjectionCycle:
                 known: Mapping[str, Folded] = cache
                 short = beyond_recent_decisions(cache, chunk)
                 if short:  # rarer still: decisions the states hold too few of, from history
-                    history: dict[str, tuple[Decision, ...]] = yield ReadDecisions(short)
+                    history: dict[str, tuple[Decision, ...]] = yield ReadDecisions(
+                        tuple(short), tuple(short.values())
+                    )
                     # Other work ran meanwhile (a commit may have replaced states this slice
                     # was folded onto): fold the slice again, as after a pause.
                     yield from self._resume(records[:at], chunk, merged, based, new)
@@ -386,6 +391,9 @@ def run(steps: Steps[T], store: ProjectionStore) -> T:
         elif type(request) is Write:
             reply = store.commit(request.updates)
         elif type(request) is ReadDecisions:
-            reply = {sid: store.facts(sid).decisions for sid in request.session_ids}
+            reply = {
+                sid: store.facts(sid).decisions[-n:]
+                for sid, n in zip(request.session_ids, request.latest, strict=True)
+            }
         else:
             reply = None

@@ -231,22 +231,32 @@ _DECIDING = frozenset({ev.QUESTION_ANSWERED, ev.ANSWER_WINDOW_CLOSED})
 
 def beyond_recent_decisions(
     known: Mapping[str, Folded], records: Iterable[Record]
-) -> tuple[str, ...]:
+) -> dict[str, int]:
     """Sessions whose records at or below their marks may have made decisions older than the
-    `RECENT_DECISIONS` their states keep (`redelivered_decisions` would miss those).
+    `RECENT_DECISIONS` their states keep (`redelivered_decisions` would miss those), each with
+    how many of its latest decisions can hold every one those records made.
 
     A state holding fewer than that holds every decision the session made; one holding that many
     misses an answer or closing whose decision is not among them (or it was rejected: a history
     read tells), and an asking neither open nor among them.
+
+    How many: each record of the session is one seq at most, and each seq one decision at most,
+    so the decisions made from the session's first such record on are among the latest
+    `mark - its offset + 1` (the records of its partition up to its mark): a bound set by the
+    redelivery, not by the session's age.
     """
+    first: dict[str, int] = {}
     short: dict[str, None] = {}
     for record in records:
         e = record.event
         sid = e.session_id
+        state = applied_state(known, record)
+        if state is None:
+            continue
+        first.setdefault(sid, record.position.offset)
         if sid in short or (e.type not in _DECIDING and e.type != ev.QUESTION_ASKED):
             continue
-        state = applied_state(known, record)
-        if state is None or len(state.decisions) < RECENT_DECISIONS:
+        if len(state.decisions) < RECENT_DECISIONS:
             continue
         if e.type in _DECIDING:
             found = any(d.event_id == e.event_id for d in state.decisions)
@@ -257,7 +267,7 @@ def beyond_recent_decisions(
             )
         if not found:
             short[sid] = None
-    return tuple(short)
+    return {sid: known[sid].mark.offset - first[sid] + 1 for sid in short}  # type: ignore[union-attr]
 
 
 def joined(first: SessionUpdate, later: SessionUpdate) -> SessionUpdate:

@@ -434,6 +434,38 @@ def test_a_read_of_many_sessions_returns_each_as_read_alone(
     assert asyncio.run(read_async()) == together
 
 
+def test_a_workers_decisions_read_returns_the_latest_asked_for_or_every_one(
+    projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
+) -> None:
+    """A redelivery reads only the latest decisions it can need (`ReadDecisions.latest`)."""
+    store = projection_store
+    specs: list[tuple[str, dict[str, Any]]] = [(ev.STARTED, {"goal": "g", "mode": "ask"})]
+    for n in range(40):
+        specs += [
+            (ev.QUESTION_ASKED, {"question_id": f"q{n}", "question": f"q{n}?"}),
+            (ev.QUESTION_ANSWERED, {"question_id": f"q{n}", "answer": "yes"}),
+        ]
+    records = _records("dec-long", specs)
+    _commit(store, records, 25)
+    every = store.facts("dec-long").decisions
+    assert [d.question_id for d in every] == [f"q{n}" for n in range(40)]
+
+    async def read(latest: list[int] | None) -> dict[str, Any]:
+        if isinstance(store.client, SyncCluster):
+            client = async_client(request.getfixturevalue("redis_cluster_url"), cluster=True)
+        else:
+            client = async_client(secured.redis_url, auth=secured.redis_auth())
+        try:
+            worker = AsyncRedisProjectionStore(client, store.keys)
+            return await worker.decisions(["dec-long", "dec-unknown"], latest)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(read([3, 2])) == {"dec-long": every[-3:], "dec-unknown": ()}
+    assert asyncio.run(read([500, 1]))["dec-long"] == every
+    assert asyncio.run(read(None))["dec-long"] == every
+
+
 def test_a_workers_read_waits_for_the_replicas_as_its_writes_do(
     projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
 ) -> None:

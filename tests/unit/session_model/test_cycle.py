@@ -137,7 +137,7 @@ def test_a_redelivery_returns_every_decision_also_those_older_than_the_state_kee
         ProjectionCycle(BatchFolder()).fold(records),
         [store.folded(("s1",)), {"s1": store.facts("s1").decisions}],
     )
-    assert requests == [Read(("s1",)), ReadDecisions(("s1",))]
+    assert requests == [Read(("s1",)), ReadDecisions(("s1",), (len(records),))]
     assert [d for _, d in folding.again] == made  # every one, in seq order
     answered = [c for c in folding.reasked if c.status is not QuestionStatus.OPEN]
     assert [c.question_id for c in answered] == [f"q{n}" for n in range(count)]
@@ -147,6 +147,30 @@ def test_a_redelivery_returns_every_decision_also_those_older_than_the_state_kee
     folding, _ = run(ProjectionCycle(BatchFolder()).project(records), store)  # through the shell
     assert [d for _, d in folding.again] == made
     assert store.decision_reads == reads + 1
+
+
+def test_a_redelivered_tail_of_a_long_session_reads_only_the_decisions_it_can_have_made() -> None:
+    # Long: many more decisions than the state keeps. Redelivered: the last records only (the
+    # offsets committed before them). What it asks for is bounded by the redelivery, not the age.
+    count = 5 * RECENT_DECISIONS
+    records = _records(_questions_answered(count))
+    store = InMemoryProjectionStore()
+    first, _ = run(ProjectionCycle(BatchFolder()).project(records), store)
+    made = {d.event_id: d for u in first.updates for d, _ in u.decisions}
+    tail = records[-(RECENT_DECISIONS + 3) * 2 :]  # three answers beyond what the state keeps
+    history = store.facts("s1").decisions
+    requests, folding = _script(
+        ProjectionCycle(BatchFolder()).fold(tail),
+        [store.folded(("s1",)), {"s1": history[-len(tail) :]}],
+    )
+    assert requests[-1] == ReadDecisions(("s1",), (len(tail),))
+    assert len(tail) < len(history)
+    assert [d for _, d in folding.again] == [
+        made[r.event.event_id] for r in tail if r.event.type == ev.QUESTION_ANSWERED
+    ]
+    # The store's latest decisions, as many as asked: the same through the shell.
+    again, _ = run(ProjectionCycle(BatchFolder()).project(tail), store)
+    assert again.again == folding.again
 
 
 def test_a_commit_while_a_slice_waits_for_decisions_history_does_not_leave_a_stale_state() -> None:
