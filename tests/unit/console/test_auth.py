@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from console.auth import (
     SESSION_COOKIE,
     CookieSigner,
+    MemorySignInFailures,
     MemorySignOuts,
     Passwords,
     ServiceToken,
@@ -382,3 +383,29 @@ def test_a_remembered_sign_out_lapses_when_its_cookie_would_have() -> None:
     assert "sid" in sign_outs and "other" not in sign_outs
     now[0] += 61
     assert "sid" not in sign_outs
+
+
+def test_lapsed_sign_in_counts_and_sign_outs_are_dropped_as_new_ones_come() -> None:
+    now = [0.0]
+    failures = MemorySignInFailures(clock=lambda: now[0])
+    sign_outs = MemorySignOuts(clock=lambda: now[0])
+    for i in range(1000):  # a flood of addresses, and of sign-outs, within one window
+        failures.attempt(f"src-{i}", 1, 60.0)
+        sign_outs.add(f"sid-{i}", 60.0)
+    now[0] = 61.0
+    failures.attempt("src-late", 1, 60.0)
+    sign_outs.add("sid-late", 60.0)
+    assert list(failures._counts) == ["src-late"]
+    assert list(sign_outs._until) == ["sid-late"]
+
+
+def test_a_count_lapsed_behind_a_longer_window_starts_a_new_one() -> None:
+    now = [0.0]
+    failures = MemorySignInFailures(clock=lambda: now[0])
+    assert failures.attempt("long", 1, 1000.0) == 0.0
+    assert failures.attempt("short", 1, 10.0) == 0.0
+    now[0] = 20.0  # "short" lapsed; "long", older, has not
+    assert failures.attempt("short", 1, 10.0) == 0.0
+    now[0] = 21.0
+    assert failures.attempt("short", 1, 10.0) == 9.0
+    assert failures.attempt("long", 1, 1000.0) == 979.0
