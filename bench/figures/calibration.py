@@ -3,6 +3,7 @@ every run, so figures taken on machines of different single-core speed can be co
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 
@@ -18,8 +19,7 @@ def calibrate() -> tuple[float, int]:
     """The pure fold (decode excluded: records are already events) of a fixed, seeded workload of
     signed sessions, in this process, one core, no I/O: events/s (best of three rounds) and the
     events of a round."""
-    work = workload.sessions_workload(SESSIONS, "calibration", 250, partitions=1)
-    records = [Record(e, Position(0, i)) for i, e in enumerate(work.events)]
+    records = list(_records())
     folder = BatchFolder(workload.OPERATOR_KEYS)
     best = float("inf")
     # With the worker's collector settings (`milpa-sessions worker`). With CPython's defaults it
@@ -38,6 +38,14 @@ def calibrate() -> tuple[float, int]:
         gc.set_threshold(*previous)
         gc.unfreeze()
     return len(records) / best, len(records)
+
+
+@functools.cache
+def _records() -> tuple[Record, ...]:
+    """The seeded workload, made once per process (the rebuild figure calibrates twice more;
+    making it signs thousands of acts, untimed but not free)."""
+    work = workload.sessions_workload(SESSIONS, "calibration", 250, partitions=1)
+    return tuple(Record(e, Position(0, i)) for i, e in enumerate(work.events))
 
 
 def fold_all(folder: BatchFolder, records: list[Record]) -> dict[str, Folded]:
