@@ -222,6 +222,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # The batches in flight finish (Redis, decisions) before the cache is dropped, or are
         # cancelled after `revoke_grace`: a rebalance waits for every member's revocation.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.revoke_grace
         async with folding:
             if not await app.settle_within(settings.revoke_grace):
                 worker().stats.abandoned += 1
@@ -231,7 +233,13 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                     settings.revoke_grace,
                 )
             worker().forget()
-        async with snapshotting_lock:  # a round under way ends first; none starts after this
+        snapshots: Snapshotter | None = holder.get("snapshots")
+        if snapshots is None:
+            worker().stats.last_offsets.clear()
+            return
+        # A round under way ends (or is cancelled, within what is left of the grace) first;
+        # none starts after this.
+        async with snapshots.held(max(0.0, deadline - loop.time())):
             worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
 
     @app.on_before_shutdown.connect

@@ -23,10 +23,11 @@ next owner's round snapshots what the last one did not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -106,6 +107,7 @@ class Snapshotter:
     stats: SnapshotStats = field(default_factory=SnapshotStats)
     _since: Counter[int] = field(default_factory=Counter)  # events applied since the last round
     _last: dict[int, float] = field(default_factory=dict)  # partition -> when its round ran
+    _current: asyncio.Task[None] | None = None  # the round `run` is waiting for
 
     def observe(self, updates: Sequence[SessionUpdate]) -> None:
         """Count the events a commit applied, per partition (a worker listener)."""
@@ -127,7 +129,51 @@ class Snapshotter:
                 del self.stats.checkpoint_lag[p]  # handed over: the new owner reports it
             for p in sorted(owned):
                 if self.due(p):
-                    await self.round_safely(p)
+                    await self._interruptible(p)
+
+    async def _interruptible(self, partition: int) -> None:
+        """`round_safely` in a task of its own, which `held` may cancel (a failed round)."""
+        task = asyncio.ensure_future(self.round_safely(partition))
+        self._current = task
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():  # the worker is stopping: the round too
+                task.cancel()
+                raise
+            if not task.cancelled():
+                raise
+            self._failed(partition)
+            log.warning("snapshots of partition %d cancelled by a revocation", partition)
+        finally:
+            if self._current is task:
+                self._current = None
+
+    @contextlib.asynccontextmanager
+    async def held(self, timeout: float) -> AsyncIterator[None]:
+        """The guard, taken within `timeout` s: past that, the round holding it is cancelled.
+
+        Why: a revocation takes the guard, and the group's rebalance waits for every member's
+        revocation; a round waits up to a minute per page on a slow broker. A cancelled round
+        publishes nothing more (its open transaction is aborted, its sessions stay in the index)
+        and is tried again `retry_s` later, by whoever then owns the partition.
+        """
+        guard = self.guard
+        if guard is None:
+            yield
+            return
+        try:
+            await asyncio.wait_for(guard.acquire(), timeout)
+        except TimeoutError:
+            current = self._current
+            if current is not None:
+                current.cancel()  # it lets go of the guard first, then stops its writer
+            await guard.acquire()
+        try:
+            yield
+        finally:
+            guard.release()
 
     async def round_safely(self, partition: int) -> None:
         """A round that logs and counts its failure instead of raising it."""

@@ -286,3 +286,89 @@ def test_the_checkpoint_lag_of_a_partition_handed_over_is_no_longer_reported() -
 
     asyncio.run(a_tick())
     assert taker.stats.checkpoint_lag == {0: 5}
+
+
+@dataclass
+class StuckSink(FakeSink):
+    """A broker that never acknowledges a page (the writer waits for ever)."""
+
+    waiting: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @contextlib.asynccontextmanager
+    async def fenced(self, partition: int) -> AsyncIterator[Any]:
+        self.log.append(f"open {partition}")
+        try:
+            yield self
+        finally:
+            self.log.append(f"close {partition}")
+
+    async def publish(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        self.waiting.set()
+        await asyncio.Event().wait()
+
+
+def test_a_revocation_cancels_a_round_that_holds_the_guard_past_the_grace() -> None:
+    async def main() -> None:
+        store = FakeStore({"a": 10}, {"a": 3})
+        sink = StuckSink()
+        guard = asyncio.Lock()
+        taker = Snapshotter(
+            store, sink, lambda: {0}, lambda p: 10, interval_s=0.5, every_events=0, guard=guard
+        )
+        running = asyncio.ensure_future(taker.run())
+        try:
+            await asyncio.wait_for(sink.waiting.wait(), 5)
+            assert guard.locked()
+            async with taker.held(0.05):
+                assert taker.stats.rounds == 0 and _checkpoints(sink) == []
+                assert store.index == {"a": 3}  # still to be snapshotted
+            await asyncio.sleep(0.01)
+            assert taker.stats.failures == 1  # cancelled: tried again `retry_s` later
+            assert sink.log == ["open 0", "close 0"]  # its writer was stopped
+            assert not running.done()  # the rounds go on
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
+    asyncio.run(main())
+
+
+def test_a_revocation_waits_for_a_round_that_ends_within_the_grace() -> None:
+    async def main() -> None:
+        store = FakeStore({"a": 10}, {"a": 3})
+        sink = FakeSink()
+        guard = asyncio.Lock()
+        taker = Snapshotter(store, sink, lambda: {0}, lambda p: 10, guard=guard)
+        await guard.acquire()  # as a round would, ending 20 ms later
+        asyncio.get_running_loop().call_later(0.02, guard.release)
+        async with taker.held(5):
+            assert guard.locked()
+        assert not guard.locked()
+        assert taker.stats.failures == 0
+
+    asyncio.run(main())
+
+
+def test_a_stopping_worker_cancels_the_round_under_way() -> None:
+    async def main() -> None:
+        sink = StuckSink()
+        taker = Snapshotter(
+            FakeStore({"a": 10}, {"a": 3}),
+            sink,
+            lambda: {0},
+            lambda p: 10,
+            interval_s=0.5,
+            every_events=0,
+        )
+        running = asyncio.ensure_future(taker.run())
+        await asyncio.wait_for(sink.waiting.wait(), 5)
+        round_task = taker._current
+        assert round_task is not None
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await asyncio.sleep(0)
+        assert round_task.cancelled()
+
+    asyncio.run(main())
