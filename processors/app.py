@@ -186,10 +186,24 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             tp.partition for tp in app.consumer.assignment() if tp.topic == events.get_topic_name()
         }
 
-    async def project(raws: Sequence[Consumed]) -> Awaitable[Any]:
+    async def project(
+        raws: Sequence[Consumed], current: Callable[[], bool]
+    ) -> Awaitable[Any] | None:
         # Fold now; the consumer commits (the returned phase) while it fetches the next batch.
         async with folding:
-            prepared = await worker().prepare(raws)
+            if not current():
+                return None  # fetched before a revocation: fetched again after it
+            task = asyncio.current_task()
+            holder["fold"] = task
+            try:
+                prepared = await worker().prepare(raws)
+            except asyncio.CancelledError:
+                if current() or task is None:
+                    raise
+                task.uncancel()  # by the revocation (see on_revoked): dropped, not failed
+                return None
+            finally:
+                holder["fold"] = None
         return worker().finish(prepared)
 
     app.batch_topic(events, project)
@@ -224,6 +238,11 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         # cancelled after `revoke_grace`: a rebalance waits for every member's revocation.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.revoke_grace
+        # A batch being folded was fetched before the revocation: its fold would be dropped
+        # (stale), and it may be waiting on Redis or a dead letter's send for ever.
+        fold: asyncio.Task[Any] | None = holder.get("fold")
+        if fold is not None:
+            fold.cancel()
         async with folding:
             if not await app.settle_within(settings.revoke_grace):
                 worker().stats.abandoned += 1

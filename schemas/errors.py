@@ -153,6 +153,11 @@ class NotYetVisibleError(ProjectionError):
     code = "not_yet_visible"
 
 
+class StaleBatchError(MilpaError):
+    """A batch folded before the projector forgot what it knew (a revocation) was to be
+    committed: it may miss the events of a batch that never landed, so it is never written."""
+
+
 class ConfigurationError(MilpaError):
     """A setting is missing or malformed."""
 

@@ -16,7 +16,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from schemas.errors import ProjectionError
+from schemas.errors import ProjectionError, StaleBatchError
 from session_model.ports import CommitResult, ProjectionStore
 from session_model.projection import (
     BatchFolder,
@@ -85,6 +85,7 @@ class Folding:
     # The known state each update was folded onto (by identity; sessions new to the store have
     # none): how a commit tells an update folded on a state its predecessor found stale.
     based_on: Mapping[str, Session] = field(default_factory=dict)
+    forgotten: int = 0  # how many times the cycle had forgotten its states when it folded this
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +130,18 @@ class ProjectionCycle:
     _uncommitted: Counter[str] = field(default_factory=Counter, repr=False)
     # The states the last commit found stale, by session (what the next batch may be folded on).
     _stale: dict[str, list[Session]] = field(default_factory=dict, repr=False)
+    _forgotten: int = field(default=0, repr=False)  # calls of `forget`
 
     def forget(self) -> None:
-        """Drop every known state (another projector may have advanced these sessions)."""
+        """Drop every known state (another projector may have advanced these sessions).
+
+        A batch folded before this must not be committed after it (`StaleBatchError`): it was
+        folded onto states a batch in flight left, which may never land.
+        """
         self.cache.clear()
         self._stale.clear()
         self._uncommitted.clear()
+        self._forgotten += 1
 
     def project(self, records: Sequence[Record]) -> Steps[tuple[Folding, Committed]]:
         """Fold and commit one batch."""
@@ -159,7 +166,7 @@ class ProjectionCycle:
         """
         folding = yield from self._fold(records)
         self._uncommitted.update(u.session_id for u in folding.updates)
-        return folding
+        return folding if not self._forgotten else replace(folding, forgotten=self._forgotten)
 
     def _fold(self, records: Sequence[Record]) -> Steps[Folding]:
         ids = list(dict.fromkeys(r.event.session_id for r in records))
@@ -183,14 +190,18 @@ class ProjectionCycle:
                 known: Mapping[str, Folded] = cache
                 short = beyond_recent_decisions(cache, chunk)
                 if short:  # rarer still: decisions the states hold too few of, from history
-                    history: dict[str, tuple[Decision, ...]] = yield ReadDecisions(
-                        tuple(short), tuple(short.values())
-                    )
-                    # Other work ran meanwhile (a commit may have replaced states this slice
-                    # was folded onto): fold the slice again, as after a pause.
-                    yield from self._resume(records[:at], chunk, merged, based, new)
-                    updates = fold(cache, chunk)
-                    skipped = len(chunk) - sum(len(u.steps) for u in updates)
+                    history: dict[str, tuple[Decision, ...]] = {}
+                    read: dict[str, int] = {}
+                    while need := {s: n for s, n in short.items() if n > read.get(s, 0)}:
+                        history.update((yield ReadDecisions(tuple(need), tuple(need.values()))))
+                        read.update(need)
+                        # Other work ran meanwhile (a commit may have replaced states this slice
+                        # was folded onto): fold the slice again, as after a pause. A state
+                        # read again may have a later mark, and need more of the history.
+                        yield from self._resume(records[:at], chunk, merged, based, new)
+                        updates = fold(cache, chunk)
+                        skipped = len(chunk) - sum(len(u.steps) for u in updates)
+                        short = beyond_recent_decisions(cache, chunk)
                     known = ChainMap(self._with_decisions(history), cache)
                 strays = foreign_records(cache, chunk)
                 foreign.extend(strays)
@@ -251,6 +262,11 @@ class ProjectionCycle:
         already applied (by a stale owner, or by this projector's own earlier fold) whose
         decisions may never have been published: they are returned in `again`.
         """
+        if folding.forgotten != self._forgotten:
+            raise StaleBatchError(
+                f"a batch of {len(folding.records)} records was folded before the projector "
+                "forgot its states: not written (its records are to be delivered again)"
+            )
         records, updates = folding.records, folding.updates
         self._uncommitted.subtract(u.session_id for u in updates)
         done: list[SessionUpdate] = []
