@@ -149,7 +149,12 @@ def answer(
     session = store.load(session_id)
     question = session.question
     closed = session.closed_question
-    late = session.ended and closed is not None and closed.id == question_id
+    late = (
+        session.ended
+        and closed is not None
+        and closed.id == question_id
+        and (asked_seq is None or asked_seq == closed.seq)  # late for that asking, not another
+    )
     if late and closed is not None and closed.relaxed_by(answer):
         # Late, and refused by the fold: still no act this caller may make.
         _may_relax(caller, f"answer {answer!r} to {question_id!r}")

@@ -345,7 +345,9 @@ class SessionStore:
 
         Without a signing key a claim of `verified` is appended as made and downgraded by the
         fold: this store cannot vouch for it. A late answer (the window already closed) is
-        appended, so the attempt is on record, and then raises `SessionEndedError`. `asked_seq`:
+        appended, so the attempt is on record, and then raises `LateAnswerError`; one naming
+        another asking than the one whose window closed is not late for it, and raises
+        `SessionEndedError` with nothing appended, as any write to an ended session. `asked_seq`:
         the asking the caller answers (the question's `seq` as it was shown); if the question was
         asked again since (same id, another asking: other arguments, another reason), nothing is
         appended or signed (`NoOpenQuestionError`).

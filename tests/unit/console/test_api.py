@@ -557,3 +557,29 @@ def test_the_openapi_document_needs_the_api_s_authentication(client: TestClient)
     assert client.get("/openapi.json", headers=BRIDGE).status_code == 200  # any API caller
     assert sign_in(client).status_code == 303
     assert "/api/v1/fleet" in client.get("/openapi.json").json()["paths"]  # an operator's cookie
+
+
+def test_an_answer_naming_an_earlier_asking_after_the_close_is_session_ended_for_anyone(
+    client: TestClient, store: SessionStore
+) -> None:
+    """Not late (the store and the fold agree): a limited caller's yes to `perm:` is refused
+    as any write to an ended session is, not as an act it may not make."""
+    store.start("s-old", "g")
+    store.ask("s-old", Question("perm:rm", "Allow rm?", ("yes", "no"), reason="permission"))
+    store.answer("s-old", "perm:rm", "no")
+    store.ask(
+        "s-old",
+        Question("perm:rm", "Allow rm?", ("yes", "no"), expires_at=at(1), reason="permission"),
+    )
+    assert store.expire_if_due("s-old", NOW + timedelta(seconds=5))
+    closed = store.load("s-old").closed_question
+    assert closed is not None
+    before = _records(store)
+    response = client.post(
+        "/api/v1/sessions/s-old/answer",
+        json={"question_id": "perm:rm", "answer": "yes", "asked_seq": closed.seq - 2},
+        headers=BRIDGE,
+    )
+    assert response.status_code == 409
+    assert response.json()["code"] == "session_ended"
+    assert _records(store) == before
