@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import faust.auth
 from faust.exceptions import ConsumerNotStarted
@@ -27,6 +27,7 @@ from faust.exceptions import ConsumerNotStarted
 from processors.batch_consumer import BatchApp
 from processors.metrics import Metrics
 from processors.ports import Consumed
+from processors.running import start_watchdog
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
 from processors.sinks import FencedSnapshotSink, LazyProducer, ProducerSink
@@ -38,6 +39,7 @@ from processors.worker import ProjectionWorker, WorkerStats
 from producers.kafka_access import KafkaAccess
 from projections.redis_store import AsyncRedisProjectionStore
 from projections.requests import Retention
+from schemas.errors import RevocationStalledError
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys
@@ -186,24 +188,10 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             tp.partition for tp in app.consumer.assignment() if tp.topic == events.get_topic_name()
         }
 
-    async def project(
-        raws: Sequence[Consumed], current: Callable[[], bool]
-    ) -> Awaitable[Any] | None:
+    async def project(raws: Sequence[Consumed]) -> Awaitable[Any]:
         # Fold now; the consumer commits (the returned phase) while it fetches the next batch.
         async with folding:
-            if not current():
-                return None  # fetched before a revocation: fetched again after it
-            task = asyncio.current_task()
-            holder["fold"] = task
-            try:
-                prepared = await worker().prepare(raws)
-            except asyncio.CancelledError:
-                if current() or task is None:
-                    raise
-                task.uncancel()  # by the revocation (see on_revoked): dropped, not failed
-                return None
-            finally:
-                holder["fold"] = None
+            prepared = await worker().prepare(raws)
         return worker().finish(prepared)
 
     app.batch_topic(events, project)
@@ -234,32 +222,50 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        # The batches in flight finish (Redis, decisions) before the cache is dropped, or are
-        # cancelled after `revoke_grace`: a rebalance waits for every member's revocation.
+        # The batches in hand finish (Redis, decisions) before the cache is dropped. A rebalance
+        # waits for every member's revocation: past `revoke_grace` the worker stops instead.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.revoke_grace
-        # A batch being folded was fetched before the revocation: its fold would be dropped
-        # (stale), and it may be waiting on Redis or a dead letter's send for ever.
-        fold: asyncio.Task[Any] | None = holder.get("fold")
-        if fold is not None:
-            fold.cancel()
-        async with folding:
-            if not await app.settle_within(settings.revoke_grace):
-                worker().stats.abandoned += 1
-                log.warning(
-                    "a batch still unfinished %.1fs after its partitions were revoked (Redis or "
-                    "the broker refusing) was cancelled: its records go to their next owner",
-                    settings.revoke_grace,
-                )
+
+        def left() -> float:
+            return max(0.0, deadline - loop.time())
+
+        try:
+            await asyncio.wait_for(folding.acquire(), settings.revoke_grace)
+        except TimeoutError:
+            stalled("a batch being folded")
+        try:
+            if not await app.settle_within(left()):
+                stalled("the batch being committed")
             worker().forget()
+        finally:
+            folding.release()
         snapshots: Snapshotter | None = holder.get("snapshots")
         if snapshots is None:
             worker().stats.last_offsets.clear()
             return
         # A round under way ends (or is cancelled, within what is left of the grace) first;
-        # none starts after this.
-        async with snapshots.held(max(0.0, deadline - loop.time())):
+        # none starts after this. A round is safe to cancel: it commits no offset.
+        async with snapshots.held(left()):
             worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
+
+    def stalled(what: str) -> NoReturn:
+        """Stop the worker: the rebalance goes on without it, its batches in hand unwritten.
+
+        Why not drop them and go on: the batch after one left unwritten was folded onto its
+        states, and the records fetched after it sit past it in their partitions; a worker that
+        goes on must write neither, yet its fetch positions are past both. A worker that stops
+        commits no offset past what it applied, and is started again from the committed ones.
+        """
+        message = (
+            f"{what} has not finished {settings.revoke_grace:g}s after the worker's partitions "
+            "were revoked (Redis or the broker refusing): the worker stops, so that the group's "
+            "rebalance does not wait for it; its records are read again from the committed "
+            "offsets (MILPA_REVOKE_GRACE)"
+        )
+        log.error("%s", message)
+        start_watchdog(settings.shutdown_grace, "a revocation it could not finish")
+        raise RevocationStalledError(message)
 
     @app.on_before_shutdown.connect
     async def stop_producers(sender: Any, /, *args: Any, **kwargs: Any) -> None:

@@ -21,7 +21,6 @@ integration tests check commits, redelivery and rebalances against a real broker
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
@@ -36,13 +35,9 @@ log = logging.getLogger(__name__)
 
 # A handler works on a batch when awaited. It may return a second phase (e.g. the Redis commit)
 # that the consumer runs after the previous batch's second phase, while it fetches and hands over
-# the next batch: folding overlaps with committing, and batches still finish in order. Its second
-# argument tells whether the batch is still current: false once a revocation began after the
-# batch was fetched (its records come again from the committed offsets after the reassignment;
-# work on them must stop, and nothing of it may be written).
+# the next batch: folding overlaps with committing, and batches still finish in order.
 Completion = Awaitable[None] | None
-_FETCHED_NOW = -1  # `_deliver`'s epoch when not given: that of records fetched right now
-BatchHandler = Callable[[Sequence[Consumed], Callable[[], bool]], Awaitable[Completion]]
+BatchHandler = Callable[[Sequence[Consumed]], Awaitable[Completion]]
 
 
 class BatchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -74,10 +69,6 @@ class BatchConsumer(faust_aiokafka.Consumer):
         # tp -> the offset after the last record whose batch the handler finished.
         self._finished: dict[TP, int] = {}
         self._in_flight: asyncio.Future[None] | None = None  # the previous batch's second phase
-        # Revocations begun, and the one after which the positions were last set back to the
-        # committed offsets: records fetched in between, or before a later revocation, are stale.
-        self._revocations = 0
-        self._sought = 0
 
     def _new_consumer_thread(self) -> BatchConsumerThread:
         return BatchConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -89,11 +80,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 records, _ = await self._wait_next_records(1.0)
-                epoch = self._epoch()
                 await asyncio.sleep(0)  # a fetch that returns at once must not starve the loop
                 if not records or self.should_stop:
                     continue
-                await self._deliver(records, handlers, epoch)
+                await self._deliver(records, handlers)
                 if self._commit_every is not None and self._n_acked >= self._commit_every:
                     self._n_acked = 0
                     await self.commit()
@@ -107,41 +97,12 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 return
             raise
 
-    def _epoch(self) -> int | None:
-        """What records fetched now belong to (None: to no assignment, a revocation is on)."""
-        return self._revocations if self._sought == self._revocations else None
-
-    def _current(self, epoch: int | None) -> bool:
-        """Whether records of this epoch may still be folded and written."""
-        return epoch is not None and epoch == self._revocations == self._sought
-
-    async def perform_seek(self) -> None:
-        """Seek to the committed offsets (after an assignment): what is fetched next is current."""
-        epoch = self._revocations
-        await super().perform_seek()
-        self._sought = epoch
-
-    async def _deliver(
-        self, records: Any, handlers: dict[str, BatchHandler], epoch: int | None = _FETCHED_NOW
-    ) -> None:
-        """Hand the fetched records to their handlers, then queue their second phases.
-
-        Records of a stale epoch are dropped, and so is a batch that became stale meanwhile:
-        its second phase is never run and its offsets are never marked. Its records come again
-        from the committed offsets (Faust seeks there after the reassignment, before it fetches).
-        Why: a batch folded onto states that a revocation then dropped (or onto the store before
-        a cancelled batch landed) would write states missing that batch's events.
-        """
-        if epoch == _FETCHED_NOW:
-            epoch = self._epoch()
-        current = functools.partial(self._current, epoch)
+    async def _deliver(self, records: Any, handlers: dict[str, BatchHandler]) -> None:
         batches: dict[str, list[Consumed]] = {}
         ends: dict[TP, int] = {}
         read_offset = self._read_offset
         for tp, fetched in records.items():
             handler = handlers.get(tp.topic)
-            if handler is not None and not current():
-                continue  # fetched before a revocation: fetched again after it
             if handler is None:
                 for record in fetched:  # Faust's own per-record route for any other topic
                     await self.callback(self._to_message(tp, record))
@@ -155,37 +116,25 @@ class BatchConsumer(faust_aiokafka.Consumer):
             ends[tp] = fresh[-1].offset
         for tp, last in ends.items():
             read_offset[tp] = last
-        if not batches:
-            return
         completions: list[Awaitable[None]] = []
         for topic, raws in batches.items():
-            completion = await _finish(handlers[topic](raws, current))
+            completion = await _finish(handlers[topic](raws))
             if completion is not None:
                 completions.append(completion)
-        if current():
-            await self.settle()  # the previous batch is committed before this one starts to be
-        if not current():  # revoked meanwhile: this batch is not to be written
-            _discard(completions)
-            return
+        await self.settle()  # the previous batch is committed before this one starts to be
         n = sum(len(raws) for raws in batches.values())
-        self._in_flight = asyncio.ensure_future(self._complete(completions, ends, n, current))
+        self._in_flight = asyncio.ensure_future(self._complete(completions, ends, n))
 
     async def _complete(
-        self,
-        completions: list[Awaitable[None]],
-        ends: dict[TP, int],
-        n: int,
-        current: Callable[[], bool],
+        self, completions: list[Awaitable[None]], ends: dict[TP, int], n: int
     ) -> None:
         for completion in completions:
             await completion
-        if not current():
-            # Revoked while it was written: its records come again from the committed offsets
-            # (the marks skip them), and an offset marked now could be committed for a
-            # partition another worker owns.
-            return
+        # A partition revoked meanwhile belongs to another worker now: it commits from there on.
+        assigned = self.assignment()
         for tp, last in ends.items():
-            self._finished[tp] = last + 1
+            if tp in assigned:
+                self._finished[tp] = last + 1
         self._n_acked += n
 
     async def settle(self) -> None:
@@ -196,21 +145,16 @@ class BatchConsumer(faust_aiokafka.Consumer):
         try:
             # Shielded: a cancelled waiter (the fetch loop stopping) leaves the batch to finish.
             await asyncio.shield(in_flight)
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if not in_flight.cancelled() or (me is not None and me.cancelling()):
-                raise
-            # Cancelled by a revocation (`settle_within`): nothing left to wait for.
         finally:
             if self._in_flight is in_flight and in_flight.done():
                 self._in_flight = None
 
     async def settle_within(self, timeout: float) -> bool:
-        """Wait at most `timeout` s for the batch being committed; past that, cancel it.
+        """Wait at most `timeout` s for the batch being committed: False if it is still going.
 
-        False when it was cancelled. Its offsets were not committed, so its records are delivered
-        again (to their partitions' next owner), whose marks skip what this batch did apply and
-        republish its decisions. Raises what the batch raised when it ended in time.
+        It is left going, not cancelled: the batch after it was folded onto its states, and must
+        never be written without it (see `ProjectionCycle.forget`). Raises what the batch raised
+        when it ended in time.
         """
         in_flight = self._in_flight
         if in_flight is None:
@@ -219,16 +163,6 @@ class BatchConsumer(faust_aiokafka.Consumer):
             await asyncio.wait_for(asyncio.shield(in_flight), timeout)
             return True
         except TimeoutError:
-            in_flight.cancel()
-            # Its Redis write landed or not, as a whole per session (one script each).
-            try:
-                await in_flight
-            except asyncio.CancelledError:
-                me = asyncio.current_task()
-                if me is not None and me.cancelling():
-                    raise  # the revocation itself is being cancelled (the app stopping)
-            except Exception as e:  # it failed as it was cancelled: abandoned all the same
-                log.warning("the batch abandoned on a revocation failed: %r", e)
             return False
         finally:
             if self._in_flight is in_flight and in_flight.done():
@@ -249,20 +183,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
         return result
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        """Forget what was finished on revoked partitions (their new owner commits from now);
-        every batch fetched so far is stale."""
-        self._revocations += 1
+        """Forget what was finished on revoked partitions (their new owner commits from now)."""
         for tp in revoked:
             self._finished.pop(tp, None)
         await super().on_partitions_revoked(revoked)
-
-
-def _discard(completions: list[Awaitable[None]]) -> None:
-    """Second phases never to be run (closed: no "never awaited" warning)."""
-    for completion in completions:
-        close = getattr(completion, "close", None)
-        if close is not None:
-            close()
 
 
 async def _finish(work: Awaitable[Completion]) -> Completion:
@@ -313,7 +237,7 @@ class BatchApp(faust.App):
         await cast(BatchConsumer, self.consumer).settle()
 
     async def settle_within(self, timeout: float) -> bool:
-        """Wait at most `timeout` s for the batch being committed, then cancel it (False)."""
+        """Wait at most `timeout` s for the batch being committed: False if it is still going."""
         return await cast(BatchConsumer, self.consumer).settle_within(timeout)
 
     def _new_transport(self) -> Any:

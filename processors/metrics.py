@@ -133,11 +133,6 @@ class StatsCollector(Collector):
             w.publish_retries,
         )
         yield _counter(
-            "milpa_batches_abandoned",
-            "Batches still unfinished when their partitions were revoked, left to the next owner.",
-            w.abandoned,
-        )
-        yield _counter(
             "milpa_dead_lettered", "Records sent to the dead-letter topic.", w.dead_lettered
         )
         yield _counter("milpa_decisions_published", "Decisions published.", w.decisions)

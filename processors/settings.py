@@ -36,10 +36,11 @@ class WorkerSettings(StackSettings):
     # (what it had not committed is redelivered), and how long one waits at start-up for Kafka
     # and Redis (0: for ever, printing a status line every startup_status_every seconds).
     shutdown_grace: float = 10.0
-    # How long a revocation waits for the batch being committed (Redis or the broker refusing,
-    # retried) before it cancels it and lets go: the group's rebalance waits for every member's
-    # revocation, so one worker's refused output would hold up the whole fleet. Its records are
-    # redelivered to their next owner. Keep it below the group's rebalance timeout (Faust: 60 s).
+    # How long a revocation waits for the batches in hand (Redis or the broker refusing, retried)
+    # before the worker stops instead: the group's rebalance waits for every member's
+    # revocation, so one worker's refused output would hold up the whole fleet. What it had not
+    # finished is read again from the committed offsets. Keep it below the group's rebalance
+    # timeout (Faust: 60 s).
     revoke_grace: float = 10.0
     startup_timeout: float = 0.0
     startup_status_every: float = 10.0

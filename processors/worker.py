@@ -78,7 +78,6 @@ class WorkerStats:
     redis_round_trips: int = 0
     redis_retries: int = 0
     publish_retries: int = 0  # decisions, question changes and dead letters sent again
-    abandoned: int = 0  # batches cancelled on a revocation (Redis or the broker refusing)
     outcomes: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
     pauses: Counter[str] = field(default_factory=Counter)

@@ -153,9 +153,9 @@ class NotYetVisibleError(ProjectionError):
     code = "not_yet_visible"
 
 
-class StaleBatchError(MilpaError):
-    """A batch folded before the projector forgot what it knew (a revocation) was to be
-    committed: it may miss the events of a batch that never landed, so it is never written."""
+class RevocationStalledError(BackendError):
+    """A worker could not finish its batches in hand within its grace after a revocation (Redis
+    or the broker refusing): it stops rather than hold up the group's rebalance."""
 
 
 class ConfigurationError(MilpaError):

@@ -16,7 +16,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from schemas.errors import ProjectionError, StaleBatchError
+from schemas.errors import ProjectionError
 from session_model.ports import CommitResult, ProjectionStore
 from session_model.projection import (
     BatchFolder,
@@ -85,7 +85,6 @@ class Folding:
     # The known state each update was folded onto (by identity; sessions new to the store have
     # none): how a commit tells an update folded on a state its predecessor found stale.
     based_on: Mapping[str, Session] = field(default_factory=dict)
-    forgotten: int = 0  # how many times the cycle had forgotten its states when it folded this
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,18 +129,17 @@ class ProjectionCycle:
     _uncommitted: Counter[str] = field(default_factory=Counter, repr=False)
     # The states the last commit found stale, by session (what the next batch may be folded on).
     _stale: dict[str, list[Session]] = field(default_factory=dict, repr=False)
-    _forgotten: int = field(default=0, repr=False)  # calls of `forget`
 
     def forget(self) -> None:
         """Drop every known state (another projector may have advanced these sessions).
 
-        A batch folded before this must not be committed after it (`StaleBatchError`): it was
-        folded onto states a batch in flight left, which may never land.
+        Only once every batch folded so far has been committed or will be: a batch folded onto
+        another's states, committed after this while the other never lands, would conflict, be
+        folded again onto the store's state without the other's events, and land so.
         """
         self.cache.clear()
         self._stale.clear()
         self._uncommitted.clear()
-        self._forgotten += 1
 
     def project(self, records: Sequence[Record]) -> Steps[tuple[Folding, Committed]]:
         """Fold and commit one batch."""
@@ -166,7 +164,7 @@ class ProjectionCycle:
         """
         folding = yield from self._fold(records)
         self._uncommitted.update(u.session_id for u in folding.updates)
-        return folding if not self._forgotten else replace(folding, forgotten=self._forgotten)
+        return folding
 
     def _fold(self, records: Sequence[Record]) -> Steps[Folding]:
         ids = list(dict.fromkeys(r.event.session_id for r in records))
@@ -262,11 +260,6 @@ class ProjectionCycle:
         already applied (by a stale owner, or by this projector's own earlier fold) whose
         decisions may never have been published: they are returned in `again`.
         """
-        if folding.forgotten != self._forgotten:
-            raise StaleBatchError(
-                f"a batch of {len(folding.records)} records was folded before the projector "
-                "forgot its states: not written (its records are to be delivered again)"
-            )
         records, updates = folding.records, folding.updates
         self._uncommitted.subtract(u.session_id for u in updates)
         done: list[SessionUpdate] = []

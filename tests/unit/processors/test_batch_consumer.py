@@ -68,19 +68,11 @@ class Harness:
         """Close the event loop Faust made for its consumer thread (it never started)."""
         self.consumer._thread.thread_loop.close()
 
-    async def handler(self, raws: Sequence[RawRecord], current: Any = None) -> None:
+    async def handler(self, raws: Sequence[RawRecord]) -> None:
         self.offsets_seen_during_call.append(self.consumer._new_offset(EV0))
         self.calls.append(list(raws))
         if self.fail:
             raise RuntimeError("redis down")
-
-    def revoke(self) -> None:
-        """What a revocation does first (`BatchConsumer.on_partitions_revoked`)."""
-        self.consumer._revocations += 1
-
-    def reassign(self) -> None:
-        """What the seek to the committed offsets after a reassignment does (`perform_seek`)."""
-        self.consumer._sought = self.consumer._revocations
 
     async def deliver(self, fetched: dict[TP, list[Any]]) -> None:
         """One round of the fetch loop, then wait for the batch's commit phase."""
@@ -161,42 +153,17 @@ def test_a_fetch_of_only_old_records_calls_nothing() -> None:
     asyncio.run(main())
 
 
-def test_a_revocation_during_the_batch_leaves_every_offset_of_it_unmarked() -> None:
+def test_a_partition_revoked_during_the_batch_is_not_marked() -> None:
     async def main() -> None:
         h = Harness()
-        seen: list[bool] = []
 
-        async def revoke_meanwhile(raws: Sequence[RawRecord], current: Any) -> None:
-            seen.append(current())
-            h.revoke()
-            seen.append(current())
+        async def revoke_meanwhile(raws: Sequence[RawRecord]) -> None:
+            h.assigned = {EV1}
 
         h.app.batch_handlers["ev"] = revoke_meanwhile
         await h.deliver({EV0: [record(EV0, 0)], EV1: [record(EV1, 3)]})
-        assert seen == [True, False]
-        # Fetched again from the committed offsets after the reassignment, by whoever owns them.
-        assert (h.consumer._new_offset(EV0), h.consumer._new_offset(EV1)) == (None, None)
-
-    asyncio.run(main())
-
-
-def test_records_fetched_before_or_during_a_revocation_are_not_handed_over() -> None:
-    async def main() -> None:
-        h = Harness()
-        before = h.consumer._epoch()
-        h.revoke()
-        during = h.consumer._epoch()
-        assert during is None
-        for epoch in (before, during):
-            await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers, epoch)
-            await h.consumer.settle()
-        assert h.calls == [] and h.consumer._new_offset(EV0) is None
-        h.reassign()  # sought back to the committed offsets: what is fetched now is current
-        await h.consumer._deliver(
-            {EV0: [record(EV0, 0)]}, h.app.batch_handlers, h.consumer._epoch()
-        )
-        await h.consumer.settle()
-        assert len(h.calls) == 1 and h.consumer._new_offset(EV0) == 1
+        assert h.consumer._new_offset(EV0) is None
+        assert h.consumer._new_offset(EV1) == 4
 
     asyncio.run(main())
 
@@ -216,7 +183,7 @@ def test_the_commit_phase_overlaps_the_next_batch_and_batches_finish_in_order() 
         log: list[str] = []
         release = asyncio.Event()
 
-        async def handler(raws: Sequence[RawRecord], current: Any = None) -> Any:
+        async def handler(raws: Sequence[RawRecord]) -> Any:
             first = raws[0].offset
             log.append(f"fold {first}")
 
@@ -249,7 +216,7 @@ def test_a_failed_commit_phase_is_raised_and_its_offsets_stay_uncommitted() -> N
     async def main() -> None:
         h = Harness()
 
-        async def handler(raws: Sequence[RawRecord], current: Any = None) -> Any:
+        async def handler(raws: Sequence[RawRecord]) -> Any:
             async def commit() -> None:
                 raise RuntimeError("decisions topic unavailable")
 
@@ -263,69 +230,38 @@ def test_a_failed_commit_phase_is_raised_and_its_offsets_stay_uncommitted() -> N
     asyncio.run(main())
 
 
-def _stuck_commit(h: Harness, log: list[str]) -> None:
-    """Batches whose commit phase never ends (a send refused and retried for ever)."""
-
-    async def handler(raws: Sequence[RawRecord], current: Any = None) -> Any:
-        async def commit() -> None:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                log.append(f"cancelled {raws[0].offset}")
-                raise
-
-        return commit()
-
-    h.app.batch_handlers["ev"] = handler
-
-
-def test_a_revocation_cancels_a_batch_still_committing_after_its_grace() -> None:
+def test_a_batch_still_committing_after_the_grace_is_left_going_and_the_next_waits() -> None:
     async def main() -> None:
         h = Harness()
         log: list[str] = []
-        plain = h.app.batch_handlers["ev"]
-        _stuck_commit(h, log)
-        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
-        h.revoke()
-        assert not await h.app.settle_within(0.05)
-        assert log == ["cancelled 0"]
-        assert h.consumer._new_offset(EV0) is None  # left to be fetched again
-        await h.consumer.settle()  # nothing in flight any more: the next batch does not wait
-        h.reassign()
-        h.app.batch_handlers["ev"] = plain
-        await h.deliver({EV0: [record(EV0, 0)]})
-        assert h.consumer._new_offset(EV0) == 1
+        release = asyncio.Event()
 
-    asyncio.run(main())
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            first = raws[0].offset
 
-
-def test_the_next_batch_folded_onto_a_cancelled_one_is_never_committed() -> None:
-    async def main() -> None:
-        h = Harness()
-        log: list[str] = []
-        _stuck_commit(h, log)
-        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
-
-        async def folded_onto_it(raws: Sequence[RawRecord], current: Any) -> Any:
             async def commit() -> None:
-                log.append(f"commit {raws[0].offset}")
+                if first == 0:
+                    await release.wait()  # a send refused and retried
+                log.append(f"commit {first}")
 
             return commit()
 
-        h.app.batch_handlers["ev"] = folded_onto_it
-        # The fetch loop folded the next batch and waits for the stuck one before committing it.
+        h.app.batch_handlers["ev"] = handler
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        # The fetch loop folded the next batch onto it and waits before committing that one.
         waiting = asyncio.ensure_future(
             h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
         )
-        await asyncio.sleep(0.01)
-        assert not waiting.done()
-        h.revoke()
         assert not await h.app.settle_within(0.02)
-        await waiting  # not cancelled with it: it drops its batch and the loop goes on
-        await h.consumer.settle()
-        # Written, the next batch would hold states missing the cancelled one's events.
-        assert log == ["cancelled 0"]
+        await asyncio.sleep(0.01)
+        # Neither cancelled nor skipped: the next batch must never be written without it.
+        assert not waiting.done() and log == []
         assert h.consumer._new_offset(EV0) is None
+        release.set()
+        await waiting
+        await h.consumer.settle()
+        assert log == ["commit 0", "commit 1"]
+        assert h.consumer._new_offset(EV0) == 2
 
     asyncio.run(main())
 
@@ -335,7 +271,7 @@ def test_a_stopping_fetch_loop_leaves_the_batch_in_flight_to_finish() -> None:
         h = Harness()
         release = asyncio.Event()
 
-        async def handler(raws: Sequence[RawRecord], current: Any = None) -> Any:
+        async def handler(raws: Sequence[RawRecord]) -> Any:
             async def commit() -> None:
                 await release.wait()
 
@@ -359,7 +295,7 @@ def test_a_batch_that_ends_within_the_grace_is_waited_for_and_its_failure_raised
     async def main() -> None:
         h = Harness()
 
-        async def handler(raws: Sequence[RawRecord], current: Any = None) -> Any:
+        async def handler(raws: Sequence[RawRecord]) -> Any:
             async def commit() -> None:
                 await asyncio.sleep(0.02)
                 if raws[0].offset == 1:

@@ -10,7 +10,7 @@ import pytest
 
 from projections.memory import InMemoryProjectionStore
 from schemas import events as ev
-from schemas.errors import ProjectionError, StaleBatchError
+from schemas.errors import ProjectionError
 from session_model.cycle import (
     PAUSE,
     Committed,
@@ -382,26 +382,6 @@ def test_a_history_read_older_than_the_state_loses_none_of_the_state_s_decisions
     )
     assert type(requests[-1]) is ReadDecisions
     assert [d.question_id for _, d in folding.again] == ["q1", f"q{count - 1}"]
-
-
-def test_a_batch_folded_before_the_cycle_forgot_its_states_is_never_committed() -> None:
-    # Batch N folded, N+1 folded onto N's states; N never lands (cancelled on a revocation) and
-    # the cycle forgets. Written, N+1 would conflict, be folded again onto the store's state
-    # from before N, and land without N's events: the next owner's marks would then skip them.
-    events = [started(), *[turn("user", f"t{i}") for i in range(6)]]
-    records = _records(events)
-    store = InMemoryProjectionStore()
-    cycle = ProjectionCycle(BatchFolder())
-    run(cycle.project(records[:2]), store)
-    run(cycle.fold(records[2:4]), store)  # N
-    n1 = run(cycle.fold(records[4:]), store)  # N+1
-    cycle.forget()
-    with pytest.raises(StaleBatchError):
-        run(cycle.commit(n1), store)
-    assert store.folded(("s1",))["s1"].mark == records[1].position  # nothing written
-    # The records delivered again from the committed offset: nothing is lost.
-    run(cycle.project(records[2:]), store)
-    assert store.folded(("s1",))["s1"].state == fold("s1", events)
 
 
 def test_a_state_read_again_with_a_later_mark_during_a_history_read_reads_further_back() -> None:
