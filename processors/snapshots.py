@@ -163,13 +163,16 @@ class Snapshotter:
         if guard is None:
             yield
             return
-        try:
-            await asyncio.wait_for(guard.acquire(), timeout)
-        except TimeoutError:
-            current = self._current
-            if current is not None:
-                current.cancel()  # it lets go of the guard first, then stops its writer
-            await guard.acquire()
+        if not guard.locked():
+            await guard.acquire()  # free: taken at once (a timeout of 0 would refuse it)
+        else:
+            try:
+                await asyncio.wait_for(guard.acquire(), timeout)
+            except TimeoutError:
+                current = self._current
+                if current is not None:
+                    current.cancel()  # it lets go of the guard first, then stops its writer
+                await guard.acquire()
         try:
             yield
         finally:

@@ -372,3 +372,20 @@ def test_a_stopping_worker_cancels_the_round_under_way() -> None:
         assert round_task.cancelled()
 
     asyncio.run(main())
+
+
+def test_a_revocation_with_no_grace_left_takes_a_free_guard_without_cancelling_anything() -> None:
+    async def main() -> None:
+        sink = StuckSink()
+        guard = asyncio.Lock()
+        taker = Snapshotter(FakeStore({"a": 10}, {"a": 3}), sink, lambda: {0}, lambda p: 10)
+        taker.guard = guard
+        opening = asyncio.ensure_future(asyncio.Event().wait())  # a round opening its writer
+        taker._current = opening  # type: ignore[assignment]
+        async with taker.held(0.0):
+            assert guard.locked()
+        await asyncio.sleep(0.01)
+        assert not opening.done()  # not cancelled
+        opening.cancel()
+
+    asyncio.run(main())
