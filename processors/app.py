@@ -222,6 +222,15 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # Faust turns a failure here into a crash of the app, whose stop may then wait on the
+        # batches in hand: the process ends within `shutdown_grace` in any case.
+        try:
+            await let_go()
+        except Exception:
+            start_watchdog(settings.shutdown_grace, "a revocation that failed")
+            raise
+
+    async def let_go() -> None:
         # The batches in hand finish (Redis, decisions) before the cache is dropped. A rebalance
         # waits for every member's revocation: past `revoke_grace` the worker stops instead.
         loop = asyncio.get_running_loop()
@@ -230,10 +239,13 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         def left() -> float:
             return max(0.0, deadline - loop.time())
 
-        try:
-            await asyncio.wait_for(folding.acquire(), settings.revoke_grace)
-        except TimeoutError:
-            stalled("a batch being folded")
+        if not folding.locked():
+            await folding.acquire()  # free: taken at once (a timeout of 0 would refuse it)
+        else:
+            try:
+                await asyncio.wait_for(folding.acquire(), settings.revoke_grace)
+            except TimeoutError:
+                stalled("a batch being folded")
         try:
             if not await app.settle_within(left()):
                 stalled("the batch being committed")
@@ -250,13 +262,14 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
 
     def stalled(what: str) -> NoReturn:
-        """Stop the worker: the rebalance goes on without it, its batches in hand unwritten.
+        """Stop the worker, its batches in hand unwritten (the rebalance waits no longer).
 
         Why not drop them and go on: the batch after one left unwritten was folded onto its
         states, and the records fetched after it sit past it in their partitions; a worker that
         goes on must write neither, yet its fetch positions are past both. A worker that stops
         commits no offset past what it applied, and is started again from the committed ones.
         """
+        worker().stats.last_offsets.clear()  # no snapshot round starts while it stops
         message = (
             f"{what} has not finished {settings.revoke_grace:g}s after the worker's partitions "
             "were revoked (Redis or the broker refusing): the worker stops, so that the group's "
@@ -264,7 +277,6 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             "offsets (MILPA_REVOKE_GRACE)"
         )
         log.error("%s", message)
-        start_watchdog(settings.shutdown_grace, "a revocation it could not finish")
         raise RevocationStalledError(message)
 
     @app.on_before_shutdown.connect

@@ -183,10 +183,15 @@ class BatchConsumer(faust_aiokafka.Consumer):
         return result
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        """Forget what was finished on revoked partitions (their new owner commits from now)."""
+        """Forget what was finished on revoked partitions (their new owner commits from now).
+
+        After the revocation's handlers ran: they wait for the batch being committed, which
+        would mark its partitions again (the assignment is still the old one meanwhile), and a
+        mark left for a revoked partition would be committed over its next owner's.
+        """
+        await super().on_partitions_revoked(revoked)
         for tp in revoked:
             self._finished.pop(tp, None)
-        await super().on_partitions_revoked(revoked)
 
 
 async def _finish(work: Awaitable[Completion]) -> Completion:

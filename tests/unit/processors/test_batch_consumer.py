@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from milpa_sessions.settings import Settings
@@ -164,6 +165,25 @@ def test_a_partition_revoked_during_the_batch_is_not_marked() -> None:
         await h.deliver({EV0: [record(EV0, 0)], EV1: [record(EV1, 3)]})
         assert h.consumer._new_offset(EV0) is None
         assert h.consumer._new_offset(EV1) == 4
+
+    asyncio.run(main())
+
+
+def test_a_batch_finished_while_its_partitions_are_revoked_leaves_them_unmarked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def revocation_handlers(consumer: BatchConsumer, revoked: set[TP]) -> None:
+        await consumer.settle()  # as the worker's on_revoked does, the assignment still the old
+
+    monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_revoked", revocation_handlers)
+
+    async def main() -> None:
+        h = Harness()
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        assert h.consumer._new_offset(EV0) is None  # being committed
+        await h.consumer.on_partitions_revoked({EV0})
+        # A mark left for EV0 would be committed over its next owner's.
+        assert EV0 not in h.consumer._finished
 
     asyncio.run(main())
 
