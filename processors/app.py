@@ -24,10 +24,10 @@ from typing import Any, NoReturn
 import faust.auth
 from faust.exceptions import ConsumerNotStarted
 
+from processors import running
 from processors.batch_consumer import BatchApp
 from processors.metrics import Metrics
 from processors.ports import Consumed
-from processors.running import start_watchdog
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
 from processors.sinks import FencedSnapshotSink, LazyProducer, ProducerSink
@@ -39,7 +39,6 @@ from processors.worker import ProjectionWorker, WorkerStats
 from producers.kafka_access import KafkaAccess
 from projections.redis_store import AsyncRedisProjectionStore
 from projections.requests import Retention
-from schemas.errors import RevocationStalledError
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys
@@ -227,7 +226,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         try:
             await let_go()
         except Exception:
-            start_watchdog(settings.shutdown_grace, "a revocation that failed")
+            running.start_watchdog(settings.shutdown_grace, "a revocation that failed")
             raise
 
     async def let_go() -> None:
@@ -245,10 +244,10 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             try:
                 await asyncio.wait_for(folding.acquire(), settings.revoke_grace)
             except TimeoutError:
-                stalled("a batch being folded")
+                await stalled("a batch being folded")
         try:
             if not await app.settle_within(left()):
-                stalled("the batch being committed")
+                await stalled("the batch being committed")
             worker().forget()
         finally:
             folding.release()
@@ -261,23 +260,26 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         async with snapshots.held(left()):
             worker().stats.last_offsets.clear()  # lag is only measured on what this worker reads
 
-    def stalled(what: str) -> NoReturn:
-        """Stop the worker, its batches in hand unwritten (the rebalance waits no longer).
+    async def stalled(what: str) -> NoReturn:
+        """End the worker at once, its batches in hand unwritten, having left the group.
 
         Why not drop them and go on: the batch after one left unwritten was folded onto its
         states, and the records fetched after it sit past it in their partitions; a worker that
-        goes on must write neither, yet its fetch positions are past both. A worker that stops
-        commits no offset past what it applied, and is started again from the committed ones.
+        goes on must write neither, yet its fetch positions are past both. Why not Faust's
+        orderly stop: it would wait on the very batch that does not finish, and the member would
+        join the rebalance it holds up before it ended (its partitions then waiting for its
+        session timeout). Ended at once, as after kill -9, it commits no offset past what it
+        applied, and its records are read again from the committed offsets.
         """
-        worker().stats.last_offsets.clear()  # no snapshot round starts while it stops
         message = (
             f"{what} has not finished {settings.revoke_grace:g}s after the worker's partitions "
-            "were revoked (Redis or the broker refusing): the worker stops, so that the group's "
-            "rebalance does not wait for it; its records are read again from the committed "
-            "offsets (MILPA_REVOKE_GRACE)"
+            "were revoked (Redis or the broker refusing): the worker leaves the group and ends, "
+            "so that the rebalance does not wait for it; its records are read again from the "
+            "committed offsets (MILPA_REVOKE_GRACE)"
         )
         log.error("%s", message)
-        raise RevocationStalledError(message)
+        await app.leave_group(min(5.0, settings.shutdown_grace))
+        running.exit_now(f"{what} did not finish within MILPA_REVOKE_GRACE")
 
     @app.on_before_shutdown.connect
     async def stop_producers(sender: Any, /, *args: Any, **kwargs: Any) -> None:

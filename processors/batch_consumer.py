@@ -168,6 +168,28 @@ class BatchConsumer(faust_aiokafka.Consumer):
             if self._in_flight is in_flight and in_flight.done():
                 self._in_flight = None
 
+    async def leave_group(self, timeout: float) -> bool:
+        """Tell the group coordinator this member leaves (LeaveGroup), within `timeout` s.
+
+        Whether it was sent. For a worker about to end in the middle of a rebalance: without
+        it the coordinator would give it partitions, which would wait for its session timeout.
+        aiokafka's client lives on Faust's consumer thread, so the request is made there.
+        """
+        thread = self._thread
+        consumer = getattr(thread, "_consumer", None)
+        coordinator = getattr(consumer, "_coordinator", None)
+        if coordinator is None:
+            return False
+        sent = asyncio.run_coroutine_threadsafe(
+            coordinator._maybe_leave_group(), thread.thread_loop
+        )
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(sent), timeout)
+        except Exception as e:  # ending anyway: the session timeout does it then
+            log.warning("could not leave the consumer group: %r", e)
+            return False
+        return True
+
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
         seen = set()
         for tp in [*super()._filter_tps_with_pending_acks(topics), *self._finished]:
@@ -244,6 +266,10 @@ class BatchApp(faust.App):
     async def settle_within(self, timeout: float) -> bool:
         """Wait at most `timeout` s for the batch being committed: False if it is still going."""
         return await cast(BatchConsumer, self.consumer).settle_within(timeout)
+
+    async def leave_group(self, timeout: float) -> bool:
+        """Leave the consumer group (LeaveGroup) within `timeout` s; whether it was sent."""
+        return await cast(BatchConsumer, self.consumer).leave_group(timeout)
 
     def _new_transport(self) -> Any:
         return BatchTransport(self.conf.broker_consumer, self)

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, NoReturn
 
 from schemas.errors import BackendError
 
@@ -29,19 +29,21 @@ log = logging.getLogger(__name__)
 FORCED_EXIT: Final = 70  # EX_SOFTWARE: the orderly stop did not finish within the grace period
 
 
+def exit_now(why: str) -> NoReturn:
+    """End the process at once, with `FORCED_EXIT` (as kill -9 would, the timer child too)."""
+    message = f"milpa-sessions: {why}; exiting now (records not committed are redelivered)\n"
+    try:
+        os.write(2, message.encode())
+    finally:
+        os._exit(FORCED_EXIT)
+
+
 def start_watchdog(grace: float, why: str) -> threading.Thread:
     """Exit the process `grace` seconds from now unless it has ended by then."""
 
     def expire() -> None:
         time.sleep(grace)
-        message = (
-            f"milpa-sessions: still stopping {grace:g}s after {why}; exiting now "
-            "(records not committed are redelivered)\n"
-        )
-        try:
-            os.write(2, message.encode())
-        finally:
-            os._exit(FORCED_EXIT)
+        exit_now(f"still stopping {grace:g}s after {why}")
 
     thread = threading.Thread(target=expire, name="shutdown-watchdog", daemon=True)
     thread.start()

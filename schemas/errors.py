@@ -153,11 +153,6 @@ class NotYetVisibleError(ProjectionError):
     code = "not_yet_visible"
 
 
-class RevocationStalledError(BackendError):
-    """A worker could not finish its batches in hand within its grace after a revocation (Redis
-    or the broker refusing): it stops rather than hold up the group's rebalance."""
-
-
 class ConfigurationError(MilpaError):
     """A setting is missing or malformed."""
 

@@ -1,4 +1,4 @@
-"""The worker's revocation (`processors.app`): bounded by `revoke_grace`, then the worker stops."""
+"""The worker's revocation (`processors.app`): bounded by `revoke_grace`, then the worker ends."""
 
 from __future__ import annotations
 
@@ -9,23 +9,34 @@ from typing import Any
 import pytest
 
 from milpa_sessions.settings import Settings
-from processors import app as app_module
+from processors import running
 from processors.app import ProjectorApp, create_app
-from schemas.errors import RevocationStalledError
 from session_model.signing import TrustedKeys
+
+
+class Ended(Exception):  # noqa: N818 - what `exit_now` does, raised instead in these tests
+    """The process would have ended here."""
 
 
 @pytest.fixture
 def watchdogs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The watchdogs the revocation started (none really: the test process stays)."""
+    """The watchdogs the revocation started and the ends it made (none really: the test
+    process stays)."""
     started: list[str] = []
-    monkeypatch.setattr(app_module, "start_watchdog", lambda grace, why: started.append(why))
+    monkeypatch.setattr(running, "start_watchdog", lambda grace, why: started.append(why))
+
+    def exit_now(why: str) -> None:
+        started.append(f"ended: {why}")
+        raise Ended(why)
+
+    monkeypatch.setattr(running, "exit_now", exit_now)
     return started
 
 
 @pytest.fixture
 def projector() -> Iterator[ProjectorApp]:
-    """The worker's app with a grace of 50 ms, snapshots off; nothing connects."""
+    """The worker's app with a grace of 50 ms, snapshots off; nothing connects (and with no
+    consumer started, there is no group to leave)."""
     env = {"MILPA_REVOKE_GRACE": "0.05", "MILPA_SNAPSHOT_INTERVAL_S": "0"}
     made = create_app(Settings.from_env(env), TrustedKeys())
     yield made
@@ -50,7 +61,7 @@ def test_a_revocation_with_nothing_in_hand_forgets_and_goes_on(
     assert watchdogs == []
 
 
-def test_a_batch_still_committing_after_the_grace_stops_the_worker_unwritten(
+def test_a_batch_still_committing_after_the_grace_ends_the_worker_unwritten(
     projector: ProjectorApp, watchdogs: list[str]
 ) -> None:
     async def main() -> None:
@@ -58,7 +69,7 @@ def test_a_batch_still_committing_after_the_grace_stops_the_worker_unwritten(
         stuck: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         projector.app.consumer._in_flight = stuck
         worker.cycle.cache["s1"] = object()  # type: ignore[assignment]
-        with pytest.raises(RevocationStalledError, match="MILPA_REVOKE_GRACE"):
+        with pytest.raises(Ended, match="MILPA_REVOKE_GRACE"):
             await _revoke(projector)
         assert not stuck.cancelled()  # left going: the batch after it must not be written alone
         assert "s1" in worker.cycle.cache  # not forgotten: nothing folded onto it goes stale
@@ -66,7 +77,10 @@ def test_a_batch_still_committing_after_the_grace_stops_the_worker_unwritten(
         await worker.store.client.aclose()
 
     asyncio.run(main())
-    assert watchdogs == ["a revocation that failed"]
+    assert watchdogs == [
+        "ended: the batch being committed did not finish within MILPA_REVOKE_GRACE",
+        "a revocation that failed",
+    ]
 
 
 def test_a_batch_that_failed_stops_the_worker_with_its_error(
