@@ -44,6 +44,7 @@ from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys
 
 log = logging.getLogger(__name__)
+LEAVE_GROUP_S = 5.0  # at most, for a stalled worker's LeaveGroup before it ends
 
 
 def faust_credentials(access: KafkaAccess) -> Any:
@@ -228,6 +229,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         except Exception:
             running.start_watchdog(settings.shutdown_grace, "a revocation that failed")
             raise
+        # (Cancelled, as by SIGTERM's stop: that stop has a watchdog of its own.)
 
     async def let_go() -> None:
         # The batches in hand finish (Redis, decisions) before the cache is dropped. A rebalance
@@ -278,7 +280,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             "committed offsets (MILPA_REVOKE_GRACE)"
         )
         log.error("%s", message)
-        await app.leave_group(min(5.0, settings.shutdown_grace))
+        worker().stats.last_offsets.clear()  # no snapshot round starts while it leaves
+        await app.leave_group(LEAVE_GROUP_S)
         running.exit_now(f"{what} did not finish within MILPA_REVOKE_GRACE")
 
     @app.on_before_shutdown.connect

@@ -171,21 +171,23 @@ class BatchConsumer(faust_aiokafka.Consumer):
     async def leave_group(self, timeout: float) -> bool:
         """Tell the group coordinator this member leaves (LeaveGroup), within `timeout` s.
 
-        Whether it was sent. For a worker about to end in the middle of a rebalance: without
-        it the coordinator would give it partitions, which would wait for its session timeout.
-        aiokafka's client lives on Faust's consumer thread, so the request is made there.
+        Whether the attempt finished in time (aiokafka logs a refusal, and sends nothing for a
+        member with no generation). For a worker about to end in the middle of a rebalance:
+        the coordinator would otherwise wait for it. aiokafka's client lives on Faust's consumer
+        thread, whose loop runs on while the coordinator awaits the revocation's handlers: the
+        request is made there.
         """
         thread = self._thread
         consumer = getattr(thread, "_consumer", None)
         coordinator = getattr(consumer, "_coordinator", None)
         if coordinator is None:
             return False
-        sent = asyncio.run_coroutine_threadsafe(
-            coordinator._maybe_leave_group(), thread.thread_loop
-        )
         try:
+            sent = asyncio.run_coroutine_threadsafe(
+                coordinator._maybe_leave_group(), thread.thread_loop
+            )
             await asyncio.wait_for(asyncio.wrap_future(sent), timeout)
-        except Exception as e:  # ending anyway: the session timeout does it then
+        except Exception as e:  # ending anyway: the coordinator gives up on it in its own time
             log.warning("could not leave the consumer group: %r", e)
             return False
         return True

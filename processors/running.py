@@ -30,7 +30,8 @@ FORCED_EXIT: Final = 70  # EX_SOFTWARE: the orderly stop did not finish within t
 
 
 def exit_now(why: str) -> NoReturn:
-    """End the process at once, with `FORCED_EXIT` (as kill -9 would, the timer child too)."""
+    """End the process at once, with `FORCED_EXIT`, as kill -9 would (nothing else runs; the
+    timer child reads the end of its pipe and ends after the sends it has in flight)."""
     message = f"milpa-sessions: {why}; exiting now (records not committed are redelivered)\n"
     try:
         os.write(2, message.encode())
