@@ -6,7 +6,8 @@ offsets become committable only after the worker returned, that is after Redis h
 of it (or the dead-letter topic does). Faust's exactly-once mode is not used: at-least-once
 delivery plus the marks in Redis make redeliveries no-ops. Folding a batch overlaps with committing
 the previous one (the commits stay in order); a rebalance waits for both before the worker drops
-its cache. With the scheduler enabled, the app starts the worker's timer process
+its cache, for `MILPA_REVOKE_GRACE` at most: past it the worker leaves the group and ends, as
+after kill -9, rather than hold up every member's rebalance. With the scheduler enabled, the app starts the worker's timer process
 (`processors.timer_link`) and feeds it every committed batch's deadlines and each new assignment;
 compaction stays in the app's loop (`processors.scheduler`). With `MILPA_PROJECTION_TTL_S` the
 commits index ended sessions and a `RetentionSweep` in the app's loop drops the due ones of the
