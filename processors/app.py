@@ -7,11 +7,11 @@ of it (or the dead-letter topic does). Faust's exactly-once mode is not used: at
 delivery plus the marks in Redis make redeliveries no-ops. Folding a batch overlaps with committing
 the previous one (the commits stay in order); a rebalance waits for both before the worker drops
 its cache, for `MILPA_REVOKE_GRACE` at most: past it the worker leaves the group and ends, as
-after kill -9, rather than hold up every member's rebalance. With the scheduler enabled, the app starts the worker's timer process
-(`processors.timer_link`) and feeds it every committed batch's deadlines and each new assignment;
-compaction stays in the app's loop (`processors.scheduler`). With `MILPA_PROJECTION_TTL_S` the
-commits index ended sessions and a `RetentionSweep` in the app's loop drops the due ones of the
-partitions the worker owns (whether or not it runs the scheduler).
+after kill -9, rather than hold up every member's rebalance. With the scheduler enabled, the app
+starts the worker's timer process (`processors.timer_link`) and feeds it every committed batch's
+deadlines and each new assignment; compaction stays in the app's loop (`processors.scheduler`).
+With `MILPA_PROJECTION_TTL_S` the commits index ended sessions and a `RetentionSweep` in the app's
+loop drops the due ones of the partitions the worker owns (whether or not it runs the scheduler).
 """
 
 from __future__ import annotations
