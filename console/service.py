@@ -148,14 +148,8 @@ def answer(
     store = rt.deps.store
     session = store.load(session_id)
     question = session.question
-    closed = session.closed_question
-    late = (
-        session.ended
-        and closed is not None
-        and closed.id == question_id
-        and (asked_seq is None or asked_seq == closed.seq)  # late for that asking, not another
-    )
-    if late and closed is not None and closed.relaxed_by(answer):
+    late = session.late_for(question_id, asked_seq)  # for that asking, not an earlier one
+    if late is not None and late.relaxed_by(answer):
         # Late, and refused by the fold: still no act this caller may make.
         _may_relax(caller, f"answer {answer!r} to {question_id!r}")
     granting: str | None = None

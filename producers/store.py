@@ -359,14 +359,7 @@ class SessionStore:
         """
         if self.checks:
             session = self.load(session_id)
-            closed = session.closed_question
-            # Late: an answer to the asking whose window closed (not to an earlier one).
-            late = (
-                closed is not None
-                and closed.id == question_id
-                and (asked_seq is None or asked_seq == closed.seq)
-            )
-            if session.ended and not late:
+            if session.ended and session.late_for(question_id, asked_seq) is None:
                 raise SessionEndedError(f"session {session_id!r} has ended")
             if not session.ended and (
                 session.question is None or session.question.id != question_id

@@ -250,29 +250,15 @@ def _closing_or_ended(s: Session, e: Event, auth: Authority) -> _Handler:
     p = e.payload
     if e.type == _CLOSED and (s.ended_because is None or _already_decided(s, p.get("question_id"))):
         return _window_closed
-    if e.type == _ANSWERED and _is_closed_question(s, p):
-        by, _ = _principal(e, s.closed_question.id if s.closed_question else "", auth.keys)
+    if e.type == _ANSWERED and (late := s.late_for(p.get("question_id"), p.get("asked_seq"))):
+        by, _ = _principal(e, late.id, auth.keys)
         raise _Reject("late_answer", by=by)
     raise _Reject("session_ended")
-
-
-def _is_closed_question(s: Session, p: Mapping[str, Any]) -> bool:
-    """An answer to the asking whose window closed (one naming an earlier asking is not late
-    for it: the session had ended, and its verified answerer must not be shown as late here)."""
-    closed = s.closed_question
-    return closed is not None and p.get("question_id") == closed.id and _answers_asking(p, closed)
 
 
 def _already_decided(s: Session, question_id: object) -> bool:
     """A closing for a question that an answer or an earlier closing already resolved."""
     return question_id in s.decided
-
-
-def _answers_asking(p: Mapping[str, Any], question: Question) -> bool:
-    """Whether an answer names this asking of the question (one without `asked_seq`, written
-    before answers named their asking, is taken as meant for the open one)."""
-    asked = p.get("asked_seq")
-    return asked is None or (type(asked) is int and asked == question.seq)
 
 
 def _signed_answer(e: Event, keys: TrustedKeys) -> bool:
@@ -517,7 +503,7 @@ def _question_answered(s: Session, e: Event, seq: int, auth: Authority) -> tuple
     question = s.question
     if question is None:
         raise _Reject("no_open_question")
-    if p.get("question_id") != question.id or not _answers_asking(p, question):
+    if not question.named_by(p.get("question_id"), p.get("asked_seq")):
         raise _Reject("stale_question")
     answer = _text(p, "answer")
     approval = _approval(s, e, question, seq, auth) if question.reason == "signature" else None

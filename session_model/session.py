@@ -105,6 +105,13 @@ class Question:
         deadline = self.deadline()
         return deadline is not None and now > deadline
 
+    def named_by(self, question_id: object, asked_seq: object) -> bool:
+        """Whether an answer naming this question id and asking answers this asking (one without
+        `asked_seq`, written before answers named their asking, is taken as meant for it)."""
+        return question_id == self.id and (
+            asked_seq is None or (type(asked_seq) is int and asked_seq == self.seq)
+        )
+
     def relaxed_by(self, answer: str) -> bool:
         """Whether answering `answer` makes the session less supervised (an operator's act): any
         answer to a signature question (it carries the signed call), and a yes (the first
@@ -351,6 +358,14 @@ class Session:
     def ended(self) -> bool:
         """True once the session has ended (by `ended` or a closed answer window)."""
         return self.ended_because is not None
+
+    def late_for(self, question_id: object, asked_seq: object) -> Question | None:
+        """The asking whose window closed, if an answer naming these came late for it (one
+        naming an earlier asking is not late: a write to an ended session, as any other)."""
+        closed = self.closed_question
+        if self.ended and closed is not None and closed.named_by(question_id, asked_seq):
+            return closed
+        return None
 
     def is_runnable(self) -> bool:
         """Started, not ended and no open question."""
