@@ -27,6 +27,7 @@ from faust.exceptions import ConsumerNotStarted
 
 from processors import running
 from processors.batch_consumer import BatchApp
+from processors.locks import acquire_within
 from processors.metrics import Metrics
 from processors.ports import Consumed
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
@@ -241,13 +242,8 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         def left() -> float:
             return max(0.0, deadline - loop.time())
 
-        if not folding.locked():
-            await folding.acquire()  # free: taken at once (a timeout of 0 would refuse it)
-        else:
-            try:
-                await asyncio.wait_for(folding.acquire(), settings.revoke_grace)
-            except TimeoutError:
-                await stalled("a batch being folded")
+        if not await acquire_within(folding, settings.revoke_grace):
+            await stalled("a batch being folded")
         try:
             if not await app.settle_within(left()):
                 await stalled("the batch being committed")

@@ -32,6 +32,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from processors.locks import acquire_within
 from projections.requests import RawState
 from projections.snapshots import (
     SNAPSHOT_MAX_BYTES,
@@ -163,16 +164,11 @@ class Snapshotter:
         if guard is None:
             yield
             return
-        if not guard.locked():
-            await guard.acquire()  # free: taken at once (a timeout of 0 would refuse it)
-        else:
-            try:
-                await asyncio.wait_for(guard.acquire(), timeout)
-            except TimeoutError:
-                current = self._current
-                if current is not None:
-                    current.cancel()  # it lets go of the guard first, then stops its writer
-                await guard.acquire()
+        if not await acquire_within(guard, timeout):
+            current = self._current
+            if current is not None:
+                current.cancel()  # it lets go of the guard first, then stops its writer
+            await guard.acquire()
         try:
             yield
         finally:
