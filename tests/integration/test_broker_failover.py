@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import time
 import uuid
 from collections import Counter
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka.net import inet
 
 from deploy.harness import (
     Proc,
@@ -64,26 +62,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.plain_stack]  # a plaintext c
 
 SESSIONS = 600  # about 13k events
 PRODUCE_S = 30.0  # the producer spreads them over this long, so the outage falls mid-stream
-
-
-@pytest.fixture(autouse=True)
-def _close_refused_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kafka-python 3.0.12 leaves the socket of every refused connection open
-    (`kafka.net.inet.KafkaNetSocket.sock_connect` raises without closing it); here the producer
-    and the admin clients retry the killed broker for seconds, and warnings-as-errors would report
-    each of those sockets once collected. Close them as the library should."""
-    original = inet.KafkaNetSocket.sock_connect
-
-    async def sock_connect(
-        self: Any, net: Any, sock: socket.socket, sockaddr: Any, timeout_at: Any = None
-    ) -> Any:
-        try:
-            return await original(self, net, sock, sockaddr, timeout_at=timeout_at)
-        except BaseException:
-            sock.close()
-            raise
-
-    monkeypatch.setattr(inet.KafkaNetSocket, "sock_connect", sock_connect)
 
 
 @dataclass(frozen=True)
