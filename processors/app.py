@@ -26,7 +26,7 @@ import faust.auth
 from faust.exceptions import ConsumerNotStarted
 
 from processors import running
-from processors.batch_consumer import BatchApp
+from processors.batch_consumer import BatchApp, leave_group_supported
 from processors.locks import acquire_within
 from processors.metrics import Metrics
 from processors.ports import Consumed
@@ -105,6 +105,12 @@ class ProjectorApp:
 
 def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     """Build the Faust app for these settings (nothing connects until it runs)."""
+    if not leave_group_supported():
+        log.warning(
+            "this aiokafka has no GroupCoordinator._maybe_leave_group: a worker whose revocation "
+            "stalls past MILPA_REVOKE_GRACE will end without leaving the group, and the "
+            "rebalance will wait for its session timeout (pin aiokafka as pyproject.toml does)"
+        )
     app = BatchApp(
         settings.consumer_group,
         **faust_options(settings),

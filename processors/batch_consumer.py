@@ -21,11 +21,13 @@ integration tests check commits, redelivery and rebalances against a real broker
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
 import faust
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -38,6 +40,15 @@ log = logging.getLogger(__name__)
 # the next batch: folding overlaps with committing, and batches still finish in order.
 Completion = Awaitable[None] | None
 BatchHandler = Callable[[Sequence[Consumed]], Awaitable[Completion]]
+
+
+def leave_group_supported() -> bool:
+    """Whether the installed aiokafka has the coordinator's LeaveGroup call `leave_group` makes.
+
+    It is private API (`GroupCoordinator._maybe_leave_group`): an upgrade may drop it, and the
+    worker says so when it starts instead of finding out in a stalled revocation.
+    """
+    return inspect.iscoroutinefunction(getattr(GroupCoordinator, "_maybe_leave_group", None))
 
 
 class BatchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -180,7 +191,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         thread = self._thread
         consumer = getattr(thread, "_consumer", None)
         coordinator = getattr(consumer, "_coordinator", None)
-        if coordinator is None:
+        if coordinator is None or not leave_group_supported():
             return False
         try:
             sent = asyncio.run_coroutine_threadsafe(

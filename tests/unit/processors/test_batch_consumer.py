@@ -8,12 +8,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from milpa_sessions.settings import Settings
 from processors.app import create_app
-from processors.batch_consumer import BatchApp, BatchConsumer, BatchConsumerThread, _finish
+from processors.batch_consumer import (
+    BatchApp,
+    BatchConsumer,
+    BatchConsumerThread,
+    _finish,
+    leave_group_supported,
+)
 from processors.ports import RawRecord
 from session_model.signing import TrustedKeys
 
@@ -428,3 +435,25 @@ def test_the_workers_fetch_settings_reach_its_consumer_from_the_environment() ->
             app.consumer._thread.thread_loop.close()
 
     asyncio.run(main())
+
+
+def test_the_installed_aiokafka_has_the_leave_group_call_a_stalled_revocation_makes() -> None:
+    """A tripwire for upgrades: `leave_group` calls aiokafka's private coordinator API."""
+    assert leave_group_supported()
+
+
+def test_without_aiokafkas_leave_group_call_the_worker_warns_at_start_and_sends_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delattr(GroupCoordinator, "_maybe_leave_group")
+    assert not leave_group_supported()
+    with caplog.at_level("WARNING", logger="processors.app"):
+        create_app(Settings(), TrustedKeys.none())
+    assert "_maybe_leave_group" in caplog.text
+    sent: list[Any] = []
+    coordinator = SimpleNamespace(_maybe_leave_group=lambda: sent.append(1))
+    thread = SimpleNamespace(_consumer=SimpleNamespace(_coordinator=coordinator))
+    consumer = BatchConsumer.__new__(BatchConsumer)
+    consumer._thread = thread  # type: ignore[assignment]
+    assert asyncio.run(consumer.leave_group(1.0)) is False
+    assert sent == []
