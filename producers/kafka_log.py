@@ -7,6 +7,7 @@ requests in flight: retries can neither duplicate nor reorder a session's events
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -92,39 +93,49 @@ class KafkaEventLog:
         self.config = config or ProducerConfig()
         self.client_id = client_id
         self._client: KafkaProducer | None = None
+        # Writers share one log across threads (the console's pool, the demo's agents): the
+        # producer is made once, not once per thread that appends first.
+        self._making = threading.Lock()
 
     @property
     def _producer(self) -> KafkaProducer:
-        if self._client is None:
-            from kafka import KafkaProducer  # noqa: PLC0415 - see `_kafka_error`
+        client = self._client
+        if client is not None:
+            return client
+        with self._making:
+            if self._client is None:
+                self._client = self._make_producer()
+            return self._client
 
-            c = self.config
-            self.access.check_reachable(c.max_block)
-            access = self.access.kafka_python()
-            if c.extra.keys() & access.keys():
-                raise ConfigurationError(
-                    "ProducerConfig.extra may not set how the producer reaches Kafka "
-                    f"({', '.join(sorted(c.extra.keys() & access.keys()))}: the Kafka settings)"
-                )
-            options: dict[str, Any] = {
-                **access,
-                "client_id": self.client_id,
-                "acks": "all",
-                "enable_idempotence": True,
-                "max_in_flight_requests_per_connection": c.max_in_flight,
-                "linger_ms": c.linger_ms,
-                "batch_size": c.batch_size,
-                "compression_type": c.compression_type,
-                "max_block_ms": int(c.max_block * 1000),
-                "bootstrap_timeout_ms": int(c.max_block * 1000),
-                "metrics_enabled": c.client_metrics,
-                **c.extra,
-            }
-            try:
-                self._client = KafkaProducer(**options)
-            except _kafka_error() as e:
-                raise LogError(f"cannot connect a producer to {self.bootstrap}: {e}") from e
-        return self._client
+    def _make_producer(self) -> KafkaProducer:
+        from kafka import KafkaProducer  # noqa: PLC0415 - see `_kafka_error`
+
+        c = self.config
+        self.access.check_reachable(c.max_block)
+        access = self.access.kafka_python()
+        if c.extra.keys() & access.keys():
+            raise ConfigurationError(
+                "ProducerConfig.extra may not set how the producer reaches Kafka "
+                f"({', '.join(sorted(c.extra.keys() & access.keys()))}: the Kafka settings)"
+            )
+        options: dict[str, Any] = {
+            **access,
+            "client_id": self.client_id,
+            "acks": "all",
+            "enable_idempotence": True,
+            "max_in_flight_requests_per_connection": c.max_in_flight,
+            "linger_ms": c.linger_ms,
+            "batch_size": c.batch_size,
+            "compression_type": c.compression_type,
+            "max_block_ms": int(c.max_block * 1000),
+            "bootstrap_timeout_ms": int(c.max_block * 1000),
+            "metrics_enabled": c.client_metrics,
+            **c.extra,
+        }
+        try:
+            return KafkaProducer(**options)
+        except _kafka_error() as e:
+            raise LogError(f"cannot connect a producer to {self.bootstrap}: {e}") from e
 
     def send(self, event: Event) -> Any:
         """Queue one event without waiting; returns kafka-python's future (see `flush`)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import kafka
@@ -64,3 +66,33 @@ def test_extra_options_may_not_change_how_the_producer_reaches_kafka() -> None:
     config = ProducerConfig(extra={"bootstrap_servers": ["10.0.0.1:9092"]})
     with pytest.raises(ConfigurationError, match="bootstrap_servers"):
         KafkaEventLog("127.0.0.1:9", "t", config=config)._producer  # noqa: B018
+
+
+def test_threads_appending_first_at_once_share_one_producer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The console's pool and the demo's agents share a log: one producer, not one per thread."""
+    built: list[object] = []
+    started = threading.Barrier(8)
+
+    class Slow:
+        def __init__(self, **options: Any) -> None:
+            time.sleep(0.05)  # connecting: long enough for every thread to arrive meanwhile
+            built.append(self)
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Slow)
+    monkeypatch.setattr(KafkaAccess, "check_reachable", lambda self, timeout: None)
+    log = KafkaEventLog("127.0.0.1:9", "t")
+    got: list[object] = []
+
+    def first_append() -> None:
+        started.wait()
+        got.append(log._producer)
+
+    threads = [threading.Thread(target=first_append) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1
+    assert got == built * 8
