@@ -6,8 +6,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
 
 from producers.kafka_access import KafkaAccess
 from schemas.codec import EventCodec
@@ -21,7 +22,9 @@ class Subscription(ABC, Generic[T]):
 
     Records are published at least once. `order(record)` gives a record's session and its
     position in that session's stream; a record not beyond the last one yielded for its session
-    is a repeat. Undecodable records are counted (`undecodable`) and skipped.
+    is a repeat. Undecodable records are counted (`undecodable`) and skipped. `commit()`
+    commits what was handed out: all of a `poll()`, or, iterating, up to the item last yielded
+    (a poll's later records are read again after a restart, never lost).
     """
 
     def __init__(
@@ -39,6 +42,7 @@ class Subscription(ABC, Generic[T]):
         self.poll_timeout_ms = poll_timeout_ms
         self.undecodable = 0
         self._last: dict[str, tuple[int, ...]] = {}
+        self._handed: dict[TopicPartition, int] = {}  # the next offset to commit, per partition
         try:
             self._consumer = KafkaConsumer(
                 topic,
@@ -51,26 +55,37 @@ class Subscription(ABC, Generic[T]):
             raise LogError(f"cannot subscribe to {topic}: {e}") from e
 
     def poll(self) -> list[T]:
-        """One poll: new records in log order (possibly none)."""
+        """One poll: new records in log order (possibly none), all handed out at once."""
+        read = self._read()
+        for _, tp, following in read:
+            self._handed[tp] = following
+        return [item for item, _, _ in read if item is not None]
+
+    def _read(self) -> list[tuple[T | None, TopicPartition, int]]:
+        """One poll's records: (the item, or None for a repeat or an undecodable one; its
+        partition; the offset after it)."""
         try:
             batches = self._consumer.poll(timeout_ms=self.poll_timeout_ms)
         except KafkaError as e:
             raise LogError(f"polling {self.topic} failed: {e}") from e
-        out: list[T] = []
-        for records in batches.values():
+        out: list[tuple[T | None, TopicPartition, int]] = []
+        for tp, records in batches.items():
             for record in records:
-                try:
-                    item = self.decode(record.value)
-                except (CodecError, KeyError, TypeError, ValueError):
-                    self.undecodable += 1
-                    continue
-                session, position = self.order(item)
-                last = self._last.get(session)
-                if last is not None and position <= last:
-                    continue
-                self._last[session] = position
-                out.append(item)
+                out.append((self._new(record.value), tp, record.offset + 1))
         return out
+
+    def _new(self, raw: bytes) -> T | None:
+        try:
+            item = self.decode(raw)
+        except (CodecError, KeyError, TypeError, ValueError):
+            self.undecodable += 1
+            return None
+        session, position = self.order(item)
+        last = self._last.get(session)
+        if last is not None and position <= last:
+            return None
+        self._last[session] = position
+        return item
 
     @abstractmethod
     def decode(self, raw: bytes) -> T:
@@ -81,15 +96,26 @@ class Subscription(ABC, Generic[T]):
         """The record's session and its position in that session's stream."""
 
     def commit(self) -> None:
-        """Commit what has been polled (call after handling it)."""
-        try:
-            self._consumer.commit()
-        except KafkaError as e:
-            raise LogError(f"committing {self.topic} offsets failed: {e}") from e
+        """Commit what has been handed out (call after handling it)."""
+        owned = self._consumer.assignment()
+        offsets = {
+            tp: OffsetAndMetadata(offset, "", -1)
+            for tp, offset in self._handed.items()
+            if tp in owned  # (a partition another member took since: its own to commit)
+        }
+        if offsets:
+            try:
+                self._consumer.commit(offsets)
+            except KafkaError as e:
+                raise LogError(f"committing {self.topic} offsets failed: {e}") from e
+        self._handed.clear()
 
     def __iter__(self) -> Iterator[T]:
         while True:
-            yield from self.poll()
+            for item, tp, following in self._read():
+                self._handed[tp] = following  # handed out (or skipped) once the caller has it
+                if item is not None:
+                    yield item
 
     def close(self) -> None:
         """Leave the group."""
