@@ -72,6 +72,13 @@ def _settings(ctx: click.Context) -> Settings:
 
 def write_user(path: Path, username: str, hashed: str) -> None:
     """Set `username`'s hash in the users file, atomically, readable by its owner only."""
+    try:
+        _write_user(path, username, hashed)
+    except OSError as e:
+        raise ConfigurationError(f"cannot write the users file {path}: {e.strerror}") from e
+
+
+def _write_user(path: Path, username: str, hashed: str) -> None:
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     kept = [line for line in lines if line.split(":", 1)[0].strip() != username]
     kept.append(f"{username}:{hashed}")
