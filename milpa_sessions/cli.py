@@ -16,11 +16,18 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from milpa_sessions import wiring
 from milpa_sessions.console_cli import console
 from milpa_sessions.failures import CleanGroup
-from milpa_sessions.render import out, render_session, render_timeline, session_summary
+from milpa_sessions.render import (
+    add_literal_row,
+    out,
+    render_session,
+    render_timeline,
+    session_summary,
+)
 from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
 from producers.store import SessionStore
@@ -271,7 +278,9 @@ def replay_cmd(
         if ignored:
             err.print(f"warning: snapshots ignored ({ignored}): their sessions were folded whole")
         if snapshot_error:
-            err.print(f"warning: the rebuild stands, but snapshotting it failed: {snapshot_error}")
+            err.print(
+                Text(f"warning: the rebuild stands, but snapshotting it failed: {snapshot_error}")
+            )
 
     _emit(ctx, data, say)
 
@@ -375,8 +384,14 @@ def list_cmd(ctx: Ctx) -> None:
     def render() -> None:
         table = Table("session", "status", "mode", "seq", "open todos", "goal")
         for r in rows:
-            table.add_row(
-                r["id"], r["status"], r["mode"], str(r["seq"]), str(r["open_todos"]), r["goal"]
+            add_literal_row(
+                table,
+                r["id"],
+                r["status"],
+                r["mode"],
+                str(r["seq"]),
+                str(r["open_todos"]),
+                r["goal"],
             )
         out.print(table)
 
@@ -419,8 +434,7 @@ def window(ctx: Ctx, session_id: str) -> None:
 
     def render() -> None:
         for m in messages:
-            out.print(f"[bold]{m.role}[/bold]: ", end="")
-            out.print(m.content, markup=False, highlight=False)
+            out.print(Text.assemble((m.role, "bold"), ": ", m.content))
 
     _emit(ctx, data, render)
 
@@ -432,9 +446,10 @@ def window(ctx: Ctx, session_id: str) -> None:
 @pass_ctx
 def timeline(ctx: Ctx, session_id: str, since: int, follow: bool) -> None:
     """The session's timeline (what a board shows)."""
-    projections = wiring.projection_store(ctx.settings)
+    store = _store(ctx)
+    _load(ctx, store, session_id)  # an unknown or expired session fails as `show` does
     while True:
-        entries = projections.timeline(session_id, since)
+        entries = store.timeline(session_id, since)
         if entries:
             _emit(ctx, entries, functools.partial(render_timeline, entries))
             since = entries[-1]["seq"]
@@ -473,7 +488,12 @@ def answer(  # noqa: PLR0917 - click passes every argument and option positional
     asked_seq = question.seq if question is not None and question.id == question_id else None
     if question is not None and question.id == question_id and question.reason == "signature":
         operation, digest = question.signed_call()
-        err.print(f"signing exactly this call in {session_id}: {operation} {question.why}")
+        # Agent-written, shown as is: markup in `why` could hide part of the call signed, and
+        # rich's own line breaks could hide a space in it (the terminal wraps instead).
+        err.print(
+            Text(f"signing exactly this call in {session_id}: {operation} {question.why}"),
+            soft_wrap=True,
+        )
         err.print(f"(argument digest {digest}; the approval allows this call once)")
         if not yes and not click.confirm("sign it?", err=True):
             raise InvalidCall("not signed: nothing was appended")

@@ -14,6 +14,13 @@ from session_model.session import History, Session
 out = Console()
 
 
+def add_literal_row(table: Table, *cells: str) -> None:
+    """Add a row whose cells print exactly as written, never read as markup or emoji codes."""
+    # Agents write goals, todos, questions, ids and codes: a `[/x]` in one would raise, a tag
+    # would hide text, `:x:` would print an emoji. `Text` cells are printed as they are.
+    table.add_row(*(Text(c) for c in cells))
+
+
 def session_summary(s: Session) -> dict[str, Any]:
     """The fields `list` and `show` print."""
     status = "ended" if s.ended else ("waiting" if s.question else "runnable")
@@ -40,21 +47,24 @@ def render_session(s: Session, history: History | None = None) -> None:
     """Print a session as an operator reads it (every decision and rejection with `history`,
     else the recent ones its state keeps)."""
     info = session_summary(s)
-    out.print(f"[bold]{s.id}[/bold]  {info['status']}  mode={s.mode.value}  seq={s.seq}")
-    out.print(f"goal: {s.goal}", markup=False)
+    out.print(
+        Text.assemble((s.id, "bold"), f"  {info['status']}  mode={s.mode.value}  seq={s.seq}")
+    )
+    out.print(Text(f"goal: {s.goal}"))
     if s.ended_because:
-        out.print(f"ended: {s.ended_because}", markup=False)
+        out.print(Text(f"ended: {s.ended_because}"))
     if s.todos:
         todos = Table("todo", "status", "v", "origin", "disposition", "text", title="todos")
         for t in s.todos:
-            todos.add_row(t.id, t.status, str(t.version), t.origin, t.disposition, t.text)
+            add_literal_row(todos, t.id, t.status, str(t.version), t.origin, t.disposition, t.text)
         out.print(todos)
     decisions = history.decisions if history else s.decisions
     rejections = history.rejections if history else s.rejections
     if decisions:
         table = Table("question", "answer", "by", "verified", "reason", title="decisions")
         for d in decisions:
-            table.add_row(
+            add_literal_row(
+                table,
                 d.question,
                 d.answer or "(window closed)",
                 d.by.id if d.by else "-",
@@ -65,7 +75,7 @@ def render_session(s: Session, history: History | None = None) -> None:
     if rejections:
         table = Table("seq", "type", "code", "producer", title="rejections")
         for r in rejections:
-            table.add_row(str(r.seq), r.type, r.code, r.producer)
+            add_literal_row(table, str(r.seq), r.type, r.code, r.producer)
         out.print(table)
 
 

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from milpa_sessions import wiring
 from milpa_sessions.failures import CleanGroup
+from milpa_sessions.render import add_literal_row
 from milpa_sessions.settings import Settings
 from projections.analytics import (
     GROUPINGS,
@@ -137,18 +138,23 @@ def pauses(since: timedelta | None, by: str) -> None:
             table = Table("hour (UTC)", "reason", "pauses", title=title)
             for r in rows:
                 assert isinstance(r, PausesByHour)
-                table.add_row(r.hour.strftime("%Y-%m-%d %H:00"), r.reason, str(r.count))
+                add_literal_row(table, r.hour.strftime("%Y-%m-%d %H:00"), r.reason, str(r.count))
         elif by == "outcome":
             table = Table("outcome", "reason", "pauses", title=title)
             for r in rows:
                 assert isinstance(r, PausesByOutcome)
-                table.add_row(r.outcome.replace("_", " "), r.reason, str(r.count))
+                add_literal_row(table, r.outcome.replace("_", " "), r.reason, str(r.count))
         else:
             table = Table("reason", "pauses", "answered", "expired", "still open", title=title)
             reasons = [r for r in rows if isinstance(r, PausesByReason)]
             for r in reasons:
-                table.add_row(
-                    r.reason, str(r.pauses), str(r.answered), str(r.expired), str(r.still_open)
+                add_literal_row(
+                    table,
+                    r.reason,
+                    str(r.pauses),
+                    str(r.answered),
+                    str(r.expired),
+                    str(r.still_open),
                 )
             if reasons:
                 table.add_section()
@@ -188,7 +194,7 @@ def tta() -> None:
             else:
                 within = f"> {_seconds(max(TTA_BUCKETS))}"
             share = f"{100 * running[r.reason] / totals[r.reason]:.0f}%"
-            table.add_row(r.reason, within, str(r.count), share)
+            add_literal_row(table, r.reason, within, str(r.count), share)
         out.print(table)
 
     _emit(as_json, [asdict(r) for r in rows], render)
@@ -207,7 +213,7 @@ def _counts_table(title: str, header: str, rows: Sequence[Count]) -> None:
         return
     table = Table(header, "count", title=title)
     for r in rows:
-        table.add_row(r.name, str(r.count))
+        add_literal_row(table, r.name, str(r.count))
     out.print(table)
 
 
