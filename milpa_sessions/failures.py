@@ -12,11 +12,10 @@ import sys
 from typing import Any, NoReturn
 
 import click
-import redis
 from rich.console import Console
 
 from milpa_sessions.settings import Settings
-from projections.redis_client import redacted
+from projections.redis_client import REDIS_ERRORS, redacted
 from schemas.errors import InvalidCall, LogError, MilpaError, ProjectionError
 
 err = Console(stderr=True, soft_wrap=True)
@@ -40,7 +39,7 @@ class CleanGroup(click.Group):
             _fail(f"error: {type(e).__name__}: {e} (Kafka at {_where(ctx, 'kafka')})", EXIT_FAILED)
         except MilpaError as e:
             _fail(f"error: {type(e).__name__}: {e}", EXIT_FAILED)
-        except redis.RedisError as e:  # a driver error an adapter did not wrap: still one line
+        except REDIS_ERRORS as e:  # a driver error an adapter did not wrap: still one line
             _fail(f"error: Redis at {_where(ctx, 'redis')}: {type(e).__name__}: {e}", EXIT_FAILED)
         except Exception as e:
             if not _kafka_error(e):

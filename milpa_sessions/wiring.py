@@ -10,15 +10,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import redis
-
 from processors.running import wait_for
 from processors.settings import WorkerSettings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from producers.settings import StackSettings, WriterSettings
 from producers.store import SessionStore
 from projections.analytics import Analytics
-from projections.redis_client import redacted
+from projections.redis_client import REDIS_ERRORS, redacted
 from projections.redis_store import RedisProjectionStore
 from projections.requests import Retention
 from projections.sign_ins import RedisSignInFailures
@@ -145,13 +143,14 @@ def console_deps(settings: WriterSettings) -> ConsoleDeps:
 
 def ping_redis(settings: StackSettings) -> None:
     """Raise `ProjectionError` unless Redis answers a PING within the configured timeout."""
-    client = settings.redis_sync()
     try:
-        client.ping()
-    except redis.RedisError as e:
+        client = settings.redis_sync()  # a Redis Cluster client connects as it is made
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except REDIS_ERRORS as e:
         raise ProjectionError(f"{type(e).__name__}: {e}") from e
-    finally:
-        client.close()
 
 
 def checked_cutover(settings: StackSettings) -> Cutover:

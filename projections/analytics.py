@@ -14,11 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, overload
 
-import redis
-
 from projections.indexes import TTA_BUCKETS, UNSPECIFIED, hour_of
 from projections.keys import Keys
-from projections.redis_client import SyncClient
+from projections.redis_client import REDIS_ERRORS, SyncClient
 from projections.requests import Request, execute, generations
 from schemas.errors import ProjectionError
 
@@ -250,7 +248,7 @@ class Analytics:
                 for pattern in patterns
                 for k in self.client.scan_iter(match=pattern, count=1000)
             }
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(f"listing the {name} hour buckets failed: {e}") from e
         return tuple(sorted(h for h in found if len(h) == 10 and h.isdigit()))
 

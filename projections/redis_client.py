@@ -11,8 +11,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Final, cast
+from urllib.parse import unquote_plus, urlsplit
 
 import hiredis
 import redis
@@ -30,10 +30,14 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
-from redis.exceptions import DataError
+from redis.exceptions import DataError, RedisClusterException
 from redis.retry import Retry
 
-from schemas.errors import ConfigurationError
+from schemas.errors import ConfigurationError, ProjectionError
+
+# What redis-py raises when a call fails: its cluster client's own errors (no node answers, the
+# slots are not covered, ...) are not `RedisError`s. Catch this, never `RedisError` alone.
+REDIS_ERRORS: Final = (redis.RedisError, RedisClusterException)
 
 
 def _pack(args: tuple[Any, ...]) -> bytes:
@@ -206,16 +210,18 @@ def async_client(
         cluster_options: dict[str, Any] = {**auth.options(url)}
         if timeout is not None:
             cluster_options["socket_timeout"] = cluster_options["socket_connect_timeout"] = timeout
+        _check_cluster_url(url)
         try:
-            # from_url makes an instance of the class it is called on (typed as its base).
+            # from_url makes an instance of the class it is called on (typed as its base). It
+            # connects to nothing (the first command does), so what it refuses is the settings.
             client = cast(AsyncCluster, AsyncCluster.from_url(url, **cluster_options))
-        except ValueError as e:
-            raise ConfigurationError(f"Redis URL {redacted(url)}: {e}") from e
+        except (ValueError, RedisClusterException) as e:
+            raise _bad_url(url, e) from e
         return client
     try:
         options: dict[str, Any] = dict(parse_url(url))
     except ValueError as e:
-        raise ConfigurationError(f"Redis URL {redacted(url)}: {e}") from e
+        raise _bad_url(url, e) from e
     options["connection_class"] = _PACKING[options.get("connection_class", Connection)]
     if timeout is not None:
         options["socket_timeout"] = options["socket_connect_timeout"] = timeout
@@ -233,20 +239,83 @@ def sync_client(
     options: dict[str, Any] = {**auth.options(url)}
     if timeout is not None:
         options["socket_timeout"] = options["socket_connect_timeout"] = timeout
-    try:
-        if cluster:
+    if cluster:
+        _check_cluster_url(url)
+        try:
+            # redis-py's synchronous cluster client asks a node for the slots as it is made.
             return cast(SyncCluster, SyncCluster.from_url(url, **options))
+        except ValueError as e:
+            raise _bad_url(url, e) from e
+        except REDIS_ERRORS as e:
+            raise ProjectionError(f"connecting to the Redis Cluster failed: {e}") from e
+    try:
         return redis.Redis.from_url(
             url, retry=Retry(NoBackoff(), 0), command_packer=HIREDIS_PACKER, **options
         )
     except ValueError as e:
-        raise ConfigurationError(f"Redis URL {redacted(url)}: {e}") from e
+        raise _bad_url(url, e) from e
+
+
+def _check_cluster_url(url: str) -> None:
+    """Refuse the URLs a Redis Cluster client cannot use, as a `ConfigurationError`."""
+    # Checked first: the synchronous client raises these as it raises "no node answers".
+    try:
+        options = parse_url(url)
+    except ValueError as e:
+        raise _bad_url(url, e) from e
+    if "path" in options:
+        raise ConfigurationError(
+            f"Redis URL {redacted(url)}: a Redis Cluster is reached over TCP (redis:// or "
+            "rediss://), not a unix:// socket"
+        )
+    if options.get("db"):
+        raise ConfigurationError(f"Redis URL {redacted(url)}: a Redis Cluster has database 0 only")
+
+
+UNREADABLE_URL = "<an unreadable Redis URL>"
+
+
+def _bad_url(url: str, e: Exception) -> ConfigurationError:
+    """The error for a URL redis-py refuses (its text only if the URL's password can be hidden)."""
+    shown = redacted(url)
+    if shown == UNREADABLE_URL:  # urllib's errors may quote the URL: its password too
+        return ConfigurationError(
+            f"Redis URL {shown}: it does not parse (percent-encode a password's / ? # @ [ ] &)"
+        )
+    return ConfigurationError(f"Redis URL {shown}: {e}")
 
 
 def redacted(url: str) -> str:
-    """`url` without its password, for messages and logs."""
+    """`url` without its passwords (userinfo, `?password=`), for messages and logs; never raises."""
+    try:
+        return _redacted(url)
+    except Exception:
+        return UNREADABLE_URL
+
+
+def _redacted(url: str) -> str:
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    userinfo, at, host = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    netloc = f"{user}:***@{host}" if at and colon else parts.netloc
+    query = [(part, *part.partition("=")) for part in parts.query.split("&") if part]
+    rest = [part for part, name, equals, _ in query if not (equals and _is_password(name))]
+    if "@" in parts.path + "".join(rest) + parts.fragment:
+        # A password's unencoded "/", "?" or "#" ended the URL's authority before its "@": what
+        # follows may be the password's end, and what looks like a port its beginning.
+        return UNREADABLE_URL
+    shown = f"{parts.scheme}:" if parts.scheme else ""
+    if netloc or "//" in url:  # not urlunsplit: it writes unix:///p as unix:/p
+        shown += f"//{netloc}"
+    shown += parts.path
+    if query:
+        # A part with no "=" is ignored by redis-py: perhaps the rest of a password with a "&".
+        hidden = (f"{name}=***" if _is_password(name) else part for part, name, _, _ in query)
+        shown += "?" + "&".join(part if "=" in part else "***" for part in hidden)
+    # A fragment means nothing to redis-py: it can only be text cut off something (a password).
+    return shown + ("#***" if parts.fragment else "")
+
+
+def _is_password(name: str) -> bool:
+    """Whether a query parameter's (encoded) name is `password`, which redis-py honours."""
+    return unquote_plus(name).strip().lower() == "password"

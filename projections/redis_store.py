@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import redis
-
 from projections import requests
 from projections import waiting as index
 from projections.codec import history_from_json, turn_from_json
 from projections.keys import Keys
-from projections.redis_client import NO_AUTH, AsyncClient, RedisAuth, SyncClient, sync_client
+from projections.redis_client import (
+    NO_AUTH,
+    REDIS_ERRORS,
+    AsyncClient,
+    RedisAuth,
+    SyncClient,
+    sync_client,
+)
 from projections.requests import (
     COMMIT_GROUP,
     EXPIRE_BATCH,
@@ -192,7 +197,7 @@ class RedisProjectionStore:
             self._fresh()  # a live rebuild may move the session's partition meanwhile
             try:
                 raw = self.client.hget(self.keys.session(session_id).state, "mark")
-            except redis.RedisError as e:
+            except REDIS_ERRORS as e:
                 raise ProjectionError(f"reading the mark of {session_id} failed: {e}") from e
             if _mark_reached(raw, at_least):
                 return
@@ -216,7 +221,7 @@ class RedisProjectionStore:
                     sid = keys.session_of(text(key))
                     if sid is not None and keys.generation(keys.partition_of(sid)) == generation:
                         found.add(sid)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(f"listing sessions failed: {e}") from e
         return sorted(found)
 
@@ -225,7 +230,7 @@ class RedisProjectionStore:
         self._fresh()
         try:
             raw = self.client.lrange(self.keys.session(session_id).turns, 0, -1)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(f"reading history failed: {e}") from e
         return [turn_from_json(t) for t in raw]
 
@@ -239,7 +244,7 @@ class RedisProjectionStore:
             for key in k.history:
                 pipe.lrange(key, 0, -1)
             mark, *lists = pipe.execute()
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(f"reading the history failed: {e}") from e
         session = self.load(session_id) if mark is not None else None
         return history_from_json(session_id, session.seq if session else 0, lists)
@@ -253,7 +258,7 @@ class RedisProjectionStore:
             pipe.hgetall(k.state)
             pipe.lrange(k.timeline, 0, -1)
             raw = pipe.execute()
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(f"reading the timeline failed: {e}") from e
         return parse_timeline(raw, session_id, since)
 
@@ -326,7 +331,7 @@ class RedisProjectionStore:
                     batch = []
             if batch:
                 deleted += self.client.unlink(*batch)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(f"deleting projections ({pattern}) failed: {e}") from e
         return deleted
 

@@ -45,7 +45,13 @@ from projections.codec import (
 from projections.indexes import ceil_ms, index_changes
 from projections.keys import HISTORY_KINDS, Keys
 from projections.layout import ELSEWHERE, WHOLE
-from projections.redis_client import AsyncClient, AsyncCluster, SyncClient, SyncCluster
+from projections.redis_client import (
+    REDIS_ERRORS,
+    AsyncClient,
+    AsyncCluster,
+    SyncClient,
+    SyncCluster,
+)
 from schemas import events as ev
 from schemas.errors import ConfigurationError, ProjectionError, ReplicationLagError
 from session_model.dedupe import CHUNK, RecentIds
@@ -237,7 +243,7 @@ def execute(client: SyncClient, request: Request[T], durability: Durability = NO
                 client.nodes_manager.initialize()
                 if attempt == 2:
                     raise
-    except (redis.RedisError, RedisClusterException) as e:
+    except REDIS_ERRORS as e:
         raise _wrapped(request, e) from e
     raise AssertionError("unreachable")
 
@@ -276,7 +282,7 @@ async def execute_async(
             for i, reply in zip(at, node_replies, strict=True):
                 replies[i] = reply
         return request.parse(replies)
-    except (redis.RedisError, RedisClusterException) as e:
+    except REDIS_ERRORS as e:
         raise _wrapped(request, e) from e
 
 

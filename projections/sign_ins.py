@@ -4,11 +4,9 @@ same attempts per name and per client address: one counter per bucket (of names,
 
 from __future__ import annotations
 
-import redis
-
 from projections import scripts
 from projections.keys import Keys
-from projections.redis_client import SyncClient
+from projections.redis_client import REDIS_ERRORS, SyncClient
 from schemas.errors import ProjectionError
 
 
@@ -26,7 +24,7 @@ class RedisSignInFailures:
         window_ms = max(1, int(window_s * 1000))
         try:
             count, left_ms = self.client.eval(scripts.SIGN_IN_ATTEMPT.source, 1, key, window_ms)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(
                 f"counting a sign-in attempt failed: {type(e).__name__}: {e}"
             ) from e
@@ -36,7 +34,7 @@ class RedisSignInFailures:
         """Forget the bucket's attempts."""
         try:
             self.client.delete(self.keys.sign_in_failures(bucket))
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(
                 f"clearing sign-in attempts failed: {type(e).__name__}: {e}"
             ) from e

@@ -3,10 +3,8 @@ a cookie its operator signed out: one key per session, expiring when the cookie 
 
 from __future__ import annotations
 
-import redis
-
 from projections.keys import Keys
-from projections.redis_client import SyncClient
+from projections.redis_client import REDIS_ERRORS, SyncClient
 from schemas.errors import ProjectionError
 
 
@@ -21,7 +19,7 @@ class RedisSignOuts:
         """Remember the session as signed out for `ttl_s` seconds."""
         try:
             self.client.set(self.keys.signed_out(session_id), b"1", px=max(1, int(ttl_s * 1000)))
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(f"recording a sign-out failed: {type(e).__name__}: {e}") from e
 
     def __contains__(self, session_id: object) -> bool:
@@ -29,5 +27,5 @@ class RedisSignOuts:
             return False
         try:
             return bool(self.client.exists(self.keys.signed_out(session_id)))
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise ProjectionError(f"reading the sign-outs failed: {type(e).__name__}: {e}") from e

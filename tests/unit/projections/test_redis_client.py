@@ -1,15 +1,20 @@
-"""The hiredis packer sends exactly what redis-py's Python packer would."""
+"""The Redis clients: hiredis packing, URLs shown without secrets, drivers' errors wrapped."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from redis.asyncio.cluster import NodesManager as AsyncNodesManager
 from redis.asyncio.connection import Connection
+from redis.cluster import NodesManager as SyncNodesManager
 from redis.connection import Connection as SyncConnection
-from redis.exceptions import DataError
+from redis.exceptions import DataError, RedisClusterUnreachableError
 
+from projections.keys import Keys
 from projections.redis_client import (
+    UNREADABLE_URL,
     HiredisConnection,
     HiredisSSLConnection,
     HiredisUnixConnection,
@@ -17,7 +22,8 @@ from projections.redis_client import (
     redacted,
     sync_client,
 )
-from schemas.errors import ConfigurationError
+from projections.requests import execute_async, generations
+from schemas.errors import ConfigurationError, ProjectionError
 
 COMMANDS: list[tuple[Any, ...]] = [
     ("PING",),
@@ -96,3 +102,89 @@ def test_a_synchronous_clients_connections_pack_byte_for_byte_as_redis_pys(url: 
         assert connection.pack_command(*command) == [b"".join(plain.pack_command(*command))]
     with pytest.raises(DataError):
         connection.pack_command("SET", "k", object())
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
+        ("unix://:s3cret@/run/redis.sock", "unix://:***@/run/redis.sock"),
+        ("redis://h:1/0?pass%77ord=s3cret&db=1", "redis://h:1/0?pass%77ord=***&db=1"),
+        ("redis://u:s3cret@h:1/0?password=s3cret", "redis://u:***@h:1/0?password=***"),
+        ("redis://h:1/0?password=s3c&ret", "redis://h:1/0?password=***&***"),
+        ("redis://h:1/0#s3cret", "redis://h:1/0#***"),
+    ],
+)
+def test_a_password_in_the_query_is_hidden_too(url: str, shown: str) -> None:
+    """redis-py honours `?password=` (its docs give it for unix:// sockets)."""
+    assert redacted(url) == shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@[::1",  # urllib raises ValueError
+        "redis://:s3cr\u2100t@h:1",  # urllib raises ValueError, quoting the password
+        "redis://:s3/cret@h:1/0",  # the authority ends at the password's "/"
+        "redis://:s3#cret@h:1/0",
+        "redis://:s3?cret@h:1/0",
+    ],
+)
+def test_a_url_that_does_not_parse_is_shown_as_a_placeholder(url: str) -> None:
+    assert redacted(url) == UNREADABLE_URL
+
+
+@pytest.mark.parametrize("url", ["redis://:s3cret@[::1", "redis://:s3cret/x@h:1/0"])
+def test_a_client_for_a_url_that_does_not_parse_is_a_configuration_error(url: str) -> None:
+    for make in (sync_client, async_client):
+        with pytest.raises(ConfigurationError) as raised:
+            make(url)
+        assert "s3cret" not in str(raised.value)
+        assert UNREADABLE_URL in str(raised.value)
+
+
+def test_redacted_never_raises() -> None:
+    assert redacted(None) == UNREADABLE_URL  # type: ignore[arg-type]
+
+
+def _no_node_answers(monkeypatch: pytest.MonkeyPatch, manager: type) -> None:
+    def initialize(self: object, *args: object, **kwargs: object) -> None:
+        raise RedisClusterUnreachableError("Redis Cluster cannot be connected: Error 111")
+
+    monkeypatch.setattr(manager, "initialize", initialize)
+
+
+def test_a_cluster_client_no_node_answers_is_a_projection_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-py's synchronous cluster client connects as it is made; its error is no
+    `RedisError`."""
+    _no_node_answers(monkeypatch, SyncNodesManager)
+    with pytest.raises(ProjectionError, match="cannot be connected") as raised:
+        sync_client("redis://:s3cret@127.0.0.1:7000", 0.1, cluster=True)
+    assert isinstance(raised.value.__cause__, RedisClusterUnreachableError)
+    assert "s3cret" not in str(raised.value)
+
+
+def test_an_asyncio_cluster_clients_first_request_no_node_answers_is_a_projection_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The asyncio cluster client connects on its first command (`execute_async`'s)."""
+    _no_node_answers(monkeypatch, AsyncNodesManager)
+    client = async_client("redis://127.0.0.1:7000", 0.1, cluster=True)
+    request = generations(Keys("ms", partitions=2))
+    with pytest.raises(ProjectionError, match="cannot be connected"):
+        asyncio.run(execute_async(client, request))
+
+
+@pytest.mark.parametrize("url", ["unix:///run/redis.sock", "redis://127.0.0.1:7000/3"])
+def test_a_url_a_cluster_client_cannot_use_is_a_configuration_error(url: str) -> None:
+    for make in (sync_client, async_client):
+        with pytest.raises(ConfigurationError, match="Redis Cluster"):
+            make(url, cluster=True)
+
+
+def test_an_asyncio_cluster_client_that_redis_py_refuses_is_a_configuration_error() -> None:
+    """Made without connecting: what it refuses (here: no host to start from) is the settings."""
+    with pytest.raises(ConfigurationError, match="at least one node"):
+        async_client("redis://:7000", cluster=True)
