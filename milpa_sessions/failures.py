@@ -65,5 +65,5 @@ def _where(ctx: click.Context, service: str) -> str:
 
 
 def _fail(line: str, code: int) -> NoReturn:
-    err.print(" ".join(line.split()), markup=False, highlight=False)
+    err.print(" ".join(line.split()), markup=False, highlight=False, emoji=False)
     sys.exit(code)

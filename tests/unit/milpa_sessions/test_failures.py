@@ -11,6 +11,7 @@ from redis.exceptions import RedisClusterUnreachableError, SlotNotCoveredError
 
 from milpa_sessions.failures import EXIT_FAILED, CleanGroup
 from projections.redis_client import UNREADABLE_URL
+from schemas.errors import UnknownSessionError
 
 
 def _group(error: Exception) -> click.Group:
@@ -52,3 +53,11 @@ def test_a_redis_url_that_does_not_parse_is_named_by_a_placeholder() -> None:
     assert result.exit_code == EXIT_FAILED
     assert f"Redis at {UNREADABLE_URL}" in result.output
     assert "s3cret" not in result.output
+
+
+def test_an_error_quoting_agent_text_prints_it_as_written() -> None:
+    """A session id is the agent's: no markup, no emoji codes turned into emoji."""
+    error = UnknownSessionError("no session 'deploy :x: [bold]now[/bold]'")
+    result = CliRunner().invoke(_group(error), ["fail"])
+    assert result.exit_code != 0
+    assert "deploy :x: [bold]now[/bold]" in result.output
