@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from console.auth import (
     load_users,
 )
 from console.guards import CsrfRefused, LoginRequired, login_redirect
+from console.inputs import MAX_BODY_BYTES
 from console.live import Hub, feeding
 from console.problems import install as install_problems
 from console.runtime import HERE, ConsoleDeps, Runtime
@@ -105,10 +107,24 @@ def pattern_literal(text: str) -> str:
     return "".join("\\" + c if c in _REGEX_SYNTAX else c for c in text)
 
 
+_REASON_CLASS = re.compile(r"[a-z0-9_-]+")
+
+
+def reason_class(reason: object) -> str:
+    """The CSS class of a question's reason: `reason-<reason>`, or `reason-other` for one that is
+    not lower-case letters, digits, `_` and `-` only."""
+    # A reason is the agent's text: as a class it must stay one class, of the `reason-` kind (a
+    # space in it would add any class it names). console.js's `reasonClass` is the same rule.
+    if isinstance(reason, str) and _REASON_CLASS.fullmatch(reason):
+        return f"reason-{reason}"
+    return "reason-other"
+
+
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["instant"] = short_instant
     templates.env.filters["pattern_literal"] = pattern_literal
+    templates.env.filters["reason_class"] = reason_class
     return templates
 
 
@@ -159,6 +175,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
+        max_body_size=MAX_BODY_BYTES,
     )
     app.state.console = rt
     install_problems(app)

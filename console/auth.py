@@ -61,6 +61,7 @@ class CookieSession:
     username: str
     session_id: str
     csrf: str
+    credential: str  # the fingerprint of the password hash it was issued under
 
 
 def hash_password(password: str) -> str:
@@ -173,15 +174,16 @@ class Passwords:
     def __len__(self) -> int:
         return len(self._users)
 
-    def knows(self, username: str) -> bool:
-        """Whether `username` is an operator."""
-        return username in self._users
+    def hash_of(self, username: str) -> str | None:
+        """`username`'s stored argon2 hash (None for no operator)."""
+        return self._users.get(username)
 
     def verify(self, username: str, password: str) -> bool:
         """Whether `password` is `username`'s (slow on purpose: argon2id)."""
         stored = self._users.get(username)
         if not self._slots.acquire(timeout=self._wait_s):
-            log.warning("sign-in of %r refused: every password check is busy", username)
+            # Never the name: operators sometimes type their password into it.
+            log.warning("a sign-in was refused: every password check is busy")
             return False
         try:
             ok = self._hasher.verify(stored or self._dummy, password)
@@ -406,12 +408,20 @@ class SignInThrottle:
 
 
 class CookieSigner:
-    """Signed, time-limited cookie values: sessions, the sign-in form's token, flash messages."""
+    """Signed, time-limited cookie values: sessions, the sign-in form's token, flash messages.
+
+    Why a session holds a fingerprint of its operator's password hash: a changed password (a new
+    hash in the users file, read at start) must end the sign-ins made with the old one, as signing
+    out does. The fingerprint is keyed with the secret, so the cookie, readable by its holder,
+    gives nothing to check guesses against.
+    """
 
     def __init__(
         self, secret: str | bytes, session_seconds: float, sign_outs: SignOuts | None = None
     ) -> None:
         self._serializer = URLSafeTimedSerializer(secret)
+        key = secret.encode() if isinstance(secret, str) else secret
+        self._credential_key = hmac.new(key, b"milpa session credential", hashlib.sha256).digest()
         self.session_seconds = session_seconds
         self._sign_outs: SignOuts = sign_outs if sign_outs is not None else MemorySignOuts()
 
@@ -428,23 +438,54 @@ class CookieSigner:
         except BadSignature:  # also SignatureExpired
             return None
 
-    def issue(self, username: str) -> tuple[str, CookieSession]:
-        """A new session for `username`: the cookie value and what it holds."""
-        session = CookieSession(username, secrets.token_urlsafe(16), secrets.token_urlsafe(32))
-        value = {"u": session.username, "sid": session.session_id, "csrf": session.csrf}
+    def credential(self, password_hash: str) -> str:
+        """The fingerprint a session holds of its operator's stored password hash."""
+        digest = hmac.new(self._credential_key, password_hash.encode(), hashlib.sha256)
+        return digest.hexdigest()[:16]
+
+    def issue(self, username: str, password_hash: str) -> tuple[str, CookieSession]:
+        """A new session for `username`, signed in with the password `password_hash` stores: the
+        cookie value and what it holds."""
+        session = CookieSession(
+            username,
+            secrets.token_urlsafe(16),
+            secrets.token_urlsafe(32),
+            self.credential(password_hash),
+        )
+        value = {
+            "u": session.username,
+            "sid": session.session_id,
+            "csrf": session.csrf,
+            "cred": session.credential,
+        }
         return self.dumps(value, "session"), session
 
-    def read(self, text: str | None) -> CookieSession | None:
-        """The session a cookie holds, if it is genuine, young enough and not signed out."""
+    def read(
+        self, text: str | None, password_hash: Callable[[str], str | None]
+    ) -> CookieSession | None:
+        """The session a cookie holds, if it is genuine, young enough, not signed out, and its
+        operator's password is still the one it was issued under (`password_hash(username)`, None
+        for no operator)."""
         value = self.loads(text, "session", self.session_seconds)
         if not isinstance(value, dict):
             return None
         username, sid, csrf = value.get("u"), value.get("sid"), value.get("csrf")
-        if not (isinstance(username, str) and isinstance(sid, str) and isinstance(csrf, str)):
+        credential = value.get("cred")
+        if not (
+            isinstance(username, str)
+            and isinstance(sid, str)
+            and isinstance(csrf, str)
+            and isinstance(credential, str)
+        ):
+            return None
+        stored = password_hash(username)
+        if stored is None or not hmac.compare_digest(
+            self.credential(stored).encode(), credential.encode()
+        ):
             return None
         if sid in self._sign_outs:
             return None
-        return CookieSession(username, sid, csrf)
+        return CookieSession(username, sid, csrf, credential)
 
     def signed_out(self, session_id: str) -> bool:
         """Whether this session was signed out (by any replica sharing the sign-outs)."""

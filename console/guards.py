@@ -11,9 +11,11 @@ from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Depends, Request
+from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
 from console.auth import SESSION_COOKIE, Identity, bearer_token, csrf_matches, operator_principal
+from console.inputs import FORM_FIELDS
 from console.problems import Problem
 from console.runtime import runtime
 
@@ -42,8 +44,8 @@ def identify(request: Request) -> Identity | None:
     if authorization is not None:
         token = bearer_token(authorization)
         return rt.tokens.caller(token) if token else None
-    session = rt.cookies.read(request.cookies.get(SESSION_COOKIE))
-    if session is None or not rt.passwords.knows(session.username):
+    session = rt.cookies.read(request.cookies.get(SESSION_COOKIE), rt.passwords.hash_of)
+    if session is None:
         return None
     return Identity(
         operator_principal(session.username),
@@ -54,13 +56,21 @@ def identify(request: Request) -> Identity | None:
     )
 
 
+async def read_form(request: Request) -> FormData:
+    """The request's form: a few text fields, no file (a 400 otherwise)."""
+    # Starlette parses a request's form once and hands every later read that first parse: every
+    # read goes through here, so whichever comes first (this guard's or a handler's) sets the
+    # limits. No console form has a file, and a file part would be spooled to disk.
+    return await request.form(max_files=0, max_fields=FORM_FIELDS)
+
+
 async def presented_csrf(request: Request) -> str | None:
     """The CSRF token a request presents: the header, else a form field."""
     header = request.headers.get(CSRF_HEADER)
     if header:
         return header
     if request.headers.get("content-type", "").startswith(_FORMS):
-        value = (await request.form()).get(CSRF_FIELD)
+        value = (await read_form(request)).get(CSRF_FIELD)
         return value if isinstance(value, str) else None
     return None
 

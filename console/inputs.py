@@ -18,6 +18,12 @@ from session_model.modes import Mode
 
 NAME_CHARS = 512  # a question id, an operation's name
 TEXT_CHARS = 65_536  # an answer, why a session ends
+# The largest body a valid act needs: its one long text at 12 bytes a character at worst (an
+# astral one JSON-escaped as two `\uXXXX`, or its 4 UTF-8 bytes URL-encoded as `%XX` each), and
+# room for the short fields. A larger one is refused (413) as it is read, signed in or not: a
+# JSON body is read before its caller is checked, the sign-in form before its CSRF and limits.
+MAX_BODY_BYTES = 12 * TEXT_CHARS + 64 * 1024
+FORM_FIELDS = 16  # more than any console form has (and none has a file)
 
 
 class InvalidInputError(InvalidCall):

@@ -24,7 +24,7 @@ from starlette.responses import RedirectResponse, Response
 from console import service
 from console.auth import LOGIN_COOKIE, SESSION_COOKIE, Identity, csrf_matches
 from console.charts import pauses_chart, reason_classes, tta_chart
-from console.guards import PageCaller, identify, safe_next
+from console.guards import PageCaller, identify, read_form, safe_next
 from console.inputs import (
     Act,
     AnswerRequest,
@@ -143,7 +143,7 @@ async def login_form(request: Request, next: str | None = None) -> Response:
 async def login(request: Request) -> Response:
     """Check the password; on success a signed session cookie and a 303 to where they were going."""
     rt = runtime(request)
-    form = await request.form()
+    form = await read_form(request)
     username, password = _field(form, "username").strip(), _field(form, "password")
     next_path = safe_next(_field(form, "next"))
     expected = rt.cookies.loads(request.cookies.get(LOGIN_COOKIE), "login", _LOGIN_FORM_SECONDS)
@@ -162,14 +162,20 @@ async def login(request: Request) -> Response:
         return _too_many(request, next_path, "Too many sign-ins from this address", wait_s)
     wait_s = await run_in_threadpool(throttle.attempt, username)  # counted before the check
     if wait_s > 0:  # the password is not even checked
-        log.warning("sign-in of %r refused: too many failures (%.0f s left)", username, wait_s)
+        # Never the name: operators sometimes type their password into it. Its keyed bucket
+        # tells one name's refusals from another's without telling the name.
+        bucket = throttle.bucket(username)
+        log.warning(
+            "sign-in of name bucket %s refused: too many failures (%.0f s left)", bucket, wait_s
+        )
         return _too_many(request, next_path, "Too many failed sign-ins with this name", wait_s)
     ok = await run_in_threadpool(rt.passwords.verify, username, password)
-    if not ok:
+    stored = rt.passwords.hash_of(username) if ok else None
+    if stored is None:
         await asyncio.sleep(rt.settings.console_login_delay)  # slows down guessing
         return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
     await run_in_threadpool(throttle.succeeded, username)
-    value, _ = rt.cookies.issue(username)
+    value, _ = rt.cookies.issue(username, stored)
     response = RedirectResponse(next_path, status_code=303)
     _set_cookie(request, response, SESSION_COOKIE, value, rt.cookies.session_seconds)
     response.delete_cookie(LOGIN_COOKIE, path="/")
@@ -302,7 +308,7 @@ async def _act(
     """Check the form as the API checks its body, act, and go back saying what happened (a
     refused input, like a refused act, is a flash error: `invalid_request`)."""
     rt = runtime(request)
-    form = await request.form()
+    form = await read_form(request)
     to = session_path(session_id)
     try:
         body = form_input(model, form)

@@ -74,6 +74,13 @@
     return a[0] < b[0] || (a[0] === b[0] && a[1] < b[1]);
   }
 
+  // A reason is the agent's text: as a class, `reason-<reason>` only for [a-z0-9_-] (else a
+  // space in it would add a class, or throw), as console.app's `reason_class`.
+  function reasonClass(reason) {
+    const safe = typeof reason === "string" && /^[a-z0-9_-]+$/.test(reason);
+    return safe ? "reason-" + reason : "reason-other";
+  }
+
   function makeRow(c) {
     const tpl = document.getElementById("question-template");
     const row = tpl.content.firstElementChild.cloneNode(true);
@@ -84,7 +91,7 @@
     row.dataset.seq = String(c.seq);
     const badge = row.querySelector(".badge.reason");
     badge.textContent = c.reason;
-    badge.classList.add("reason-" + c.reason);
+    badge.classList.add(reasonClass(c.reason));
     const countdown = row.querySelector(".countdown");
     if (c.deadline_ms != null) {
       countdown.dataset.deadline = String(c.deadline_ms);

@@ -32,10 +32,11 @@ def test_a_sign_out_on_one_replica_is_refused_by_another_until_the_cookie_expire
     try:
         one = CookieSigner("s" * 32, 3600, RedisSignOuts(client, keys))
         two = CookieSigner("s" * 32, 3600, RedisSignOuts(other, keys))
-        value, session = one.issue("alice")
-        assert two.read(value) == session
+        users = {"alice": "$argon2id$alice"}.get
+        value, session = one.issue("alice", "$argon2id$alice")
+        assert two.read(value, users) == session
         one.revoke(session.session_id)
-        assert two.read(value) is None and two.signed_out(session.session_id)
+        assert two.read(value, users) is None and two.signed_out(session.session_id)
     finally:
         other.close()
     ttl_ms = client.pttl(keys.signed_out(session.session_id))

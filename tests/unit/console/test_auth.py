@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from console.auth import (
     token_digest,
 )
 from console.settings import WebConsoleSettings
+from milpa_sessions.console_cli import write_user
 from producers.store import SessionStore
 from schemas.errors import ConfigurationError
 from session_model.principal import Principal
@@ -176,8 +178,8 @@ def test_a_forged_or_expired_cookie_is_not_a_session(client: TestClient) -> None
     client.cookies.set(SESSION_COOKIE, "eyJ1IjoiYWxpY2UifQ.forged.sig")
     assert client.get("/api/v1/questions").status_code == 401
     expired = CookieSigner("s" * 32, session_seconds=-1)
-    value, _ = expired.issue("alice")
-    assert expired.read(value) is None
+    value, _ = expired.issue("alice", "$argon2id$alice")
+    assert expired.read(value, {"alice": "$argon2id$alice"}.get) is None
 
 
 # -- CSRF ------------------------------------------------------------------------------------------
@@ -304,6 +306,26 @@ def test_password_checks_run_two_at_a_time_and_a_check_with_no_slot_fails() -> N
     assert results == [True] * 6
 
 
+def test_a_sign_in_refused_for_want_of_a_password_check_logs_no_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hasher = _HeldHasher()
+    typed = "Tr0ub4dor&3-typed-as-a-name"
+    busy = Passwords({"alice": hasher.hash("pw")}, hasher, concurrent=1, wait_s=0.01)
+    held = threading.Thread(target=busy.verify, args=("alice", "pw"))
+    held.start()
+    try:
+        _until(lambda: hasher.running == 1)
+        with caplog.at_level(logging.DEBUG):
+            assert not busy.verify(typed, "pw")
+    finally:
+        hasher.release.set()
+        held.join()
+    assert [r.getMessage() for r in caplog.records] == [
+        "a sign-in was refused: every password check is busy"
+    ]
+
+
 def test_tokens_match_by_sha256() -> None:
     tokens = Tokens({"ci": token_digest("abc")})
     found = tokens.caller("abc")
@@ -365,15 +387,58 @@ def test_a_secret_file_keeps_cookies_valid_across_apps(
         make_app(store, replace(settings, console_secret_file=short))
 
 
+def test_a_password_change_ends_the_sign_ins_made_with_the_old_one(
+    tmp_path: Path, store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    # The console reads the users file at start: `passwd`, then a restart. The secret is kept,
+    # so only the changed password can tell the old sign-ins from the new.
+    secret = tmp_path / "secret"
+    secret.write_text("k" * 40)
+    with_secret = replace(settings, console_secret_file=secret)
+    with TestClient(make_app(store, with_secret)) as before:
+        assert sign_in(before).status_code == 303
+        old_cookie = before.cookies[SESSION_COOKIE]
+    assert with_secret.console_users_file is not None
+    write_user(with_secret.console_users_file, "alice", hash_password("a new passphrase"))
+    with TestClient(make_app(store, with_secret)) as after:
+        after.cookies.set(SESSION_COOKIE, old_cookie)
+        assert after.get("/api/v1/questions").status_code == 401
+        assert after.get("/inbox", follow_redirects=False).status_code == 303  # to sign in
+        after.cookies.clear()
+        assert sign_in(after, password=PASSWORD).status_code == 401
+        assert sign_in(after, password="a new passphrase").status_code == 303
+        new_cookie = after.cookies[SESSION_COOKIE]
+        assert after.get("/api/v1/questions").status_code == 200
+    with TestClient(make_app(store, with_secret)) as restarted:
+        restarted.cookies.set(SESSION_COOKIE, new_cookie)
+        assert restarted.get("/api/v1/questions").status_code == 200
+
+
+def test_a_session_holds_a_keyed_fingerprint_of_its_password_hash() -> None:
+    signer = CookieSigner("s" * 32, 3600)
+    value, session = signer.issue("alice", "$argon2id$old")
+    assert session.credential == signer.credential("$argon2id$old")
+    assert len(session.credential) == 16 and "old" not in session.credential
+    assert signer.read(value, {"alice": "$argon2id$old"}.get) == session
+    assert signer.read(value, {"alice": "$argon2id$new"}.get) is None  # changed password
+    assert signer.read(value, {"bob": "$argon2id$old"}.get) is None  # no operator any more
+    other_secret = CookieSigner("t" * 32, 3600)
+    assert other_secret.credential("$argon2id$old") != session.credential
+    # A cookie of before the fingerprint (or without it) is no session.
+    bare = signer.dumps({"u": "alice", "sid": "s", "csrf": "c"}, "session")
+    assert signer.read(bare, {"alice": "$argon2id$old"}.get) is None
+
+
 def test_a_sign_out_is_refused_by_every_replica_sharing_the_sign_outs() -> None:
     shared = MemorySignOuts()
     one, two = CookieSigner("s" * 32, 3600, shared), CookieSigner("s" * 32, 3600, shared)
-    value, session = one.issue("alice")
-    assert two.read(value) == session
+    users = {"alice": "$argon2id$alice"}.get
+    value, session = one.issue("alice", "$argon2id$alice")
+    assert two.read(value, users) == session
     one.revoke(session.session_id)
-    assert two.read(value) is None and two.signed_out(session.session_id)
+    assert two.read(value, users) is None and two.signed_out(session.session_id)
     alone = CookieSigner("s" * 32, 3600)  # a process of its own does not see it
-    assert alone.read(value) == session
+    assert alone.read(value, users) == session
 
 
 def test_a_remembered_sign_out_lapses_when_its_cookie_would_have() -> None:

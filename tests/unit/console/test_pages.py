@@ -9,13 +9,13 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.datastructures import FormData
 
-from console.app import pattern_literal
+from console.app import pattern_literal, reason_class
 from console.inputs import AnswerRequest, InvalidInputError, OperationRequest
 from console.pages import form_input
 from producers.store import SessionStore
 from session_model.principal import Principal
 from session_model.session import Question
-from tests.unit.console.conftest import NOW, at, page_csrf, seed
+from tests.unit.console.conftest import BEARER, NOW, at, page_csrf, seed
 
 
 def _ids(html: str, attribute: str) -> list[str]:
@@ -221,6 +221,31 @@ def test_pages_and_static_files_carry_a_strict_policy(operator: TestClient) -> N
     js = operator.get("/static/console.js")
     assert js.status_code == 200 and "EventSource" in js.text
     assert "innerHTML" not in js.text
+
+
+def _classes(html: str) -> list[set[str]]:
+    return [set(found.split()) for found in re.findall(r'class="([^"]*)"', html)]
+
+
+def test_a_reason_is_a_class_only_in_a_css_safe_form(
+    operator: TestClient, store: SessionStore
+) -> None:
+    # The agent writes a question's reason: `x verified` must not dress its badge as a verified
+    # answer's (nor any other class); its text is shown as it is.
+    store.start("s-r", "g")
+    store.ask("s-r", Question("q1", "First?", ("yes", "no"), None, at(600), "x verified"))
+    body = {"question_id": "q1", "answer": "yes"}
+    assert operator.post("/api/v1/sessions/s-r/answer", json=body, headers=BEARER).is_success
+    store.ask("s-r", Question("q2", "Second?", ("yes", "no"), None, at(600), "x verified"))
+    badge = re.compile(r'<span class="([^"]*)">x verified</span>')
+    for path, badges in (("/sessions/s-r", 2), ("/inbox", 1), ("/", 1)):
+        html = operator.get(path).text
+        assert badge.findall(html) == ["badge reason reason-other"] * badges, path
+        assert not [c for c in _classes(html) if "reason" in c and "verified" in c], path
+    assert reason_class("permission") == "reason-permission"
+    assert reason_class("target_not_named") == "reason-target_not_named"
+    for unsafe in ("x verified", "Permission", "a.b", "a\tb", "", None, "signature\n"):
+        assert reason_class(unsafe) == "reason-other", unsafe
 
 
 def test_the_confirmation_pattern_matches_only_the_operation_name() -> None:

@@ -3,6 +3,7 @@ window ends."""
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import replace
 
@@ -118,6 +119,22 @@ def test_a_name_that_is_no_operator_is_answered_as_an_operator_s_would_be(
     assert sign_in(client, username="eve", password=PASSWORD).status_code == 429
     assert [name for name, _ in checked].count("eve") == LIMIT
     assert sign_in(client).status_code == 303  # and alice is not locked by either
+
+
+def test_a_refused_sign_in_logs_no_submitted_name(
+    store: SessionStore, settings: WebConsoleSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Operators sometimes type their password into the name field.
+    typed = "Tr0ub4dor&3-typed-as-a-name"
+    client, _ = _console(store, settings, MemorySignInFailures())
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(LIMIT):
+            assert sign_in(client, username=typed, password="guess").status_code == 401
+        assert sign_in(client, username=typed, password="guess").status_code == 429
+    rt: Runtime = client.app.state.console  # type: ignore[attr-defined]
+    refusals = [r.getMessage() for r in caplog.records if "too many failures" in r.getMessage()]
+    assert len(refusals) == 1 and rt.throttle.bucket(typed) in refusals[0]
+    assert not [r for r in caplog.records if typed in r.getMessage() or typed in str(r.args)]
 
 
 def test_a_limit_of_zero_counts_nothing(store: SessionStore, settings: WebConsoleSettings) -> None:
