@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from console import service
 from console.guards import ApiCaller
 from console.inputs import (
+    MAX_LATEST,
     AnswerRequest,
     EndRequest,
     ModeRequest,
@@ -83,9 +84,11 @@ def timeline(
     request: Request,
     session_id: str,
     since: Annotated[int, Query(ge=0)] = 0,
+    latest: Annotated[int | None, Query(ge=1, le=MAX_LATEST)] = None,
 ) -> list[dict[str, Any]]:
-    """Timeline entries with `seq > since`, each with a readable `sentence`."""
-    return service.timeline(runtime(request), session_id, since)
+    """Timeline entries with `seq > since`, each with a readable `sentence`; with `latest`, only
+    the last that many (read alone: what a long session's recent page costs)."""
+    return service.timeline(runtime(request), session_id, since, latest)
 
 
 @router.post("/sessions/{session_id}/answer", status_code=202)

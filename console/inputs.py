@@ -23,6 +23,7 @@ TEXT_CHARS = 65_536  # an answer, why a session ends
 # room for the short fields. A larger one is refused (413) as it is read, signed in or not: a
 # JSON body is read before its caller is checked, the sign-in form before its CSRF and limits.
 MAX_BODY_BYTES = 12 * TEXT_CHARS + 64 * 1024
+MAX_LATEST = 1_000  # timeline entries one read of the latest may ask for
 FORM_FIELDS = 16  # more than any console form has (and none has a file)
 
 

@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 
 EXECUTOR = "console"  # the `executor` of answers given here
 PAUSE_WINDOW = timedelta(hours=24)
-PAGE_TIMELINE = 300  # the session page shows the timeline of its last this many events
+# What of the history an operator is shown: every decision (one per question: human-sized), not
+# the calls and observations, which grow with the agent's work.
+SHOWN_HISTORY = ("decisions",)
+PAGE_TIMELINE = 300  # the session page shows at most this many timeline entries, the latest
 
 
 class ConfirmationRequiredError(InvalidCall):
@@ -102,7 +105,7 @@ def fleet(rt: Runtime) -> dict[str, Any]:
 def session(rt: Runtime, session_id: str) -> dict[str, Any]:
     """The session as an operator reads it (its open question, decisions, ...)."""
     store = rt.deps.store
-    return session_record(store.load(session_id), store.facts(session_id))
+    return session_record(store.load(session_id), store.facts(session_id, SHOWN_HISTORY))
 
 
 def window(rt: Runtime, session_id: str) -> list[dict[str, str]]:
@@ -111,21 +114,31 @@ def window(rt: Runtime, session_id: str) -> list[dict[str, str]]:
 
 
 def session_view(rt: Runtime, session_id: str, recent: int | None = None) -> dict[str, Any]:
-    """The session, the window the model sees and the timeline as sentences."""
+    """The session, the window the model sees and the timeline as sentences (its last `recent`
+    entries' events, if given: read alone, so an old session's page costs what a young one's
+    does)."""
     session = rt.deps.store.load(session_id)
-    since = max(session.seq - recent, 0) if recent is not None else 0
-    entries = rt.deps.store.timeline(session_id, since)
-    record = session_record(session, rt.deps.store.facts(session_id))
+    since = 0
+    if recent is None:
+        entries = rt.deps.store.timeline(session_id)
+    else:
+        entries = rt.deps.store.timeline(session_id, latest=recent + 1)
+        if len(entries) > recent:  # some are left out: show whole events after the first cut
+            since = entries[0]["seq"]
+            entries = [e for e in entries if e["seq"] > since]
+    record = session_record(session, rt.deps.store.facts(session_id, SHOWN_HISTORY))
     record["window"] = window_records(session)
     record["timeline"] = timeline_records(entries, question_texts(session, entries))
     record["timeline_since"] = since
     return record
 
 
-def timeline(rt: Runtime, session_id: str, since: int) -> list[dict[str, Any]]:
-    """Timeline entries after `since`, each with its sentence."""
+def timeline(
+    rt: Runtime, session_id: str, since: int, latest: int | None = None
+) -> list[dict[str, Any]]:
+    """Timeline entries after `since` (the last `latest` of them if given), with sentences."""
     session = rt.deps.store.load(session_id)
-    entries = rt.deps.store.timeline(session_id, since)
+    entries = rt.deps.store.timeline(session_id, since, latest)
     return timeline_records(entries, question_texts(session, entries))
 
 

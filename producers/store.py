@@ -10,7 +10,7 @@ and records every rejection.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -176,18 +176,21 @@ class SessionStore:
         """Every session id."""
         return self.projections.ids()
 
-    def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
-        """Timeline entries after `since` (for catching up and for following)."""
-        return self.projections.timeline(session_id, since)
+    def timeline(
+        self, session_id: str, since: int = 0, latest: int | None = None
+    ) -> list[TimelineEntry]:
+        """Timeline entries after `since` (for catching up and for following); the last
+        `latest` of them if given."""
+        return self.projections.timeline(session_id, since, latest)
 
     def history(self, session_id: str) -> list[Turn]:
         """Every turn of the session, summarised ones included."""
         return self.projections.history(session_id)
 
-    def facts(self, session_id: str) -> History:
+    def facts(self, session_id: str, kinds: Iterable[str] | None = None) -> History:
         """Every call, observation, execution, decision and rejection of the session (the state
-        keeps only the recent ones)."""
-        return self.projections.facts(session_id)
+        keeps only the recent ones); only the lists of `kinds` if given."""
+        return self.projections.facts(session_id, kinds)
 
     def open_todos(self, session_id: str) -> tuple[Todo, ...]:
         """Cards not done and not transferred away."""

@@ -548,13 +548,13 @@ def decisions_from_json(session_id: str, entries: Iterable[bytes | str]) -> tupl
 
 
 def fact_to_json(fact: HistoryRecord) -> tuple[int, bytes]:
-    """The history a record goes to (an index of `keys.HISTORY_KINDS`) and its stored form."""
+    """The history a record goes to (an index of `HISTORY_KINDS`) and its stored form."""
     kind = _KIND_OF[type(fact)]
     return kind, orjson.dumps(_TO_JSON[kind](fact))
 
 
 def history_from_json(session_id: str, seq: int, lists: Iterable[Iterable[bytes | str]]) -> History:
-    """A `History` from its lists' entries, in `keys.HISTORY_KINDS` order."""
+    """A `History` from its lists' entries, in `HISTORY_KINDS` order."""
     try:
         records = [
             tuple(decode(orjson.loads(raw)) for raw in entries)

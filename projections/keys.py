@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from session_model.partitioning import partition_for
+from session_model.session import HISTORY_KINDS
 
 DEFAULT_PREFIX = "ms"
-# The session's history lists, in the order of `projections.codec.HISTORY_KINDS`.
-HISTORY_KINDS = ("calls", "observations", "executions", "decisions", "rejections")
+# The session's history lists are `HISTORY_KINDS` (their keys in that order).
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -19,8 +19,8 @@ from session_model.questions import (
     session_status,
     waiting_question,
 )
-from session_model.session import History, Session, Turn
-from session_model.timeline import TimelineEntry
+from session_model.session import History, Session, Turn, history_kinds
+from session_model.timeline import TimelineEntry, last
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -125,13 +125,17 @@ class InMemoryProjectionStore:
         """Every turn, summarised ones included."""
         return list(self._history.get(session_id, []))
 
-    def facts(self, session_id: str) -> History:
-        """Every call, observation, execution, decision and rejection."""
-        return self._facts.get(session_id) or History(session_id)
+    def facts(self, session_id: str, kinds: Iterable[str] | None = None) -> History:
+        """Every call, observation, execution, decision and rejection (of `kinds`, if given)."""
+        wanted = history_kinds(kinds)
+        return (self._facts.get(session_id) or History(session_id)).only(wanted)
 
-    def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
-        """Entries after `since`."""
-        return [e for e in self._timeline.get(session_id, []) if e["seq"] > since]
+    def timeline(
+        self, session_id: str, since: int = 0, latest: int | None = None
+    ) -> list[TimelineEntry]:
+        """Entries after `since` (the last `latest` of them if given)."""
+        entries = [e for e in self._timeline.get(session_id, []) if e["seq"] > since]
+        return entries if latest is None else last(entries, latest)
 
     def drop(self, session_id: str) -> None:
         """Forget one session's projection, its retention entry and its tombstone."""

@@ -48,8 +48,8 @@ from schemas.errors import NotYetVisibleError, ProjectionError
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
-from session_model.session import Decision, History, Session, Turn
-from session_model.timeline import TimelineEntry
+from session_model.session import HISTORY_KINDS, Decision, History, Session, Turn, history_kinds
+from session_model.timeline import TimelineEntry, last
 
 # How often a store reads the partitions' generations again (a live rebuild moves them; a
 # commit in a generation left behind is refused anyway, and makes its writer read them at once).
@@ -234,33 +234,45 @@ class RedisProjectionStore:
             raise ProjectionError(f"reading history failed: {e}") from e
         return [turn_from_json(t) for t in raw]
 
-    def facts(self, session_id: str) -> History:
-        """Every call, observation, execution, decision and rejection (one round trip)."""
+    def facts(self, session_id: str, kinds: Iterable[str] | None = None) -> History:
+        """Every call, observation, execution, decision and rejection (one round trip); only
+        the lists of `kinds` are read, if given."""
+        wanted = history_kinds(kinds)
         self._fresh()
         k = self.keys.session(session_id)
+        read = [kind in wanted for kind in HISTORY_KINDS]
         try:
             pipe = self.client.pipeline(transaction=True)  # a commit may move them in between
             pipe.hget(k.state, "mark")
-            for key in k.history:
-                pipe.lrange(key, 0, -1)
-            mark, *lists = pipe.execute()
+            for key, reading in zip(k.history, read, strict=True):
+                if reading:
+                    pipe.lrange(key, 0, -1)
+            mark, *found = pipe.execute()
         except REDIS_ERRORS as e:
             raise ProjectionError(f"reading the history failed: {e}") from e
+        replies = iter(found)
+        lists = [next(replies) if reading else [] for reading in read]
         session = self.load(session_id) if mark is not None else None
         return history_from_json(session_id, session.seq if session else 0, lists)
 
-    def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
-        """Entries with `seq > since`."""
+    def timeline(
+        self, session_id: str, since: int = 0, latest: int | None = None
+    ) -> list[TimelineEntry]:
+        """Entries with `seq > since` (the last `latest` of them if given: only those are read
+        from the list, whose older entries precede them; the state hash holds the first ones)."""
+        if latest is not None and latest <= 0:
+            return last([], latest)  # nothing to read (or InvalidCall, below 0)
         self._fresh()
         k = self.keys.session(session_id)
         try:
             pipe = self.client.pipeline(transaction=True)  # a commit may move them in between
             pipe.hgetall(k.state)
-            pipe.lrange(k.timeline, 0, -1)
+            pipe.lrange(k.timeline, 0 if latest is None else -latest, -1)
             raw = pipe.execute()
         except REDIS_ERRORS as e:
             raise ProjectionError(f"reading the timeline failed: {e}") from e
-        return parse_timeline(raw, session_id, since)
+        entries = parse_timeline(raw, session_id, since)
+        return entries if latest is None else last(entries, latest)
 
     def drop(self, session_id: str) -> None:
         """Delete one session's projection, its entries in the waiting index and counts, its

@@ -43,7 +43,7 @@ from projections.codec import (
     unpack_event_ids,
 )
 from projections.indexes import ceil_ms, index_changes
-from projections.keys import HISTORY_KINDS, Keys
+from projections.keys import Keys
 from projections.layout import ELSEWHERE, WHOLE
 from projections.redis_client import (
     REDIS_ERRORS,
@@ -58,7 +58,7 @@ from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
-from session_model.session import Decision, HistoryRecord
+from session_model.session import HISTORY_KINDS, Decision, HistoryRecord
 from session_model.timeline import TimelineEntry
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,16 +54,20 @@ class ProjectionStore(Protocol):
         """Every session id with a projection, sorted."""
         ...
 
-    def facts(self, session_id: str) -> History:
-        """Every call, observation, execution, decision and rejection (the complete history)."""
+    def facts(self, session_id: str, kinds: Iterable[str] | None = None) -> History:
+        """Every call, observation, execution, decision and rejection (the complete history);
+        only the lists of `kinds` (of `HISTORY_KINDS`) if given, the others left empty."""
         ...
 
     def history(self, session_id: str) -> list[Turn]:
         """Every turn of the session, summarised ones included."""
         ...
 
-    def timeline(self, session_id: str, since: int = 0) -> list[TimelineEntry]:
-        """Timeline entries with `seq > since`, in order."""
+    def timeline(
+        self, session_id: str, since: int = 0, latest: int | None = None
+    ) -> list[TimelineEntry]:
+        """Timeline entries with `seq > since`, in order; only the last `latest` of them if given
+        (read without reading the rest: a page of an old session costs what a young one's does)."""
         ...
 
     def clear(self) -> None:

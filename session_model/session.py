@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Final
 
+from schemas.errors import InvalidCall
 from schemas.frozen import fast_init
 from session_model.canonical import text_digest
 from session_model.deadlines import parse_deadline
@@ -256,6 +257,32 @@ class History:
             seq,
             *(getattr(self, name) + tuple(lists[t]) for t, name in _HISTORY_FIELD.items()),
         )
+
+    def only(self, kinds: frozenset[str]) -> History:
+        """This history with the lists of other kinds left empty."""
+        return History(
+            self.session_id,
+            self.seq,
+            *(getattr(self, k) if k in kinds else () for k in HISTORY_KINDS),
+        )
+
+
+HISTORY_KINDS: Final = ("calls", "observations", "executions", "decisions", "rejections")
+"""A history's kinds, in the order of its fields (and of its lists in Redis)."""
+
+
+def history_kinds(kinds: Iterable[str] | None) -> frozenset[str]:
+    """The history kinds asked for (every kind for None); InvalidCall for one there is not."""
+    if kinds is None:
+        return frozenset(HISTORY_KINDS)
+    asked = frozenset(kinds)
+    unknown = asked - set(HISTORY_KINDS)
+    if unknown:
+        raise InvalidCall(
+            f"no history kind {', '.join(sorted(unknown))}: "
+            f"the kinds are {', '.join(HISTORY_KINDS)}"
+        )
+    return asked
 
 
 HistoryRecord = CallFact | Observation | ExecutionFact | Decision | Rejection

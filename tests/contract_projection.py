@@ -33,13 +33,13 @@ import pytest
 
 from projections.projector import MAX_CONFLICT_RETRIES, Projector
 from schemas import events as ev
-from schemas.errors import NotYetVisibleError, ProjectionError
+from schemas.errors import InvalidCall, NotYetVisibleError, ProjectionError
 from schemas.events import Event
 from session_model.dedupe import CHUNK, HORIZON
 from session_model.fold import fold, step
 from session_model.ports import CommitResult, ProjectionStore
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
-from session_model.session import RECENT_FACTS, CallFact, ExecutionFact, Observation
+from session_model.session import RECENT_FACTS, CallFact, ExecutionFact, History, Observation
 from session_model.signing import Signer, TrustedKeys
 from session_model.timeline import translate
 
@@ -326,6 +326,30 @@ class ProjectionStoreContract:
         assert session == fold("s1", log.events("s1"))
         assert session is not None and session.summary == "ÿ short 🙂"
 
+    @pytest.mark.parametrize("turns", [3, 40], ids=["inline", "in its list"])
+    def test_the_latest_entries_are_the_end_of_the_whole_timeline(
+        self, projection_store: ProjectionStore, turns: int
+    ) -> None:
+        """A page of the last entries, read alone, is what the whole timeline ends with."""
+        log = Log()
+        log.started("s1")
+        for k in range(turns):
+            log.turn("s1", f"turn {k} " + "x" * 20)  # 40 turns outgrow the state hash's share
+        _project(projection_store, log.records)
+        whole = projection_store.timeline("s1")
+        assert len(whole) == turns
+        for latest in (0, 1, 2, turns - 1, turns, turns + 5):
+            assert (
+                projection_store.timeline("s1", latest=latest)
+                == whole[max(len(whole) - latest, 0) :]
+            )
+            since = whole[turns // 2]["seq"]
+            after = [e for e in whole if e["seq"] > since]
+            expected = after[max(len(after) - latest, 0) :]
+            assert projection_store.timeline("s1", since=since, latest=latest) == expected
+        with pytest.raises(InvalidCall):
+            projection_store.timeline("s1", latest=-1)
+
     def test_timeline_since_returns_entries_after_seq_in_order(
         self, projection_store: ProjectionStore
     ) -> None:
@@ -591,6 +615,11 @@ class ProjectionStoreContract:
         assert history.rejections == tuple(o.rejection for o in steps if o.rejection is not None)
         assert [r.code for r in history.rejections] == ["no_open_question"] * 25
         assert state.rejection_counts() == {"no_open_question": 25}
+        decided = projection_store.facts(sid, kinds=["decisions"])
+        assert decided == History(sid, history.seq, decisions=history.decisions)
+        assert projection_store.facts(sid, kinds=[]) == History(sid, history.seq)
+        with pytest.raises(InvalidCall, match="no history kind turns"):
+            projection_store.facts(sid, kinds=["decisions", "turns"])
 
     def test_ids_with_pattern_characters(self, projection_store: ProjectionStore) -> None:
         log = Log()

@@ -23,12 +23,13 @@ from bench import infra, workload
 from bench.figures.common import TARGETS, Run
 from milpa_sessions.settings import Settings
 from producers.memory import InMemoryEventLog
-from projections.keys import HISTORY_KINDS, Keys
+from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas.events import Event
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder, Folded, Position, Record
 from session_model.scheduled import compacted
+from session_model.session import HISTORY_KINDS
 
 BATCH = 50  # one session's events per commit (a busy session in a worker's batch)
 WINDOW = 1_000  # events timed at each age (fewer at ages below it)

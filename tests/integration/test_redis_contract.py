@@ -20,7 +20,7 @@ import pytest
 
 from milpa_sessions.settings import Settings
 from projections.codec import DEFLATED, session_to_blob, summary_to_stored
-from projections.keys import HISTORY_KINDS, Keys
+from projections.keys import Keys
 from projections.layout import STATE_INLINE, stored_sizes
 from projections.redis_client import SyncCluster, async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
@@ -31,6 +31,7 @@ from schemas.events import Event
 from session_model.dedupe import CHUNK, HORIZON, KEPT
 from session_model.fold import fold
 from session_model.projection import BatchFolder, Folded, Position, Record
+from session_model.session import HISTORY_KINDS
 from tests.contract_projection import ProjectionStoreContract
 from tests.contract_waiting import WaitingIndexContract
 

@@ -583,3 +583,14 @@ def test_an_answer_naming_an_earlier_asking_after_the_close_is_session_ended_for
     assert response.status_code == 409
     assert response.json()["code"] == "session_ended"
     assert _records(store) == before
+
+
+def test_the_timeline_can_be_asked_for_its_latest_entries_only(api: TestClient) -> None:
+    whole = api.get("/api/v1/sessions/s-b/timeline").json()
+    assert len(whole) > 2
+    assert api.get("/api/v1/sessions/s-b/timeline?latest=2").json() == whole[-2:]
+    since = whole[0]["seq"]
+    after = [e for e in whole if e["seq"] > since]
+    assert api.get(f"/api/v1/sessions/s-b/timeline?since={since}&latest=100").json() == after
+    assert api.get("/api/v1/sessions/s-b/timeline?latest=0").status_code == 422
+    assert api.get("/api/v1/sessions/s-b/timeline?latest=1001").status_code == 422

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from starlette.datastructures import FormData
 
+from console import service
 from console.app import pattern_literal, reason_class
 from console.inputs import AnswerRequest, InvalidInputError, OperationRequest
 from console.pages import form_input
@@ -357,3 +359,26 @@ def test_the_pages_check_a_form_with_the_api_s_own_models() -> None:
     body = form_input(AnswerRequest, FormData({"question_id": "q", "answer": "", "confirm": ""}))
     assert (body.answer, body.confirm, body.asked_seq) == ("", None, None)
     assert form_input(OperationRequest, FormData({"operation": "deploy"})).operation == "deploy"
+
+
+def test_a_long_sessions_page_shows_its_latest_whole_events_and_says_what_is_left_out(
+    operator: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "PAGE_TIMELINE", 5)
+    store.start("long", "work for a day")
+    for k in range(1, 13):
+        store.record_turn("long", "user", f"turn number {k}")
+    read: list[tuple[str, int, int | None]] = []
+    timeline = store.projections.timeline
+
+    def recorded(session_id: str, since: int = 0, latest: int | None = None) -> Any:
+        read.append((session_id, since, latest))
+        return timeline(session_id, since, latest)
+
+    monkeypatch.setattr(store.projections, "timeline", recorded)
+    html = operator.get("/sessions/long").text
+    assert read == [("long", 0, 6)]  # the latest entries only, one more to see a cut
+    listed = re.search(r'<ol id="timeline".*?</ol>', html, re.S)
+    assert listed
+    assert re.findall(r'data-seq="(\d+)"', listed.group(0)) == [str(s) for s in range(9, 14)]
+    assert "Events before seq 9 are left out" in html  # turn k is seq k + 1
