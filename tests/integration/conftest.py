@@ -9,7 +9,9 @@ prefix, so tests never see each other's data.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -222,16 +224,38 @@ def kafka_store(kafka_log: KafkaEventLog, projections: RedisProjectionStore) -> 
 def run_cli(
     settings: Settings, *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """`milpa-sessions --json ARGS` in a process of its own, with these settings."""
-    return subprocess.run(
-        [sys.executable, "-m", "milpa_sessions.cli", "--json", *args],
-        env={**os.environ, **settings.to_env()},
+    """`milpa-sessions --json ARGS` in a process of its own, with these settings.
+
+    One that outlives `timeout` fails the test with every thread's stack of each of its processes
+    (forked rebuild processes too): SIGABRT to its process group, which faulthandler prints.
+    """
+    command = [sys.executable, "-m", "milpa_sessions.cli", "--json", *args]
+    env = {**os.environ, **settings.to_env(), "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(
+        command,
+        env=env,
         cwd=REPO,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        check=False,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGABRT)
+            try:
+                out, err = proc.communicate(timeout=30)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(
+                f"milpa-sessions {' '.join(args)} did not end within {timeout:g}s; its stacks:\n"
+                f"{err[-20000:]}\n(stdout: {out[-2000:]})",
+                pytrace=False,
+            )
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 @pytest.fixture
