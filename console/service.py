@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 EXECUTOR = "console"  # the `executor` of answers given here
 PAUSE_WINDOW = timedelta(hours=24)
+APPROVED = "approved"  # the one answer to a signature question (the page's button sends it)
 # What of the history an operator is shown: every decision (one per question: human-sized), not
 # the calls and observations, which grow with the agent's work.
 SHOWN_HISTORY = ("decisions",)
@@ -179,6 +180,14 @@ def answer(
             _may_relax(caller, f"answer {answer!r} to {question_id!r}")
         if question.reason == SIGNATURE:
             operation, _ = question.signed_call()
+            if answer != APPROVED:
+                # Answering it signs the call: a "no" sent with the confirmation would be signed
+                # as an approval (and recorded as a verified decision reading "no").
+                raise InvalidAnswerError(
+                    f"{question_id!r} asks for a signature: it is answered only by approving the "
+                    f"call ({APPROVED!r}, with {operation!r} typed back as `confirm`); to decline, "
+                    "let its window close or end the session"
+                )
             if (confirm or "").strip() != operation:
                 raise ConfirmationRequiredError(
                     f"signing this call allows {operation!r} with exactly these arguments once: "

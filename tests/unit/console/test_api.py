@@ -334,6 +334,21 @@ def test_a_late_answer_is_409_late_answer(api: TestClient, store: SessionStore) 
     assert [d.answer for d in store.load("s-late").decisions] == [""]
 
 
+def test_a_signature_question_is_answered_only_by_approving_it(
+    api: TestClient, store: SessionStore
+) -> None:
+    """Answering signs the call: a "no" with the confirmation must not become an approval."""
+    before = _records(store)
+    for answer in ("no", "decline", ""):
+        body = {"question_id": "sign:deploy", "answer": answer, "confirm": "deploy"}
+        response = api.post("/api/v1/sessions/s-b/answer", json=body)
+        assert response.status_code == 422
+        assert response.json()["code"] == "invalid_answer"
+        assert "to decline, let its window close" in response.json()["detail"]
+    assert _records(store) == before
+    assert store.load("s-b").approvals == ()
+
+
 def test_a_signature_question_needs_the_operation_typed_back(
     api: TestClient, store: SessionStore
 ) -> None:
