@@ -7,11 +7,13 @@ calls block on Kafka and Redis); the live stream is the one coroutine. Errors ar
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from console import service
 from console.guards import ApiCaller
@@ -25,7 +27,7 @@ from console.inputs import (
 )
 from console.live import event_stream
 from console.problems import Problem
-from console.runtime import runtime
+from console.runtime import Runtime, runtime
 
 router = APIRouter(prefix="/api/v1", tags=["operator API"])
 # `/openapi.json`, served here instead of by FastAPI (`openapi_url=None`): to the API's callers.
@@ -147,11 +149,16 @@ async def events(caller: ApiCaller, request: Request) -> StreamingResponse:
         event_stream(
             rt.hub,
             request.is_disconnected,
-            still_signed_in=lambda: session is None or not rt.cookies.signed_out(session),
+            still_signed_in=functools.partial(_still_signed_in, rt, session),
         ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+async def _still_signed_in(rt: Runtime, session: str | None) -> bool:
+    """Whether a stream's cookie session is still signed in (a Redis read, off the loop)."""
+    return session is None or not await run_in_threadpool(rt.cookies.signed_out, session)
 
 
 @document.get("/openapi.json")

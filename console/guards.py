@@ -11,6 +11,7 @@ from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
@@ -84,7 +85,7 @@ async def csrf_passes(request: Request, identity: Identity) -> bool:
 
 async def api_identity(request: Request) -> Identity:
     """The API's guard: 401 without credentials, 403 `csrf_failed` without the CSRF token."""
-    identity = identify(request)
+    identity = await run_in_threadpool(identify, request)  # the sign-outs are read in Redis
     if identity is None:
         raise Problem(
             401,
@@ -99,7 +100,7 @@ async def api_identity(request: Request) -> Identity:
 
 async def page_identity(request: Request) -> Identity:
     """The pages' guard: redirect to sign in without a session, refuse a form without CSRF."""
-    identity = identify(request)
+    identity = await run_in_threadpool(identify, request)  # the sign-outs are read in Redis
     if identity is None:
         target = request.url.path if request.method == "GET" else "/"
         if request.method == "GET" and request.url.query:

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 QuestionSource = Callable[[], AsyncIterator[QuestionChange]]
 KEEPALIVE_SECONDS: Final = 15.0
+SIGN_OUT_RECHECK_SECONDS: Final = 1.0  # a live stream asks whether its session was signed out
 QUEUE_SIZE: Final = 256
 SEEN_SESSIONS: Final = 100_000  # sessions whose last change the hub remembers (oldest dropped)
 
@@ -125,17 +126,36 @@ def sse(event: str, data: str) -> str:
     return f"event: {event}\ndata: {data}\n\n"
 
 
+async def _always() -> bool:
+    return True
+
+
 async def event_stream(
     hub: Hub,
     is_disconnected: Callable[[], Awaitable[bool]],
     keepalive: float = KEEPALIVE_SECONDS,
-    still_signed_in: Callable[[], bool] = lambda: True,
+    still_signed_in: Callable[[], Awaitable[bool]] = _always,
+    recheck: float = SIGN_OUT_RECHECK_SECONDS,
 ) -> AsyncIterator[str]:
     """The SSE text of one subscriber: `ready`, then `question` and `resync` events, keepalives.
 
     It ends when the client goes, the hub closes, or the caller signs out (`still_signed_in`,
-    checked before anything is sent: a stream authenticated once must not outlive its session).
+    asked before anything is sent once `recheck` seconds passed since it last said yes: a stream
+    authenticated once must not outlive its session by more than that, and a busy fleet's
+    changes do not cost a sign-out read each, per subscriber).
     """
+    loop = asyncio.get_running_loop()
+    confirmed = loop.time()  # the stream was authenticated as it started
+
+    async def signed_in() -> bool:
+        nonlocal confirmed
+        if loop.time() - confirmed < recheck:
+            return True
+        if not await still_signed_in():
+            return False
+        confirmed = loop.time()
+        return True
+
     sub = hub.subscribe()
     try:
         yield "retry: 3000\n" + sse("ready", "{}")
@@ -143,11 +163,11 @@ async def event_stream(
             try:
                 item = await asyncio.wait_for(sub.get(), timeout=keepalive)
             except TimeoutError:
-                if await is_disconnected() or not still_signed_in():
+                if await is_disconnected() or not await signed_in():
                     return
                 yield ": keepalive\n\n"
                 continue
-            if item is CLOSED or not still_signed_in():
+            if item is CLOSED or not await signed_in():
                 return
             if isinstance(item, _Signal):
                 yield sse(item.name, "{}")

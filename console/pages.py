@@ -134,7 +134,7 @@ def _login_page(request: Request, next_path: str, error: str | None, status: int
 @router.get("/login")
 async def login_form(request: Request, next: str | None = None) -> Response:
     """The sign-in form."""
-    if identify(request) is not None:
+    if await run_in_threadpool(identify, request) is not None:
         return RedirectResponse(safe_next(next), status_code=303)
     return _login_page(request, safe_next(next), None, 200)
 
@@ -194,7 +194,7 @@ def _too_many(request: Request, next_path: str, what: str, wait_s: float) -> Res
 async def logout(request: Request, caller: PageCaller) -> Response:
     """Sign out: the session's cookie is dropped and refused from now on."""
     if caller.session_id is not None:
-        runtime(request).cookies.revoke(caller.session_id)
+        await run_in_threadpool(runtime(request).cookies.revoke, caller.session_id)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

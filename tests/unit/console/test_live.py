@@ -147,7 +147,10 @@ def test_the_stream_ends_once_its_caller_signed_out() -> None:
         async def connected() -> bool:
             return False
 
-        stream = event_stream(hub, connected, keepalive=0.01, still_signed_in=lambda: signed_in)
+        async def still() -> bool:
+            return signed_in
+
+        stream = event_stream(hub, connected, keepalive=0.01, still_signed_in=still, recheck=0)
         await anext(stream)  # ready
         hub.publish(change())
         assert (await anext(stream)).startswith("event: question")
@@ -155,9 +158,40 @@ def test_the_stream_ends_once_its_caller_signed_out() -> None:
         hub.publish(change(seq=4))
         assert [s async for s in stream] == []  # nothing more is sent after the sign-out
         assert hub.subscribers == 0
-        idle = event_stream(hub, connected, keepalive=0.01, still_signed_in=lambda: signed_in)
+        idle = event_stream(hub, connected, keepalive=0.01, still_signed_in=still, recheck=0)
         await anext(idle)
         assert [s async for s in idle] == []  # an idle stream ends at its next keepalive check
+
+    run(scenario())
+
+
+def test_a_busy_stream_asks_about_its_sign_out_once_per_recheck_interval() -> None:
+    """A fleet's changes do not cost a sign-out read each; past the interval, it asks again."""
+
+    async def scenario() -> None:
+        hub = Hub()
+        asked = 0
+        signed_in = True
+
+        async def connected() -> bool:
+            return False
+
+        async def still() -> bool:
+            nonlocal asked
+            asked += 1
+            return signed_in
+
+        stream = event_stream(hub, connected, keepalive=60, still_signed_in=still, recheck=0.2)
+        await anext(stream)  # ready
+        for seq in range(1, 51):
+            hub.publish(change(seq=seq))
+            assert (await anext(stream)).startswith("event: question")
+        assert asked == 0  # all within the interval after it was authenticated
+        await asyncio.sleep(0.25)
+        signed_in = False
+        hub.publish(change(seq=51))
+        assert [s async for s in stream] == []  # asked again past the interval: signed out
+        assert asked == 1
 
     run(scenario())
 
