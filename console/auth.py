@@ -7,6 +7,7 @@ time-limited cookie naming them and carrying a CSRF token made at sign-in; a ser
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -15,7 +16,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
@@ -153,7 +154,9 @@ class Passwords:
 
     Why a bound: each argon2id check takes its memory cost (64 MiB by default) for its length, and
     sign-ins need no authentication; unbounded, a flood of them is a flood of 64 MiB allocations.
-    A check that finds no free slot within `wait_s` fails like a wrong password.
+    A check that finds no free slot within `wait_s` fails like a wrong password. `admitted()` keeps
+    sign-ins beyond `concurrent + queue` from waiting at all: each waiting one holds a thread of
+    the pool every handler shares, so a flood would stall the whole console.
     """
 
     def __init__(
@@ -163,6 +166,7 @@ class Passwords:
         *,
         concurrent: int = 2,
         wait_s: float = 5.0,
+        queue: int = 6,
     ) -> None:
         self._users = dict(users)
         self._hasher = hasher or PasswordHasher()
@@ -170,6 +174,7 @@ class Passwords:
         self._dummy = self._hasher.hash(secrets.token_urlsafe(16))
         self._slots = threading.BoundedSemaphore(concurrent)
         self._wait_s = wait_s
+        self._places = threading.BoundedSemaphore(concurrent + queue)
 
     def __len__(self) -> int:
         return len(self._users)
@@ -177,6 +182,18 @@ class Passwords:
     def hash_of(self, username: str) -> str | None:
         """`username`'s stored argon2 hash (None for no operator)."""
         return self._users.get(username)
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[bool]:
+        """A place among the checks running or waiting, if one is free now (False: busy)."""
+        if not self._places.acquire(blocking=False):
+            log.warning("a sign-in was refused: every password check is busy")
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._places.release()
 
     def verify(self, username: str, password: str) -> bool:
         """Whether `password` is `username`'s (slow on purpose: argon2id)."""

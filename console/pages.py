@@ -160,16 +160,23 @@ async def login(request: Request) -> Response:
     if wait_s > 0:  # neither the name's count nor the password is touched
         log.warning("sign-in from %s refused: too many attempts (%.0f s left)", host, wait_s)
         return _too_many(request, next_path, "Too many sign-ins from this address", wait_s)
-    wait_s = await run_in_threadpool(throttle.attempt, username)  # counted before the check
-    if wait_s > 0:  # the password is not even checked
-        # Never the name: operators sometimes type their password into it. Its keyed bucket
-        # tells one name's refusals from another's without telling the name.
-        bucket = throttle.bucket(username)
-        log.warning(
-            "sign-in of name bucket %s refused: too many failures (%.0f s left)", bucket, wait_s
-        )
-        return _too_many(request, next_path, "Too many failed sign-ins with this name", wait_s)
-    ok = await run_in_threadpool(rt.passwords.verify, username, password)
+    with rt.passwords.admitted() as admitted:
+        if not admitted:  # a flood holds every place: the name is not counted, nothing waits
+            busy = _login_page(
+                request, next_path, "Every password check is busy: try again in a moment.", 503
+            )
+            busy.headers["Retry-After"] = "1"
+            return busy
+        wait_s = await run_in_threadpool(throttle.attempt, username)  # counted before the check
+        if wait_s > 0:  # the password is not even checked
+            # Never the name: operators sometimes type their password into it. Its keyed bucket
+            # tells one name's refusals from another's without telling the name.
+            bucket = throttle.bucket(username)
+            log.warning(
+                "sign-in of name bucket %s refused: too many failures (%.0f s left)", bucket, wait_s
+            )
+            return _too_many(request, next_path, "Too many failed sign-ins with this name", wait_s)
+        ok = await run_in_threadpool(rt.passwords.verify, username, password)
     stored = rt.passwords.hash_of(username) if ok else None
     if stored is None:
         await asyncio.sleep(rt.settings.console_login_delay)  # slows down guessing

@@ -474,3 +474,13 @@ def test_a_count_lapsed_behind_a_longer_window_starts_a_new_one() -> None:
     now[0] = 21.0
     assert failures.attempt("short", 1, 10.0) == 9.0
     assert failures.attempt("long", 1, 1000.0) == 979.0
+
+
+def test_a_place_among_the_password_checks_is_given_at_once_or_not_at_all() -> None:
+    passwords = Passwords({}, concurrent=1, queue=1)
+    with passwords.admitted() as first, passwords.admitted() as second:
+        assert first and second
+        with passwords.admitted() as third:
+            assert not third  # no wait: a flood must not hold the pool's threads
+    with passwords.admitted() as again:
+        assert again  # the places were given back

@@ -272,3 +272,23 @@ def test_a_sign_in_that_is_never_checked_is_never_counted(
         assert sign_in(client, username="x" * 300).status_code == 401
     assert not failures._counts and not checked
     assert sign_in(client).status_code == 303
+
+
+def test_sign_ins_past_the_password_checks_places_are_503_and_count_nothing(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    """A flood holds every place: the next sign-in neither waits (a pool thread) nor counts."""
+    failures = MemorySignInFailures()
+    client, checked = _console(store, settings, failures)
+    rt: Runtime = client.app.state.console  # type: ignore[attr-defined]
+    held = [rt.passwords.admitted() for _ in range(8)]  # 2 running + 6 waiting: every place
+    assert all(place.__enter__() for place in held)
+    try:
+        refused = sign_in(client)
+        assert refused.status_code == 503
+        assert refused.headers["Retry-After"] == "1"
+        assert checked == [] and len(failures._counts) == 1  # only the address was counted
+    finally:
+        for place in held:
+            place.__exit__(None, None, None)
+    assert sign_in(client).status_code == 303  # a place is free again: checked, signed in
