@@ -46,10 +46,10 @@ import queue
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -84,7 +84,11 @@ CACHE_LIMIT: Final = 200_000
 BATCH_RECORDS: Final = 12_000
 # Batches fetched ahead of the fold.
 _AHEAD: Final = 4
+T = TypeVar("T")
 _POLL_S: Final = 0.2  # how often the parent looks for a rebuild process that died silently
+# A read that gets no further for this long fails (LogError) instead of waiting for ever: aiokafka
+# retries some failures (a partition without a leader, a refused fetch) silently and endlessly.
+STALL_S: Final = 60.0
 _RESTORE_BATCH: Final = 500  # sessions restored from snapshots per round trip
 
 RawRecord = tuple[int, int, bytes | None, bytes | None]
@@ -624,14 +628,24 @@ class _Fetcher:
     async def _fetch(self) -> None:
         async with _consumer(self.bootstrap) as consumer:
             consumer.assign(list(self.ends))
-            await consumer.seek_to_beginning(*self.ends)
+            await self._bounded(consumer.seek_to_beginning(*self.ends), "finding the beginning")
             for tp, at in self.starts.items():  # after a checkpoint: what is before is covered
                 if tp in self.ends:
                     consumer.seek(tp, at)
-            remaining = {
-                tp: end for tp, end in self.ends.items() if await consumer.position(tp) < end
+            positions = {
+                tp: await self._bounded(consumer.position(tp), f"finding {tp}'s position")
+                for tp in self.ends
             }
+            remaining = {tp: end for tp, end in self.ends.items() if positions[tp] < end}
+            loop = asyncio.get_running_loop()
+            moved_at = loop.time()
             while remaining and not self._stop.is_set():
+                if loop.time() - moved_at > STALL_S:
+                    left = {tp.partition: (positions[tp], end) for tp, end in remaining.items()}
+                    raise LogError(
+                        f"reading {self.topic} got no further for {STALL_S:g}s with records left "
+                        f"(partition: (position, end) {left}): is every partition led?"
+                    )
                 fetched = await consumer.getmany(
                     *remaining, timeout_ms=1000, max_records=self.batch_size
                 )
@@ -648,9 +662,19 @@ class _Fetcher:
                 # last records were an aborted transaction (a fenced snapshot writer's) gets
                 # past them with none to show.
                 for tp, end in list(remaining.items()):
-                    if await consumer.position(tp) >= end:
+                    at = await self._bounded(consumer.position(tp), f"finding {tp}'s position")
+                    if at != positions[tp]:
+                        positions[tp], moved_at = at, loop.time()
+                    if at >= end:
                         del remaining[tp]
                         consumer.pause(tp)  # what was appended since the start is not rebuilt
                 if batch and not self._put(batch):
                     return
         self._put(None)
+
+    async def _bounded(self, step: Awaitable[T], what: str) -> T:
+        """`step`, or LogError after `STALL_S` (aiokafka may retry it for ever)."""
+        try:
+            return await asyncio.wait_for(step, STALL_S)
+        except TimeoutError as e:
+            raise LogError(f"reading {self.topic}: {what} took over {STALL_S:g}s") from e

@@ -1,0 +1,69 @@
+"""The rebuild's fetcher fails with LogError when its read gets no further (no broker: faked)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+
+import processors.replay as replay_module
+from producers.kafka_access import KafkaAccess
+from schemas.errors import LogError
+
+
+class StuckConsumer:
+    """A consumer whose partitions never move (a leaderless partition, as aiokafka sees one)."""
+
+    def __init__(self, hang_position: bool = False) -> None:
+        self.hang_position = hang_position
+        self.fetches = 0
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        pass
+
+    async def position(self, tp: TopicPartition) -> int:
+        if self.hang_position:
+            await asyncio.sleep(3600)
+        return 2
+
+    async def getmany(self, *partitions: TopicPartition, **kwargs: Any) -> dict[Any, Any]:
+        self.fetches += 1
+        await asyncio.sleep(0.01)
+        return {}
+
+    def pause(self, tp: TopicPartition) -> None:
+        pass
+
+
+def _fetch_with(monkeypatch: pytest.MonkeyPatch, consumer: StuckConsumer) -> None:
+    @contextlib.asynccontextmanager
+    async def fake(access: KafkaAccess) -> AsyncIterator[StuckConsumer]:
+        yield consumer
+
+    monkeypatch.setattr(replay_module, "_consumer", fake)
+    monkeypatch.setattr(replay_module, "STALL_S", 0.2)
+    with replay_module._Fetcher(KafkaAccess.of("127.0.0.1:9"), "events", {0: 5}, 100) as f:
+        list(f.batches())
+
+
+def test_a_read_that_gets_no_further_fails_instead_of_waiting_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    consumer = StuckConsumer()
+    with pytest.raises(LogError, match=r"got no further for 0.2s .*\{0: \(2, 5\)\}"):
+        _fetch_with(monkeypatch, consumer)
+    assert consumer.fetches > 1  # it kept asking until the bound
+
+
+def test_a_position_that_never_comes_fails_instead_of_waiting_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(LogError, match=r"position took over 0\.2s"):
+        _fetch_with(monkeypatch, StuckConsumer(hang_position=True))
