@@ -34,6 +34,7 @@ from console.settings import WebConsoleSettings
 from schemas.errors import ConfigurationError
 from schemas.secret_files import read_secret
 from session_model.narration import short_instant
+from session_model.policy import APPROVAL
 
 __all__ = ["ConsoleDeps", "create_app"]
 
@@ -125,6 +126,7 @@ def _templates() -> Jinja2Templates:
     templates.env.filters["instant"] = short_instant
     templates.env.filters["pattern_literal"] = pattern_literal
     templates.env.filters["reason_class"] = reason_class
+    templates.env.globals["APPROVAL"] = APPROVAL
     return templates
 
 

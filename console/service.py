@@ -16,16 +16,20 @@ from console.auth import Identity
 from console.inputs import is_operation_name
 from console.runtime import Runtime
 from console.views import (
-    SIGNATURE,
     question_texts,
     session_record,
     timeline_records,
     waiting_record,
     window_records,
 )
-from schemas.errors import InvalidCall, NoOpenQuestionError, UnauthorizedError
+from schemas.errors import (
+    InvalidAnswerError,
+    InvalidCall,
+    NoOpenQuestionError,
+    UnauthorizedError,
+)
 from session_model.modes import less_strict, parse_mode
-from session_model.policy import PERMISSION_OPTIONS
+from session_model.policy import PERMISSION_OPTIONS, SIGNATURE
 from session_model.projection import Position
 from session_model.questions import Cursor, WaitingPage
 from session_model.session import Question
@@ -34,7 +38,6 @@ log = logging.getLogger(__name__)
 
 EXECUTOR = "console"  # the `executor` of answers given here
 PAUSE_WINDOW = timedelta(hours=24)
-APPROVED = "approved"  # the one answer to a signature question (the page's button sends it)
 # What of the history an operator is shown: every decision (one per question: human-sized), not
 # the calls and observations, which grow with the agent's work.
 SHOWN_HISTORY = ("decisions",)
@@ -45,12 +48,6 @@ class ConfirmationRequiredError(InvalidCall):
     """A signature question is answered only with the operation typed back as confirmation."""
 
     code = "confirmation_required"
-
-
-class InvalidAnswerError(InvalidCall):
-    """The answer is not one of the question's options."""
-
-    code = "invalid_answer"
 
 
 def parse_cursor(text: str | None) -> Cursor | None:
@@ -180,14 +177,6 @@ def answer(
             _may_relax(caller, f"answer {answer!r} to {question_id!r}")
         if question.reason == SIGNATURE:
             operation, _ = question.signed_call()
-            if answer != APPROVED:
-                # Answering it signs the call: a "no" sent with the confirmation would be signed
-                # as an approval (and recorded as a verified decision reading "no").
-                raise InvalidAnswerError(
-                    f"{question_id!r} asks for a signature: it is answered only by approving the "
-                    f"call ({APPROVED!r}, with {operation!r} typed back as `confirm`); to decline, "
-                    "let its window close or end the session"
-                )
             if (confirm or "").strip() != operation:
                 raise ConfirmationRequiredError(
                     f"signing this call allows {operation!r} with exactly these arguments once: "

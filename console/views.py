@@ -9,6 +9,7 @@ from typing import Any
 from projections.indexes import ceil_ms
 from session_model.deadlines import format_instant, parse_deadline
 from session_model.narration import sentence
+from session_model.policy import SIGNATURE
 from session_model.principal import Principal
 from session_model.questions import (
     UNSPECIFIED_REASON,
@@ -18,8 +19,6 @@ from session_model.questions import (
 )
 from session_model.session import Decision, History, Question, Session
 from session_model.timeline import TimelineEntry
-
-SIGNATURE = "signature"
 
 
 def instant(moment: datetime | None) -> str | None:

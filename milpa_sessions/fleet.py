@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from producers.store import SessionStore, deadline_in
 from schemas.errors import MilpaError
 from session_model.policy import (
+    APPROVAL,
+    SIGNATURE,
     SessionPolicy,
     Verdict,
     permission_question,
@@ -186,8 +188,8 @@ def run_operator(
                 seen[key] = float("inf")  # left to expire
                 continue
             answer = q.options[0] if q.options and rng.random() < 0.85 else (q.options or ("",))[-1]
-            if q.reason == "signature":
-                answer = "approved"  # the console shows the call; the store signs exactly it
+            if q.reason == SIGNATURE:
+                answer = APPROVAL  # the console shows the call; the store signs exactly it
             try:
                 if q.reason == "permission" and answer == "yes":
                     # The grant first: it is the operator's signed act the agent then relies on.

@@ -83,6 +83,13 @@ class NoOpenQuestionError(InvalidCall):
     code = "no_open_question"
 
 
+class InvalidAnswerError(InvalidCall):
+    """The answer is not one the open question takes (not an option; a signature question's
+    answer other than its approval)."""
+
+    code = "invalid_answer"
+
+
 class QuestionOpenError(InvalidCall):
     """A question was asked while another one is still open."""
 

@@ -84,6 +84,10 @@ def permission_question(
     )
 
 
+SIGNATURE = "signature"  # the reason of a signature question
+APPROVAL = "approved"  # the one answer to a signature question: answering it signs the call
+
+
 def signature_question(
     operation: str, arguments: Mapping[str, Any], expires_at: str | None = None
 ) -> Question:
@@ -94,7 +98,7 @@ def signature_question(
         options=(),
         why=canonical_json(dict(arguments)),
         expires_at=expires_at,
-        reason="signature",
+        reason=SIGNATURE,
     )
 
 

@@ -114,7 +114,7 @@ def _ask_the_scenario(
     agent.ask(s0, signature_question("release", {"v": 2}))
     agent.ask(s3, signature_question("tag", {"v": 1}))
     agent.load(s3)  # the operator answers what it sees
-    human.answer(s3, "sign:tag", "signed", Principal("actor:member:7", verified=True))
+    human.answer(s3, "sign:tag", "approved", Principal("actor:member:7", verified=True))
     # target_not_named: expired
     agent.ask(s4, target_question("rm", "/srv/data", "Remove /srv/data?", expires_at=soon))
     # no reason → unspecified: one open, one answered

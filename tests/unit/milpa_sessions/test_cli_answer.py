@@ -35,7 +35,7 @@ def test_an_asking_replaced_between_the_read_and_the_answer_is_not_signed(
 
     monkeypatch.setattr(store, "load", load)
     monkeypatch.setattr(cli, "_store", lambda ctx: store)
-    result = CliRunner().invoke(cli.main, ["answer", "s1", "sign:drop_db", "ok", "--yes"])
+    result = CliRunner().invoke(cli.main, ["answer", "s1", "sign:drop_db", "approved", "--yes"])
     assert result.exit_code != 0
     assert "asked again" in result.output
     assert len(store.log.records) == before  # type: ignore[attr-defined]

@@ -96,7 +96,7 @@ def test_the_signing_prompt_shows_the_call_as_the_agent_wrote_it(
     store.ask(SID, signature_question(f"deploy{MARKUP}", arguments))
     question = store.load(SID).question
     assert question is not None
-    result = _run("answer", SID, question.id, "ok", "--yes")
+    result = _run("answer", SID, question.id, "approved", "--yes")
     assert result.exit_code == 0, result.output
     assert f"signing exactly this call in {SID}: deploy{MARKUP} {question.why}\n" in screen.text
 
@@ -110,7 +110,7 @@ def test_the_signing_prompt_is_one_line_the_terminal_wraps(
     store.ask(SID, signature_question("deploy", {"target": "staging x ,prod and more words"}))
     question = store.load(SID).question
     assert question is not None
-    result = _run("answer", SID, question.id, "ok", "--yes")
+    result = _run("answer", SID, question.id, "approved", "--yes")
     assert result.exit_code == 0, result.output
     assert f"{SID}: deploy {question.why}\n" in narrow.text
 
