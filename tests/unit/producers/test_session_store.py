@@ -17,6 +17,7 @@ import pytest
 from producers.store import SessionStore
 from schemas import events as ev
 from schemas.errors import (
+    InvalidAnswerError,
     InvalidCall,
     MilpaError,
     NoOpenQuestionError,
@@ -29,6 +30,7 @@ from schemas.events import Event
 from session_model.canonical import argument_digest
 from session_model.fold import fold
 from session_model.modes import Mode
+from session_model.policy import APPROVAL, signature_question
 from session_model.principal import Principal
 from session_model.session import Question, Turn
 from tests.unit.builders import OPERATOR
@@ -850,3 +852,18 @@ def test_rejection_record_keeps_envelope_fields() -> None:
         T0_MS,
         None,
     )
+
+
+@pytest.mark.parametrize("answer", ["no", "decline", "yes", ""])
+def test_a_signature_question_takes_no_answer_but_the_approval(answer: str) -> None:
+    """Answering it signs the call: any other answer, from any writer, is refused unappended."""
+    store = SessionStore.in_memory(signer=OPERATOR)
+    store.start("s1", "drop the table")
+    store.ask("s1", signature_question("drop_db", {"db": "prod"}))
+    before = len(store.log.records)  # type: ignore[attr-defined]
+    verified = Principal("operator:alice", verified=True)
+    with pytest.raises(InvalidAnswerError, match="to decline, let its window close"):
+        store.answer("s1", "sign:drop_db", answer, verified)
+    assert len(store.log.records) == before  # type: ignore[attr-defined]
+    store.answer("s1", "sign:drop_db", APPROVAL, verified)
+    assert [a.operation for a in store.load("s1").approvals] == ["drop_db"]
