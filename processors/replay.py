@@ -668,8 +668,10 @@ class _Fetcher:
                     if at >= end:
                         del remaining[tp]
                         consumer.pause(tp)  # what was appended since the start is not rebuilt
-                if batch and not self._put(batch):
-                    return
+                if batch:
+                    if not self._put(batch):
+                        return
+                    moved_at = loop.time()  # (a wait for the fold to take it is no stall)
         self._put(None)
 
     async def _bounded(self, step: Awaitable[T], what: str) -> T:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -67,3 +68,38 @@ def test_a_position_that_never_comes_fails_instead_of_waiting_for_ever(
 ) -> None:
     with pytest.raises(LogError, match=r"position took over 0\.2s"):
         _fetch_with(monkeypatch, StuckConsumer(hang_position=True))
+
+
+class MovingConsumer(StuckConsumer):
+    """A healthy partition: one record per fetch until its end."""
+
+    def __init__(self, end: int) -> None:
+        super().__init__()
+        self.at, self.end = 0, end
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.at
+
+    async def getmany(self, *partitions: TopicPartition, **kwargs: Any) -> dict[Any, Any]:
+        if self.at >= self.end:
+            return {}
+        record = type("Record", (), {"offset": self.at, "key": b"s", "value": b"v"})()
+        self.at += 1
+        return {partitions[0]: [record]}
+
+
+def test_a_fold_slower_than_the_stall_bound_is_no_stall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fetcher waits for the fold to take its batches: that wait is not the log's."""
+
+    @contextlib.asynccontextmanager
+    async def fake(access: KafkaAccess) -> AsyncIterator[MovingConsumer]:
+        yield MovingConsumer(end=8)
+
+    monkeypatch.setattr(replay_module, "_consumer", fake)
+    monkeypatch.setattr(replay_module, "STALL_S", 0.1)
+    got = []
+    with replay_module._Fetcher(KafkaAccess.of("127.0.0.1:9"), "events", {0: 8}, 100) as f:
+        for batch in f.batches():
+            time.sleep(0.2)  # a fold slower than STALL_S: the fetcher waits on the full queue
+            got.extend(offset for _, offset, _, _ in batch)
+    assert got == list(range(8))
