@@ -102,10 +102,16 @@ class KafkaEventLog:
         client = self._client
         if client is not None:
             return client
-        with self._making:
+        # Bounded: with Kafka down, threads queued behind one failing connect would each wait
+        # for all those ahead of them.
+        if not self._making.acquire(timeout=self.config.max_block):
+            raise LogError(f"cannot connect a producer to {self.bootstrap}: still connecting")
+        try:
             if self._client is None:
                 self._client = self._make_producer()
             return self._client
+        finally:
+            self._making.release()
 
     def _make_producer(self) -> KafkaProducer:
         from kafka import KafkaProducer  # noqa: PLC0415 - see `_kafka_error`

@@ -11,7 +11,7 @@ import pytest
 
 from producers.kafka_access import KafkaAccess
 from producers.kafka_log import KafkaEventLog, ProducerConfig
-from schemas.errors import ConfigurationError
+from schemas.errors import ConfigurationError, LogError
 
 
 @pytest.fixture
@@ -96,3 +96,28 @@ def test_threads_appending_first_at_once_share_one_producer(
         t.join()
     assert len(built) == 1
     assert got == built * 8
+
+
+def test_a_thread_waits_for_anothers_connect_at_most_max_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With Kafka down, threads queued behind a failing connect do not wait for each other's."""
+    release = threading.Event()
+
+    class Hanging:
+        def __init__(self, **options: Any) -> None:
+            release.wait(10)  # a connect that takes its whole max_block and more
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Hanging)
+    monkeypatch.setattr(KafkaAccess, "check_reachable", lambda self, timeout: None)
+    log = KafkaEventLog("127.0.0.1:9", "t", config=ProducerConfig(max_block=0.2))
+    first = threading.Thread(target=lambda: log._producer)
+    first.start()
+    try:
+        time.sleep(0.05)  # the first thread holds the connect
+        # Refused after max_block: waiting for the first's connect would have got its producer.
+        with pytest.raises(LogError, match="still connecting"):
+            log._producer  # noqa: B018
+    finally:
+        release.set()
+        first.join()
