@@ -299,8 +299,7 @@ def _redacted(url: str) -> str:
     user, colon, _ = userinfo.partition(":")
     netloc = f"{user}:***@{host}" if at and colon else parts.netloc
     query = [(part, *part.partition("=")) for part in parts.query.split("&") if part]
-    rest = [part for part, name, equals, _ in query if not (equals and _is_password(name))]
-    if "@" in parts.path + "".join(rest) + parts.fragment:
+    if "@" in parts.path + parts.query + parts.fragment:
         # A password's unencoded "/", "?" or "#" ended the URL's authority before its "@": what
         # follows may be the password's end, and what looks like a port its beginning.
         return UNREADABLE_URL

@@ -128,6 +128,7 @@ def test_a_password_in_the_query_is_hidden_too(url: str, shown: str) -> None:
         "redis://:s3/cret@h:1/0",  # the authority ends at the password's "/"
         "redis://:s3#cret@h:1/0",
         "redis://:s3?cret@h:1/0",
+        "redis://:s3?password=cret@h:1/0",  # the "@" after a query part named password
     ],
 )
 def test_a_url_that_does_not_parse_is_shown_as_a_placeholder(url: str) -> None:
