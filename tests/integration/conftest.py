@@ -247,14 +247,18 @@ def run_cli(
                 os.killpg(proc.pid, signal.SIGABRT)
             try:
                 out, err = proc.communicate(timeout=30)
-            finally:
+            except subprocess.TimeoutExpired:  # the dumps did not end it: what they printed
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
             pytest.fail(
                 f"milpa-sessions {' '.join(args)} did not end within {timeout:g}s; its stacks:\n"
                 f"{err[-20000:]}\n(stdout: {out[-2000:]})",
                 pytrace=False,
             )
+        finally:  # also on the test's own timeout or Ctrl-C: nothing of it is left running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
