@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
@@ -43,6 +44,7 @@ class Subscription(ABC, Generic[T]):
         self.undecodable = 0
         self._last: dict[str, tuple[int, ...]] = {}
         self._handed: dict[TopicPartition, int] = {}  # the next offset to commit, per partition
+        self._pending: deque[tuple[T | None, TopicPartition, int]] = deque()
         try:
             self._consumer = KafkaConsumer(
                 topic,
@@ -55,8 +57,10 @@ class Subscription(ABC, Generic[T]):
             raise LogError(f"cannot subscribe to {topic}: {e}") from e
 
     def poll(self) -> list[T]:
-        """One poll: new records in log order (possibly none), all handed out at once."""
-        read = self._read()
+        """One poll: new records in log order (possibly none), all handed out at once; what an
+        iteration left of its poll comes first, without polling."""
+        read = list(self._pending) if self._pending else self._read()
+        self._pending.clear()
         for _, tp, following in read:
             self._handed[tp] = following
         return [item for item, _, _ in read if item is not None]
@@ -111,8 +115,14 @@ class Subscription(ABC, Generic[T]):
         self._handed.clear()
 
     def __iter__(self) -> Iterator[T]:
+        # A poll's items wait here until handed out: an iteration the caller ends (a break, an
+        # error) leaves the rest to the next iteration or poll, never to be skipped as repeats.
+        pending = self._pending
         while True:
-            for item, tp, following in self._read():
+            if not pending:
+                pending.extend(self._read())
+            while pending:
+                item, tp, following = pending.popleft()
                 self._handed[tp] = following  # handed out (or skipped) once the caller has it
                 if item is not None:
                     yield item

@@ -95,3 +95,15 @@ def test_a_partition_taken_by_another_member_is_not_committed(sub: Texts) -> Non
     consumer.owned = {TP0}
     sub.commit()
     assert commits(sub) == [{TP0: 13}]
+
+
+def test_an_iteration_ended_early_leaves_the_rest_of_its_poll_to_the_next(sub: Texts) -> None:
+    """A `break` (or an error) in the caller's loop does not skip the poll's other items."""
+    for item in sub:
+        assert item == "a:1"
+        break
+    sub.commit()
+    assert commits(sub) == [{TP0: 11}]
+    assert sub.poll() == ["a:2", "b:1"]  # from what the iteration left, not a new poll
+    sub.commit()
+    assert commits(sub)[1] == {TP0: 13, TP1: 7}
