@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -61,6 +61,7 @@ def long_session(run: Run) -> None:
             store.clear()
     usage = cpu.stop()
     held = _bytes(client, keys, sid)
+    page_ms, whole_ms = _page_reads(store, sid)
     per_age = {age: statistics.median(r[age] for r in rounds) for age in ages}
     first, last = per_age[ages[0]], per_age[ages[-1]]
     run.log(
@@ -95,6 +96,18 @@ def long_session(run: Run) -> None:
         params={"what": f"µs per event at {n:,} events / at {ages[0]} events, same run"},
     )
     run.put(
+        "long_session_page_read_ms",
+        page_ms,
+        "ms",
+        baseline=whole_ms,
+        params={
+            "events": n,
+            "what": "the console session page's reads of the old session (the latest 301 "
+            "timeline entries, its decisions list) against the whole timeline and history "
+            "lists it read before (b0c159d); median of 5, sync client in the harness",
+        },
+    )
+    run.put(
         "long_session_redis_bytes_outside_history",
         held.hot,
         "bytes",
@@ -108,6 +121,23 @@ def long_session(run: Run) -> None:
             "history_bytes": held.history,
         },
     )
+
+
+def _page_reads(store: RedisProjectionStore, sid: str) -> tuple[float, float]:
+    """ms (median of 5) of the console page's reads of the session (its latest 301 timeline
+    entries and its decisions), and of the whole timeline and history it read before."""
+
+    def best(read: Callable[[], object]) -> float:
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            read()
+            times.append(1e3 * (time.perf_counter() - t))
+        return statistics.median(times)
+
+    page = best(lambda: (store.timeline(sid, latest=301), store.facts(sid, ["decisions"])))
+    whole = best(lambda: (store.timeline(sid), store.facts(sid)))
+    return page, whole
 
 
 def _script(sid: str, n: int) -> Iterator[Event]:
