@@ -160,6 +160,8 @@ def _drive(
         while runner.is_alive():
             runner.join(0.25)
             live.update(_progress_table(progress, config.agents, started_at))
+    if not out.is_terminal:
+        out.print()  # (rich ends a live display written to a file or a pipe without a newline)
     return result
 
 

@@ -50,6 +50,8 @@ def test_the_demo_runs_a_fleet_whose_authority_is_all_signed(
     assert "signed by the operator" in out
     assert "unsigned authority refused: 0" in out
     assert "call approvals" in out
+    # Written to a pipe, the live table ends its line: the next section starts a line of its own.
+    assert re.search(r"^─+ sessions \(demo-", out, re.M), out[:3000]
     if backend == "kafka-and-redis":
         assert "decisions received" in out
         assert "operator console: http://127.0.0.1:" in out
