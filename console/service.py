@@ -29,7 +29,7 @@ from schemas.errors import (
     UnauthorizedError,
 )
 from session_model.modes import less_strict, parse_mode
-from session_model.policy import PERMISSION_OPTIONS, SIGNATURE
+from session_model.policy import PERMISSION_OPTIONS, SIGNATURE, check_signature_answer
 from session_model.projection import Position
 from session_model.questions import Cursor, WaitingPage
 from session_model.session import Question
@@ -176,6 +176,7 @@ def answer(
         if question.relaxed_by(answer):
             _may_relax(caller, f"answer {answer!r} to {question_id!r}")
         if question.reason == SIGNATURE:
+            check_signature_answer(question, answer)  # before asking for the confirmation
             operation, _ = question.signed_call()
             if (confirm or "").strip() != operation:
                 raise ConfirmationRequiredError(

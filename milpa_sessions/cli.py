@@ -39,6 +39,7 @@ from schemas.errors import (
     WorkersRunningError,
 )
 from session_model.deadlines import format_instant
+from session_model.policy import SIGNATURE, check_signature_answer
 from session_model.principal import Principal
 from session_model.session import Session
 
@@ -486,7 +487,8 @@ def answer(  # noqa: PLR0917 - click passes every argument and option positional
     # The asking shown here is the one answered (and signed), or nothing: an agent asking the
     # same id again in between (another call) gets a 409, not the operator's signature.
     asked_seq = question.seq if question is not None and question.id == question_id else None
-    if question is not None and question.id == question_id and question.reason == "signature":
+    if question is not None and question.id == question_id and question.reason == SIGNATURE:
+        check_signature_answer(question, answer)  # before the prompt to sign
         operation, digest = question.signed_call()
         # Agent-written, shown as is: markup in `why` could hide part of the call signed, and
         # rich's own line breaks could hide a space in it (the terminal wraps instead).

@@ -8,6 +8,7 @@ requests in flight: retries can neither duplicate nor reorder a session's events
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,10 @@ class ProducerConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # any other KafkaProducer options
 
     def __post_init__(self) -> None:
+        if not self.max_block > 0:
+            raise ConfigurationError(
+                f"ProducerConfig.max_block must be above 0 s, not {self.max_block}"
+            )
         taken = sorted(self.extra.keys() & _SET_HERE.keys())
         if taken:
             raise ConfigurationError(
@@ -96,22 +101,28 @@ class KafkaEventLog:
         # Writers share one log across threads (the console's pool, the demo's agents): the
         # producer is made once, not once per thread that appends first.
         self._making = threading.Lock()
+        # When the last connect failed, and why: threads that waited for it share its error.
+        self._failed: tuple[float, LogError | ConfigurationError] | None = None
 
     @property
     def _producer(self) -> KafkaProducer:
         client = self._client
         if client is not None:
             return client
-        # Bounded: with Kafka down, threads queued behind one failing connect would each wait
-        # for all those ahead of them.
-        if not self._making.acquire(timeout=self.config.max_block):
-            raise LogError(f"cannot connect a producer to {self.bootstrap}: still connecting")
-        try:
+        waiting_since = time.monotonic()
+        with self._making:
             if self._client is None:
-                self._client = self._make_producer()
+                failed = self._failed
+                if failed is not None and failed[0] >= waiting_since:
+                    # The connect this thread waited for failed: its error, not one more connect
+                    # (with Kafka down, each thread queued would otherwise wait for all ahead).
+                    raise failed[1]
+                try:
+                    self._client = self._make_producer()
+                except (LogError, ConfigurationError) as e:
+                    self._failed = (time.monotonic(), e)
+                    raise
             return self._client
-        finally:
-            self._making.release()
 
     def _make_producer(self) -> KafkaProducer:
         from kafka import KafkaProducer  # noqa: PLC0415 - see `_kafka_error`

@@ -17,7 +17,6 @@ from typing import Any
 from producers.memory import in_memory_backend
 from schemas import events as ev
 from schemas.errors import (
-    InvalidAnswerError,
     InvalidCall,
     LateAnswerError,
     NoOpenQuestionError,
@@ -34,7 +33,7 @@ from session_model.compaction import CompactionPlan
 from session_model.deadlines import format_instant
 from session_model.intake import CONTROL_CHARACTER
 from session_model.modes import Mode, less_strict, parse_mode
-from session_model.policy import APPROVAL, SIGNATURE, ceiling_for
+from session_model.policy import SIGNATURE, ceiling_for, check_signature_answer
 from session_model.ports import EventLog, ProjectionStore
 from session_model.principal import Principal
 from session_model.projection import Position
@@ -386,13 +385,8 @@ class SessionStore:
                     f"answering {answer!r} to {question_id!r} makes session {session_id!r} less "
                     "supervised: an operator's act"
                 )
-            if answered is not None and answered.reason == SIGNATURE and answer != APPROVAL:
-                # Answering it signs the call: a "no" would be signed as an approval (and
-                # recorded as a verified decision reading "no").
-                raise InvalidAnswerError(
-                    f"{question_id!r} asks for a signature: it is answered only by approving "
-                    f"the call ({APPROVAL!r}); to decline, let its window close or end the session"
-                )
+            if not session.ended and answered is not None:  # (a late one is recorded, refused)
+                check_signature_answer(answered, answer)
             if asked_seq is None and answered is not None and answered.seq:
                 asked_seq = answered.seq  # the answer names the asking judged here
         elif not may_relax:

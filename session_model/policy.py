@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from schemas.errors import MissingCeilingError
+from schemas.errors import InvalidAnswerError, MissingCeilingError
 from session_model.canonical import argument_digest, canonical_json
 from session_model.modes import Mode, strictest
 from session_model.session import Question, Session
@@ -86,6 +86,16 @@ def permission_question(
 
 SIGNATURE = "signature"  # the reason of a signature question
 APPROVAL = "approved"  # the one answer to a signature question: answering it signs the call
+
+
+def check_signature_answer(question: Question, answer: str) -> None:
+    """Refuse (InvalidAnswerError) an answer to a signature question other than its approval:
+    answering it signs the call, so a "no" would be signed as an approval."""
+    if question.reason == SIGNATURE and answer != APPROVAL:
+        raise InvalidAnswerError(
+            f"{question.id!r} asks for a signature: it is answered only by approving the call "
+            f"({APPROVAL!r}); to decline, let its window close or end the session"
+        )
 
 
 def signature_question(

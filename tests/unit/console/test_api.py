@@ -339,8 +339,8 @@ def test_a_signature_question_is_answered_only_by_approving_it(
 ) -> None:
     """Answering signs the call: a "no" with the confirmation must not become an approval."""
     before = _records(store)
-    for answer in ("no", "decline", ""):
-        body = {"question_id": "sign:deploy", "answer": answer, "confirm": "deploy"}
+    for answer, confirm in (("no", "deploy"), ("decline", None), ("", "deploy")):
+        body = {"question_id": "sign:deploy", "answer": answer, "confirm": confirm}
         response = api.post("/api/v1/sessions/s-b/answer", json=body)
         assert response.status_code == 422
         assert response.json()["code"] == "invalid_answer"

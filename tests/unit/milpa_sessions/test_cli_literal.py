@@ -115,6 +115,19 @@ def test_the_signing_prompt_is_one_line_the_terminal_wraps(
     assert f"{SID}: deploy {question.why}\n" in narrow.text
 
 
+def test_a_signature_question_answered_other_than_approved_is_refused_before_the_prompt(
+    store: SessionStore, screen: Screen
+) -> None:
+    store.start(SID, "g")
+    store.ask(SID, signature_question("deploy", {"env": "prod"}))
+    before = len(store.log.records)  # type: ignore[attr-defined]
+    result = _run("answer", SID, "sign:deploy", "no", "--yes")
+    assert result.exit_code != 0
+    assert "asks for a signature" in result.output + screen.text
+    assert "signing exactly" not in screen.text  # nothing offered to sign
+    assert len(store.log.records) == before  # type: ignore[attr-defined]
+
+
 # -- 2. show, list, window, timeline, stats --------------------------------------------------------
 
 

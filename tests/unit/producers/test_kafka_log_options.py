@@ -98,26 +98,42 @@ def test_threads_appending_first_at_once_share_one_producer(
     assert got == built * 8
 
 
-def test_a_thread_waits_for_anothers_connect_at_most_max_block(
+def test_threads_that_waited_for_a_failing_connect_share_its_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With Kafka down, threads queued behind a failing connect do not wait for each other's."""
-    release = threading.Event()
+    """With Kafka down, threads queued behind a failing connect fail with it, not one by one."""
+    attempts: list[float] = []
+    started = threading.Barrier(6)
 
-    class Hanging:
-        def __init__(self, **options: Any) -> None:
-            release.wait(10)  # a connect that takes its whole max_block and more
+    def unreachable(self: KafkaAccess, timeout: float) -> None:
+        attempts.append(time.monotonic())
+        time.sleep(0.2)  # a connect that takes its time, then fails
+        raise LogError("cannot reach Kafka at 127.0.0.1:9")
 
-    monkeypatch.setattr(kafka, "KafkaProducer", Hanging)
-    monkeypatch.setattr(KafkaAccess, "check_reachable", lambda self, timeout: None)
-    log = KafkaEventLog("127.0.0.1:9", "t", config=ProducerConfig(max_block=0.2))
-    first = threading.Thread(target=lambda: log._producer)
-    first.start()
-    try:
-        time.sleep(0.05)  # the first thread holds the connect
-        # Refused after max_block: waiting for the first's connect would have got its producer.
-        with pytest.raises(LogError, match="still connecting"):
+    monkeypatch.setattr(KafkaAccess, "check_reachable", unreachable)
+    log = KafkaEventLog("127.0.0.1:9", "t")
+    errors: list[BaseException] = []
+
+    def first_append() -> None:
+        started.wait()
+        try:
             log._producer  # noqa: B018
-    finally:
-        release.set()
-        first.join()
+        except LogError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=first_append) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 6
+    assert len(attempts) == 1  # one connect; the five that waited for it got its error
+    with pytest.raises(LogError):  # a later append tries again
+        log._producer  # noqa: B018
+    assert len(attempts) == 2
+
+
+@pytest.mark.parametrize("max_block", [0, -1.0])
+def test_a_max_block_that_is_no_wait_is_refused(max_block: float) -> None:
+    with pytest.raises(ConfigurationError, match="max_block must be above 0"):
+        ProducerConfig(max_block=max_block)

@@ -19,6 +19,7 @@ from schemas import events as ev
 from schemas.errors import (
     InvalidAnswerError,
     InvalidCall,
+    LateAnswerError,
     MilpaError,
     NoOpenQuestionError,
     QuestionOpenError,
@@ -28,6 +29,7 @@ from schemas.errors import (
 )
 from schemas.events import Event
 from session_model.canonical import argument_digest
+from session_model.deadlines import format_instant
 from session_model.fold import fold
 from session_model.modes import Mode
 from session_model.policy import APPROVAL, signature_question
@@ -867,3 +869,17 @@ def test_a_signature_question_takes_no_answer_but_the_approval(answer: str) -> N
     assert len(store.log.records) == before  # type: ignore[attr-defined]
     store.answer("s1", "sign:drop_db", APPROVAL, verified)
     assert [a.operation for a in store.load("s1").approvals] == ["drop_db"]
+
+
+def test_a_late_answer_to_a_signature_question_is_recorded_and_refused_as_late() -> None:
+    """Its window closed: the attempt is on record (LateAnswerError), whatever it says."""
+    store = SessionStore.in_memory(signer=OPERATOR)
+    store.start("s1", "drop the table")
+    asked = datetime(2026, 1, 1, tzinfo=UTC)
+    store.ask("s1", signature_question("drop_db", {"db": "prod"}, format_instant(asked)))
+    store.expire_if_due("s1", asked + timedelta(seconds=1))
+    before = len(store.log.records)  # type: ignore[attr-defined]
+    with pytest.raises(LateAnswerError):
+        store.answer("s1", "sign:drop_db", "no", Principal("operator:alice", verified=True))
+    assert len(store.log.records) == before + 1  # type: ignore[attr-defined]
+    assert store.load("s1").approvals == ()
