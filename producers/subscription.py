@@ -59,11 +59,22 @@ class Subscription(ABC, Generic[T]):
     def poll(self) -> list[T]:
         """One poll: new records in log order (possibly none), all handed out at once; what an
         iteration left of its poll comes first, without polling."""
-        read = list(self._pending) if self._pending else self._read()
-        self._pending.clear()
-        for _, tp, following in read:
-            self._handed[tp] = following
-        return [item for item, _, _ in read if item is not None]
+        return list(self._hand_out())
+
+    def _hand_out(self) -> Iterator[T]:
+        """The pending items (a new poll's if none are), each marked handed out as it goes.
+
+        They wait on the subscription until handed out: an iteration the caller ends (a break,
+        an error) leaves the rest to the next iteration or poll, never skipped as repeats.
+        """
+        pending = self._pending
+        if not pending:
+            pending.extend(self._read())
+        while pending:
+            item, tp, following = pending.popleft()
+            self._handed[tp] = following  # handed out (or skipped) once the caller has it
+            if item is not None:
+                yield item
 
     def _read(self) -> list[tuple[T | None, TopicPartition, int]]:
         """One poll's records: (the item, or None for a repeat or an undecodable one; its
@@ -115,17 +126,8 @@ class Subscription(ABC, Generic[T]):
         self._handed.clear()
 
     def __iter__(self) -> Iterator[T]:
-        # A poll's items wait here until handed out: an iteration the caller ends (a break, an
-        # error) leaves the rest to the next iteration or poll, never to be skipped as repeats.
-        pending = self._pending
         while True:
-            if not pending:
-                pending.extend(self._read())
-            while pending:
-                item, tp, following = pending.popleft()
-                self._handed[tp] = following  # handed out (or skipped) once the caller has it
-                if item is not None:
-                    yield item
+            yield from self._hand_out()
 
     def close(self) -> None:
         """Leave the group."""
