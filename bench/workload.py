@@ -1,10 +1,13 @@
 """Deterministic, realistic session workloads built with the product's own writer API.
 
 Events are made by a `SessionStore` over a collecting log with `checks=False` (no reads), so every
-payload is exactly what an agent would append; nothing is sent while generating. Event ids are
-UUID4 strings like production's; sessions are staggered like a fleet's (about `concurrency` live
-at once), so any window of the stream holds every kind of event and a batch holds few events of
-any one session.
+payload is exactly what an agent would append; nothing is sent while generating. The one
+exception is the answer to a signature question: only an operator's approval answers it, and that
+approval names the asking it answers (its seq), which only a read of the session knows, so it comes
+from an operator's `Console` (the writer API with its checks on, as a console uses it). Event ids
+are UUID4 strings like production's; sessions are staggered like a fleet's (about `concurrency`
+live at once), so any window of the stream holds every kind of event and a batch holds few events
+of any one session.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import hashlib
 import itertools
 import random
 import uuid
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -22,11 +26,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from producers.memory import InMemoryEventLog
 from producers.store import SessionStore, deadline_in
 from projections.memory import InMemoryProjectionStore
+from projections.projector import Projector
 from schemas.events import Event
 from session_model.deadlines import format_instant
 from session_model.partitioning import partition_for
-from session_model.policy import permission_question, signature_question, target_question
+from session_model.policy import (
+    APPROVAL,
+    SIGNATURE,
+    permission_question,
+    signature_question,
+    target_question,
+)
 from session_model.principal import Principal
+from session_model.projection import BatchFolder, Position, Record
 from session_model.session import Question
 from session_model.signing import Signer
 
@@ -40,20 +52,78 @@ OPERATOR_KEYS = OPERATOR.trusted_keys()
 FAR_FUTURE_S = 50 * 365 * 86400  # questions left open must never be closed by the scheduler
 
 
-def writer(
-    collecting: InMemoryEventLog, base: datetime | None = None, producer: str = "bench-agent"
-) -> SessionStore:
-    """A SessionStore that only collects, with a clock that advances 1 ms per event."""
-    start = base or datetime.now(UTC)
+def ticking(start: datetime) -> Callable[[], datetime]:
+    """A clock that advances 1 ms each time it is read (once per event a writer builds)."""
     ticks = itertools.count()
+    return lambda: start + timedelta(milliseconds=next(ticks))
+
+
+def writer(
+    collecting: InMemoryEventLog,
+    base: datetime | None = None,
+    producer: str = "bench-agent",
+    clock: Callable[[], datetime] | None = None,
+) -> SessionStore:
+    """A SessionStore that only collects, with a clock that advances 1 ms per event (`clock`: one
+    shared with another writer of the same log)."""
     return SessionStore(
         collecting,
         InMemoryProjectionStore(),
         producer=producer,
         signer=OPERATOR,
         checks=False,
-        clock=lambda: start + timedelta(milliseconds=next(ticks)),
+        clock=clock or ticking(base or datetime.now(UTC)),
     )
+
+
+class Console:
+    """An operator's console over a collecting log: approves signature questions as a console
+    does, through `SessionStore.answer` with its checks on (the `APPROVAL` answer, carrying the
+    operator key's signature over exactly the call asked about and the asking it answers).
+
+    That answer needs the session as projected (the asking's seq), so before each answer the
+    console folds the answered session's records appended since its last read, as a worker would
+    have; sessions it never answers are never folded. It subscribes to `log` (to note which
+    records are whose) and appends its answers there, with `clock` and `new_id` (pass the other
+    writers' own, so times and ids keep one sequence).
+    """
+
+    def __init__(
+        self,
+        log: InMemoryEventLog,
+        signer: Signer = OPERATOR,
+        *,
+        producer: str = "bench-console",
+        clock: Callable[[], datetime] | None = None,
+        new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        projections = InMemoryProjectionStore()
+        self._projector = Projector(projections, BatchFolder(signer.trusted_keys()))
+        self._unread: defaultdict[str, list[Record]] = defaultdict(list)
+        log.subscribers.append(self._appended)
+        self.store = SessionStore(
+            log,
+            projections,
+            producer=producer,
+            signer=signer,
+            clock=clock or ticking(datetime.now(UTC)),
+            new_id=new_id,
+        )
+
+    def _appended(self, batch: Sequence[Record]) -> None:
+        for record in batch:
+            self._unread[record.event.session_id].append(record)
+
+    def approve(
+        self,
+        session_id: str,
+        question_id: str,
+        by: Principal | None = None,
+        executor: str | None = None,
+    ) -> Position:
+        """Answer the open signature question `question_id` with the signed `APPROVAL`."""
+        self._projector.project(self._unread.pop(session_id, []))
+        return self.store.answer(session_id, question_id, APPROVAL, by, executor=executor)
 
 
 def _question(rng: random.Random, n: int, now: datetime) -> Question:
@@ -68,10 +138,13 @@ def _question(rng: random.Random, n: int, now: datetime) -> Question:
     return Question(id=f"q{n}", question=f"Which way, {n}?", options=("left", "right"))
 
 
-def session_script(store: SessionStore, sid: str, i: int, now: datetime) -> None:
+def session_script(store: SessionStore, console: Console, sid: str, i: int, now: datetime) -> None:
     """Nineteen events of an agent session: turns, tools, plan, todos, a question and its answer.
 
-    One session in ten is left paused on a question (deadline 50 years out), the rest end.
+    A fold that trusts `OPERATOR_KEYS` applies every one of them (none is refused): the first
+    question is answered by its first option, or, a signature question (about one session in
+    four), by the operator's signed approval through `console` (over `store`'s log). One session
+    in ten is then left paused on a second question (deadline 50 years out), the rest end.
     """
     rng = random.Random(i)
     store.start(sid, f"goal of {sid}: migrate module {i % 97} to the new API", mode="ask")
@@ -84,9 +157,11 @@ def session_script(store: SessionStore, sid: str, i: int, now: datetime) -> None
     store.record_turn(sid, "assistant", f"found {i % 7} call sites; the plan is to change them")
     first = _question(rng, i, now)
     store.ask(sid, first)
-    answer = first.options[0] if first.options else "yes"
     by = Principal(f"actor:member:{i % 13}", verified=False)
-    store.answer(sid, first.id, answer, by, executor="bench-agent")
+    if first.reason == SIGNATURE:
+        console.approve(sid, first.id, by, executor="bench-agent")
+    else:
+        store.answer(sid, first.id, first.options[0], by, executor="bench-agent")
     store.grant(sid, f"deploy-{i}")
     store.record_tool_call(
         sid, "make", {"target": f"t{i}"}, "ok: 3 files changed", mutating=True, artifact=f"repo:{i}"
@@ -160,9 +235,11 @@ def sessions_workload(
 
     With `partitions`, the sessions are spread evenly over that many partitions.
     """
-    collecting = InMemoryEventLog()  # no subscribers: it only records
+    collecting = InMemoryEventLog()  # it only records (and the console notes whose each record is)
     now = base or datetime.now(UTC)
-    store = writer(collecting, now)
+    clock = ticking(now)
+    store = writer(collecting, clock=clock)
+    console = Console(collecting, clock=clock)
     per_session: list[list[Event]] = []
     if partitions:
         sids = balanced_ids(count, tag, partitions)
@@ -170,7 +247,7 @@ def sessions_workload(
         sids = [f"{tag}-{i:07d}" for i in range(count)]
     for i, sid in enumerate(sids):
         first = len(collecting.records)
-        session_script(store, sid, i, now)
+        session_script(store, console, sid, i, now)
         per_session.append([r.event for r in collecting.records[first:]])
     return Workload(sids, staggered(per_session, concurrency))
 

@@ -13,7 +13,7 @@ import itertools
 import random
 import re
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 
+from bench.workload import Console
 from deploy.harness import end_offsets, read_topic, wait_for
 from milpa_sessions.settings import Settings
 from processors import worker as worker_module
@@ -40,10 +41,16 @@ from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.errors import LogError, ProducerStoppedError
 from schemas.events import Event
-from session_model.policy import permission_question, signature_question, target_question
+from session_model.policy import (
+    APPROVAL,
+    SIGNATURE,
+    permission_question,
+    signature_question,
+    target_question,
+)
 from session_model.principal import Principal
 from session_model.projection import BatchFolder, Position
-from session_model.session import RECENT_DECISIONS, Question
+from session_model.session import RECENT_DECISIONS, Question, Rejection
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import with_keys
 from tests.integration.expected import (
@@ -85,8 +92,12 @@ def _question(rng: random.Random, n: int, now: datetime) -> Question:
     return Question(id=f"q{n}", question=f"Which way, {n}?", options=("left", "right"))
 
 
-def session_script(store: SessionStore, sid: str, i: int) -> None:
-    """About twenty events of session `sid`, every kind of event, a few of them rejected."""
+def session_script(store: SessionStore, console: Console, sid: str, i: int) -> None:
+    """About twenty events of session `sid`, every kind of event, a few of them rejected.
+
+    What the operator signs (see `generate`) stands only where the fold trusts `OPERATOR`; the
+    comments say what a fold that trusts no key, as this module's tests, does instead.
+    """
     rng = random.Random(i)
     now = BASE_TIME
     store.start(sid, f"goal of {sid}", mode=rng.choice(["ask", "acknowledge", "auto"]))
@@ -99,20 +110,29 @@ def session_script(store: SessionStore, sid: str, i: int) -> None:
     store.ask(sid, first)
     variant = i % 10
     if variant == 7:
-        # Nobody answered: the window closes and the session ends; a late answer is rejected.
-        closed = store.event(sid, ev.ANSWER_WINDOW_CLOSED, {"question_id": first.id, "at": now})
+        # Nobody answered: the window closes and the session ends; a late answer is rejected
+        # (`late_answer`: judged before its content, an approval would not save it). Closed at the
+        # deadline: one noticed before it would close an earlier asking, a no-op for this one.
+        at = first.deadline() or now
+        closed = store.event(sid, ev.ANSWER_WINDOW_CLOSED, {"question_id": first.id, "at": at})
         store.append(closed)
-        store.answer(sid, first.id, "yes", Principal("actor:late", verified=False))
+        late = first.options[0] if first.options else APPROVAL
+        store.answer(sid, first.id, late, Principal("actor:late", verified=False))
         store.record_turn(sid, "user", "anyone there?")  # rejected: session_ended
         return
     if i % 50 == 3:
         store.ask(sid, _question(rng, i + 1, now))  # rejected: question_open
-    # Claims of `verified` without a signature are downgraded by the fold.
+    # Claims of `verified`, signed by `OPERATOR`: downgraded by a fold that does not trust it.
     by = Principal(f"actor:member:{i % 13}", verified=variant in (2, 5))
-    answer = first.options[0] if first.options else "signed"
-    store.answer(sid, first.id, answer, by, executor="it-agent")
+    if first.reason == SIGNATURE:
+        # Answered only by the operator's approval of the call. A fold that trusts no key refuses
+        # it (`unauthorized`): the question stays open, the session paused until it ends.
+        console.approve(sid, first.id, by, executor="it-agent")
+    else:
+        store.answer(sid, first.id, first.options[0], by, executor="it-agent")
     if i % 50 == 1:
-        store.answer(sid, first.id, "again", by)  # rejected: no_open_question
+        # rejected: no_open_question (`unauthorized` where a refused approval left it open)
+        store.answer(sid, first.id, "again", by)
     store.grant(sid, f"deploy-{i}")
     store.record_tool_call(
         sid, "make", {"target": f"t{i}"}, "ok", mutating=True, artifact=f"repo:{i}"
@@ -159,7 +179,9 @@ def session_script(store: SessionStore, sid: str, i: int) -> None:
         store.append(store.event(sid, ev.TURN, {"role": "tool", "content": "x"}))  # rejected
     store.record_turn(sid, "assistant", "done")
     if variant == 6:
-        store.ask(sid, _question(rng, i + 2, now))  # left open: the session stays paused
+        # Left open: the session stays paused (`question_open` where a refused approval left the
+        # signature question open: paused on that one).
+        store.ask(sid, _question(rng, i + 2, now))
     else:
         store.end(sid, f"finished {i}")
         if i % 50 == 0:
@@ -174,25 +196,42 @@ def generate(
     Returns every session id (sorted) and the events in the order they are to be appended; each
     session's own events keep their order.
 
+    The operator's acts are signed by `OPERATOR`, as an operator's would be: grants, less strict
+    modes and starts, claims of a verified principal, and the approvals (`APPROVAL`, through an
+    operator's `Console`) that answer signature questions. Whether they stand is for the fold's
+    trusted keys to say: this module's workers and reference fold trust none
+    (`TrustedKeys.none()`), so every one of them is refused `unauthorized` (a claim is
+    downgraded) and each signature question stays open; the rebalance storm's trust `OPERATOR`,
+    so all of them stand. `test_generator_covers_every_kind_of_event_and_some_rejections` counts
+    both.
+
     With `group`, sessions are interleaved `group` at a time and the groups follow each other, so
     sessions complete all along the stream instead of all at its end.
     """
     ticks = itertools.count()
     ids = itertools.count()
-    collecting = InMemoryEventLog()  # no subscribers: it only records
+
+    def clock() -> datetime:
+        return BASE_TIME + timedelta(milliseconds=next(ticks))
+
+    def new_id() -> str:
+        return f"e{next(ids):08d}"
+
+    collecting = InMemoryEventLog()  # it only records (and the console notes whose each record is)
     store = SessionStore(
         collecting,
         InMemoryProjectionStore(),
         producer="it-agent",
         signer=OPERATOR,  # grants and relaxed modes are signed, as an operator's would be
         checks=False,
-        clock=lambda: BASE_TIME + timedelta(milliseconds=next(ticks)),
-        new_id=lambda: f"e{next(ids):08d}",
+        clock=clock,
+        new_id=new_id,
     )
+    console = Console(collecting, OPERATOR, producer="it-console", clock=clock, new_id=new_id)
     per_session: list[list[Event]] = []
     for i in range(count):
         first = len(collecting.records)
-        session_script(store, f"{prefix}{i:05d}", i)
+        session_script(store, console, f"{prefix}{i:05d}", i)
         per_session.append([r.event for r in collecting.records[first:]])
     size = group or count
     interleaved = [
@@ -390,22 +429,87 @@ def joins(log_text: str) -> list[tuple[int, str]]:
 # -- the tests -----------------------------------------------------------------------------------
 
 
+def _rejected(expected: dict[str, Any]) -> Counter[tuple[str, str]]:
+    """(event type without `session.`, code) of every rejection the fold recorded."""
+    return Counter(
+        (f.type.removeprefix("session."), f.code)
+        for exp in expected.values()
+        for f in exp.facts
+        if isinstance(f, Rejection)
+    )
+
+
+def _paused_on_signature(expected: dict[str, Any]) -> int:
+    """How many sessions end the workload waiting on a signature question."""
+    return sum(
+        exp.state.question is not None and exp.state.question.reason == SIGNATURE
+        for exp in expected.values()
+    )
+
+
 def test_generator_covers_every_kind_of_event_and_some_rejections() -> None:
     _, events = generate(100)
     kinds = {e.type for e in events}
     missing = set(ev.EVENT_TYPES) - kinds
     assert not missing, f"the generator never emits {sorted(missing)}"
+    # Of its 100 sessions, 21 are asked a signature question first: 2 of them (variant 7) let
+    # its window close, the other 19 have it approved by the operator.
+    first_asked: dict[str, Event] = {}
+    for e in events:
+        if e.type == ev.QUESTION_ASKED:
+            first_asked.setdefault(e.session_id, e)
+    assert sum(e.payload["reason"] == SIGNATURE for e in first_asked.values()) == 21
+    approvals = [
+        e for e in events if e.type == ev.QUESTION_ANSWERED and e.payload["approval"] is not None
+    ]
+    assert len(approvals) == 19
+    assert {e.payload["answer"] for e in approvals} == {APPROVAL}
+    assert {e.producer for e in approvals} == {"it-console"}
+
+    # As this module's workers fold them (no trusted key): every act the operator signed is
+    # refused (its claims of `verified` downgraded), so each signature question stays open after
+    # its approval (s00051's second answer lands on one; s00026's second question finds one).
     expected = expected_projections(events, TrustedKeys.none())
-    codes = {code for exp in expected.values() for code in exp.state.rejection_counts()}
-    assert codes >= {
-        "session_ended",
-        "question_open",
-        "no_open_question",
-        "already_started",
-        "late_answer",
-        "invalid",
+    assert _rejected(expected) == {
+        ("started", "unauthorized"): 64,  # a less strict start than `ask`
+        ("permission_granted", "unauthorized"): 90,  # every session but variant 7's
+        ("mode_changed", "unauthorized"): 63,  # to a less strict mode
+        ("question_answered", "unauthorized"): 20,  # the 19 approvals, and s00051's "again"
+        ("question_answered", "late_answer"): 10,  # variant 7
+        ("question_answered", "no_open_question"): 1,  # s00001's "again"
+        ("question_asked", "question_open"): 3,  # s00003's, s00053's, and s00026's second one
+        ("started", "already_started"): 2,
+        ("turn", "invalid"): 2,
+        ("turn", "session_ended"): 12,  # variant 7, and i % 50 == 0
     }
-    assert sum(exp.state.downgrades for exp in expected.values()) > 0
+    # Variants 2 and 5, but for the 6 of them whose answer is a refused approval.
+    assert sum(exp.state.downgrades for exp in expected.values()) == 14
+    assert not any(exp.state.approvals for exp in expected.values())
+    # Paused on a signature question: the 19 refused approvals', and three variant 6 sessions'
+    # second question (s00026's second one was refused: it is paused on its first).
+    assert _paused_on_signature(expected) == 19 + 3
+
+    # As a fold that trusts `OPERATOR` does (the rebalance storm's): all of them stand.
+    trusting = expected_projections(events, OPERATOR.trusted_keys())
+    assert _rejected(trusting) == {
+        ("question_answered", "late_answer"): 10,
+        ("question_answered", "no_open_question"): 2,  # s00001's and s00051's "again"
+        ("question_asked", "question_open"): 2,
+        ("started", "already_started"): 2,
+        ("turn", "invalid"): 2,
+        ("turn", "session_ended"): 12,
+    }
+    assert sum(exp.state.downgrades for exp in trusting.values()) == 0
+    approved = [
+        d for exp in trusting.values() for d in exp.state.decisions if d.reason == SIGNATURE
+    ]
+    assert (
+        sorted((d.answer, d.affirmative, d.expired_at is None) for d in approved)
+        == [("", False, False)] * 2 + [(APPROVAL, True, True)] * 19
+    )
+    assert sum(len(exp.state.approvals) for exp in trusting.values()) == 19
+    assert _paused_on_signature(trusting) == 4  # variant 6's second questions, s00026's too
+
     assert {r for exp in expected.values() for r in exp.state.pauses} == {
         "permission",
         "signature",
