@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from console import service
-from console.guards import ApiCaller
+from console.guards import ApiCaller, identify
 from console.inputs import (
     MAX_LATEST,
     AnswerRequest,
@@ -27,7 +27,7 @@ from console.inputs import (
 )
 from console.live import event_stream
 from console.problems import Problem
-from console.runtime import Runtime, runtime
+from console.runtime import runtime
 
 router = APIRouter(prefix="/api/v1", tags=["operator API"])
 # `/openapi.json`, served here instead of by FastAPI (`openapi_url=None`): to the API's callers.
@@ -143,22 +143,25 @@ def end(caller: ApiCaller, request: Request, session_id: str, body: EndRequest) 
 )
 async def events(caller: ApiCaller, request: Request) -> StreamingResponse:
     """Server-Sent Events: `question` (a question change), `resync` (reload), keepalives."""
-    rt = runtime(request)
     session = caller.session_id if caller.via == "cookie" else None
     return StreamingResponse(
         event_stream(
-            rt.hub,
+            runtime(request).hub,
             request.is_disconnected,
-            still_signed_in=functools.partial(_still_signed_in, rt, session),
+            still_signed_in=functools.partial(_still_signed_in, request, session),
         ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
-async def _still_signed_in(rt: Runtime, session: str | None) -> bool:
-    """Whether a stream's cookie session is still signed in (a Redis read, off the loop)."""
-    return session is None or not await run_in_threadpool(rt.cookies.signed_out, session)
+async def _still_signed_in(request: Request, session: str | None) -> bool:
+    """Whether a stream's cookie session still holds: not signed out, and its operator's password
+    unchanged in the users file (read as a request's cookie is: off the loop)."""
+    if session is None:
+        return True
+    found = await run_in_threadpool(identify, request)
+    return found is not None and found.session_id == session
 
 
 @document.get("/openapi.json")

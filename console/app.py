@@ -22,8 +22,8 @@ from console.auth import (
     Passwords,
     SignInThrottle,
     Tokens,
+    UsersFile,
     load_tokens,
-    load_users,
 )
 from console.guards import CsrfRefused, LoginRequired, login_redirect
 from console.inputs import MAX_BODY_BYTES
@@ -131,8 +131,10 @@ def _templates() -> Jinja2Templates:
 
 
 def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
-    """The console's ASGI app over `deps`; reads the users, tokens and secret files now."""
-    passwords = Passwords(load_users(settings.console_users_file))
+    """The console's ASGI app over `deps`; reads the users, tokens and secret files now (and the
+    users file again whenever it changes)."""
+    passwords = Passwords({})
+    users = UsersFile(settings.console_users_file, passwords, clock=deps.monotonic)
     tokens = Tokens(load_tokens(settings.console_tokens_file))
     if not passwords and not tokens:
         log.warning("no operators (MILPA_CONSOLE_USERS_FILE) and no tokens: nobody can sign in")
@@ -151,6 +153,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
         deps=deps,
         settings=settings,
         passwords=passwords,
+        users=users,
         throttle=SignInThrottle(
             deps.sign_in_failures or MemorySignInFailures(),
             secret.encode(),

@@ -179,6 +179,10 @@ class Passwords:
     def __len__(self) -> int:
         return len(self._users)
 
+    def replace(self, users: Mapping[str, str]) -> None:
+        """Check passwords against `users` from now on (a check in flight keeps its hash)."""
+        self._users = dict(users)
+
     def hash_of(self, username: str) -> str | None:
         """`username`'s stored argon2 hash (None for no operator)."""
         return self._users.get(username)
@@ -197,18 +201,133 @@ class Passwords:
 
     def verify(self, username: str, password: str) -> bool:
         """Whether `password` is `username`'s (slow on purpose: argon2id)."""
+        return self.verified(username, password) is not None
+
+    def verified(self, username: str, password: str) -> str | None:
+        """The stored hash `password` matched, if it is `username`'s (slow on purpose: argon2id).
+
+        The hash itself, not a yes: the users file may be read again while it is checked, and a
+        session must hold the fingerprint of the hash its password was checked against.
+        """
         stored = self._users.get(username)
         if not self._slots.acquire(timeout=self._wait_s):
             # Never the name: operators sometimes type their password into it.
             log.warning("a sign-in was refused: every password check is busy")
-            return False
+            return None
         try:
             ok = self._hasher.verify(stored or self._dummy, password)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
-            return False
+            return None
         finally:
             self._slots.release()
-        return ok and stored is not None
+        return stored if ok else None
+
+
+@dataclass(frozen=True, slots=True)
+class FileStamp:
+    """What tells a file's new content from its old without reading it."""
+
+    device: int
+    inode: int  # a file replaced by a rename (`passwd`, a mounted secret's swap) is a new inode
+    size: int
+    mtime_ns: int
+    ctime_ns: int  # changed by any write, even one that puts the old mtime back
+
+
+MISSING = FileStamp(0, 0, -1, 0, 0)  # the stamp of a file that cannot be found
+SETTLED_NS = 2_000_000_000  # coarser than any file system's timestamps, FAT's 2 s included
+
+
+def file_stamp(path: Path) -> FileStamp:
+    """The stamp of the file at `path` now (`MISSING` if it cannot be found)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return MISSING
+    return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def settled(stamp: FileStamp, now_ns: int) -> bool:
+    """Whether a stamp will change with the file's next write: its last change is older than the
+    timestamps' tick (a write in the tick the file was read in could leave the stamp as it was,
+    as with git's racy index entries)."""
+    return now_ns - max(stamp.mtime_ns, stamp.ctime_ns) >= SETTLED_NS
+
+
+USERS_RECHECK_SECONDS = 1.0  # how often, at most, the users file is looked at for a change
+
+
+class UsersFile:
+    """The users file behind `passwords`: read now (a bad file stops the console), then read again
+    when it changed, so a changed password or a removed operator holds without a restart.
+
+    Why a stamp, looked at once per `recheck_s` at most: every request that reads a session
+    cookie asks, and a `stat` is cheap where a read and a parse are not. A file that fails to read
+    or parse after a change keeps the operators read before (a half-edited file must not lock
+    everyone out) and is warned about once per version, by its path only (its lines hold names
+    and hashes). `refresh` blocks: call it off the event loop.
+    """
+
+    def __init__(
+        self,
+        path: Path | None,
+        passwords: Passwords,
+        *,
+        recheck_s: float = USERS_RECHECK_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.passwords = passwords
+        self._recheck_s = recheck_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stamp: FileStamp | None = None  # of the version read last (None: read it again)
+        self._refused: FileStamp | None = None  # the version last warned about
+        self._next = clock() + recheck_s
+        stamp = file_stamp(path) if path is not None else MISSING
+        self._users = load_users(path)  # at start a bad file is a ConfigurationError
+        passwords.replace(self._users)
+        self._stamped(stamp)
+
+    def _stamped(self, stamp: FileStamp) -> None:
+        # Taken before the read, kept only once settled: a write made while it was read, or in
+        # the same tick, is read again at the next look.
+        self._stamp = stamp if settled(stamp, time.time_ns()) else None
+
+    def refresh(self) -> bool:
+        """Read the file again if it may have changed since it was last read (at most once per
+        `recheck_s`); whether its operators changed."""
+        if self.path is None or self._clock() < self._next:
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False  # another request is reading it: this one goes on with what is known
+        try:
+            self._next = self._clock() + self._recheck_s
+            stamp = file_stamp(self.path)
+            if stamp == self._stamp:
+                return False
+            self._stamped(stamp)
+            try:
+                users = load_users(self.path)
+            except ConfigurationError:
+                if stamp != self._refused:
+                    self._refused = stamp
+                    # Not the error's text: it may name an operator.
+                    log.warning(
+                        "the users file %s changed but cannot be read: the operators read "
+                        "before stay until it is fixed",
+                        self.path,
+                    )
+                return False
+            self._refused = None
+            if users == self._users:
+                return False
+            self._users = users
+            self.passwords.replace(users)
+            log.info("the users file %s was read again: %d operator(s)", self.path, len(users))
+            return True
+        finally:
+            self._lock.release()
 
 
 class Tokens:
@@ -366,10 +485,12 @@ class SignInThrottle:
     Why per source too, counted first: one client trying many names gets `source_limit` checks
     per window in all, not `limit` per name, and once refused it counts against no name (so it
     locks out at most `source_limit / limit` names per window). Every attempt counts, successful
-    or not: one operator's own password must not reset the count for guessing others'. The
-    address is the TCP peer's (`X-Forwarded-For` is not trusted: behind a reverse proxy every
-    client shares the proxy's address, and the limit). Each address has its own count, named
-    by a hash keyed with the secret (no address is stored).
+    or not: one operator's own password must not reset the count for guessing others'. But only
+    once it got a place among the password checks (`Passwords.admitted`): one refused at once in
+    a flood (503) checks nothing, and must not use up its address's attempts (an operator's own
+    retries included). The address is the TCP peer's (`X-Forwarded-For` is not trusted: behind a
+    reverse proxy every client shares the proxy's address, and the limit). Each address has its
+    own count, named by a hash keyed with the secret (no address is stored).
     """
 
     def __init__(
@@ -428,9 +549,9 @@ class CookieSigner:
     """Signed, time-limited cookie values: sessions, the sign-in form's token, flash messages.
 
     Why a session holds a fingerprint of its operator's password hash: a changed password (a new
-    hash in the users file, read at start) must end the sign-ins made with the old one, as signing
-    out does. The fingerprint is keyed with the secret, so the cookie, readable by its holder,
-    gives nothing to check guesses against.
+    hash in the users file, read again when it changes) must end the sign-ins made with the old
+    one, as signing out does. The fingerprint is keyed with the secret, so the cookie, readable by
+    its holder, gives nothing to check guesses against.
     """
 
     def __init__(

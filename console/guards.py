@@ -39,12 +39,14 @@ class CsrfRefused(Exception):  # noqa: N818 - a condition, raised to refuse
 
 
 def identify(request: Request) -> Identity | None:
-    """The caller, from a bearer token or else the session cookie; None if neither holds."""
+    """The caller, from a bearer token or else the session cookie; None if neither holds (blocks:
+    the users file may be read again, the sign-outs are read in Redis)."""
     rt = runtime(request)
     authorization = request.headers.get("authorization")
     if authorization is not None:
         token = bearer_token(authorization)
         return rt.tokens.caller(token) if token else None
+    rt.users.refresh()  # a changed password or a removed operator ends the session now
     session = rt.cookies.read(request.cookies.get(SESSION_COOKIE), rt.passwords.hash_of)
     if session is None:
         return None

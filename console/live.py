@@ -130,6 +130,17 @@ async def _always() -> bool:
     return True
 
 
+def idle_wait(now: float, sent: float, keepalive: float, confirmed: float, recheck: float) -> float:
+    """How long an idle stream waits for an item: until its next keepalive is due (`keepalive`
+    seconds after it last `sent` anything), or its next sign-out check (`recheck` seconds after it
+    was last `confirmed` signed in; a `recheck` of 0 asks before each item, and idle at keepalives
+    only), whichever comes first."""
+    due = sent + keepalive
+    if recheck > 0:
+        due = min(due, confirmed + recheck)
+    return max(0.0, due - now)
+
+
 async def event_stream(
     hub: Hub,
     is_disconnected: Callable[[], Awaitable[bool]],
@@ -140,9 +151,11 @@ async def event_stream(
     """The SSE text of one subscriber: `ready`, then `question` and `resync` events, keepalives.
 
     It ends when the client goes, the hub closes, or the caller signs out (`still_signed_in`,
-    asked before anything is sent once `recheck` seconds passed since it last said yes: a stream
-    authenticated once must not outlive its session by more than that, and a busy fleet's
-    changes do not cost a sign-out read each, per subscriber).
+    asked before anything is sent once `recheck` seconds passed since it last said yes, and by
+    an idle stream every `recheck` seconds: a stream authenticated once must not outlive its
+    session by more than that, and a busy fleet's changes do not cost a sign-out read each, per
+    subscriber). An idle stream sends a keepalive after `keepalive` seconds without sending
+    anything, however often it wakes to ask.
     """
     loop = asyncio.get_running_loop()
     confirmed = loop.time()  # the stream was authenticated as it started
@@ -159,13 +172,17 @@ async def event_stream(
     sub = hub.subscribe()
     try:
         yield "retry: 3000\n" + sse("ready", "{}")
+        sent = loop.time()
         while True:
+            wait = idle_wait(loop.time(), sent, keepalive, confirmed, recheck)
             try:
-                item = await asyncio.wait_for(sub.get(), timeout=keepalive)
+                item = await asyncio.wait_for(sub.get(), timeout=wait)
             except TimeoutError:
                 if await is_disconnected() or not await signed_in():
                     return
-                yield ": keepalive\n\n"
+                if loop.time() - sent >= keepalive:
+                    yield ": keepalive\n\n"
+                    sent = loop.time()
                 continue
             if item is CLOSED or not await signed_in():
                 return
@@ -173,6 +190,7 @@ async def event_stream(
                 yield sse(item.name, "{}")
             else:
                 yield sse("question", json.dumps(change_record(item), separators=(",", ":")))
+            sent = loop.time()
     finally:
         hub.unsubscribe(sub)
 

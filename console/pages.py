@@ -156,17 +156,19 @@ async def login(request: Request) -> Response:
         return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
     throttle = rt.throttle
     host = request.client.host if request.client is not None else None
-    wait_s = await run_in_threadpool(throttle.attempt_from, host)  # the address's count first
-    if wait_s > 0:  # neither the name's count nor the password is touched
-        log.warning("sign-in from %s refused: too many attempts (%.0f s left)", host, wait_s)
-        return _too_many(request, next_path, "Too many sign-ins from this address", wait_s)
     with rt.passwords.admitted() as admitted:
-        if not admitted:  # a flood holds every place: the name is not counted, nothing waits
+        if not admitted:  # a flood holds every place: nothing is counted, nothing waits
             busy = _login_page(
                 request, next_path, "Every password check is busy: try again in a moment.", 503
             )
             busy.headers["Retry-After"] = "1"
             return busy
+        # Counted once admitted, the address's count first: a sign-in refused 503 counts against
+        # nobody (an operator retrying through a flood does not spend their address's attempts).
+        wait_s = await run_in_threadpool(throttle.attempt_from, host)
+        if wait_s > 0:  # neither the name's count nor the password is touched
+            log.warning("sign-in from %s refused: too many attempts (%.0f s left)", host, wait_s)
+            return _too_many(request, next_path, "Too many sign-ins from this address", wait_s)
         wait_s = await run_in_threadpool(throttle.attempt, username)  # counted before the check
         if wait_s > 0:  # the password is not even checked
             # Never the name: operators sometimes type their password into it. Its keyed bucket
@@ -176,8 +178,7 @@ async def login(request: Request) -> Response:
                 "sign-in of name bucket %s refused: too many failures (%.0f s left)", bucket, wait_s
             )
             return _too_many(request, next_path, "Too many failed sign-ins with this name", wait_s)
-        ok = await run_in_threadpool(rt.passwords.verify, username, password)
-    stored = rt.passwords.hash_of(username) if ok else None
+        stored = await run_in_threadpool(_checked, rt, username, password)
     if stored is None:
         await asyncio.sleep(rt.settings.console_login_delay)  # slows down guessing
         return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
@@ -187,6 +188,12 @@ async def login(request: Request) -> Response:
     _set_cookie(request, response, SESSION_COOKIE, value, rt.cookies.session_seconds)
     response.delete_cookie(LOGIN_COOKIE, path="/")
     return response
+
+
+def _checked(rt: Runtime, username: str, password: str) -> str | None:
+    """The stored hash `password` matched, if it is `username`'s in the users file as it is now."""
+    rt.users.refresh()
+    return rt.passwords.verified(username, password)
 
 
 def _too_many(request: Request, next_path: str, what: str, wait_s: float) -> Response:

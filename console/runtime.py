@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -11,7 +12,15 @@ from typing import Literal, Protocol
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
-from console.auth import CookieSigner, Passwords, SignInFailures, SignInThrottle, SignOuts, Tokens
+from console.auth import (
+    CookieSigner,
+    Passwords,
+    SignInFailures,
+    SignInThrottle,
+    SignOuts,
+    Tokens,
+    UsersFile,
+)
 from console.live import Hub, QuestionSource
 from console.settings import WebConsoleSettings
 from producers.store import SessionStore
@@ -50,6 +59,8 @@ class ConsoleDeps:
     now: Callable[[], datetime] = field(default=_utc_now)
     sign_outs: SignOuts | None = None  # shared by the replicas (None: this process's own)
     sign_in_failures: SignInFailures | None = None  # shared likewise (None: this process's own)
+    # Seconds, for intervals: when the users file is looked at again for a change.
+    monotonic: Callable[[], float] = field(default=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,7 @@ class Runtime:
     deps: ConsoleDeps
     settings: WebConsoleSettings
     passwords: Passwords
+    users: UsersFile  # read again when it changes (`refresh`, off the event loop)
     throttle: SignInThrottle
     tokens: Tokens
     cookies: CookieSigner

@@ -19,7 +19,8 @@ class WebConsoleSettings(WriterSettings):
     console_host: str = "127.0.0.1"
     console_port: int = 8780
     # Operators, one per line `username:<argon2id hash>` (`console.auth.hash_password`); `#`
-    # starts a comment.
+    # starts a comment. Read again within a second or so of a change (a file that cannot be
+    # read then keeps the operators read before, with a warning).
     console_users_file: Path | None = None
     # Services' bearer tokens, one per line `<principal-name>:<sha256 hex of the token>`.
     console_tokens_file: Path | None = None
@@ -36,6 +37,7 @@ class WebConsoleSettings(WriterSettings):
     console_login_window_s: float = 900.0
     # Sign-in attempts from one client address (the TCP peer's: X-Forwarded-For is not trusted;
     # an IPv6 address counts by its /64) within console_login_window_s seconds, successful or
-    # not, counted before the name's: past it, that address is refused unchecked until the
-    # window ends. Behind a reverse proxy every client shares the proxy's address. 0: no limit.
+    # not (one refused 503, every password check busy, is not counted), counted before the
+    # name's: past it, that address is refused unchecked until the window ends. Behind a reverse
+    # proxy every client shares the proxy's address. 0: no limit.
     console_login_source_attempts: int = 100

@@ -14,18 +14,24 @@ import pytest
 from argon2 import PasswordHasher
 from fastapi.testclient import TestClient
 
+from console import auth
 from console.auth import (
+    MISSING,
     SESSION_COOKIE,
+    SETTLED_NS,
     CookieSigner,
+    FileStamp,
     MemorySignInFailures,
     MemorySignOuts,
     Passwords,
     ServiceToken,
     Tokens,
+    UsersFile,
     bearer_token,
     hash_password,
     load_tokens,
     load_users,
+    settled,
     token_digest,
 )
 from console.settings import WebConsoleSettings
@@ -390,8 +396,8 @@ def test_a_secret_file_keeps_cookies_valid_across_apps(
 def test_a_password_change_ends_the_sign_ins_made_with_the_old_one(
     tmp_path: Path, store: SessionStore, settings: WebConsoleSettings
 ) -> None:
-    # The console reads the users file at start: `passwd`, then a restart. The secret is kept,
-    # so only the changed password can tell the old sign-ins from the new.
+    # `passwd` while the console is down, then a start. The secret is kept, so only the changed
+    # password can tell the old sign-ins from the new.
     secret = tmp_path / "secret"
     secret.write_text("k" * 40)
     with_secret = replace(settings, console_secret_file=secret)
@@ -412,6 +418,144 @@ def test_a_password_change_ends_the_sign_ins_made_with_the_old_one(
     with TestClient(make_app(store, with_secret)) as restarted:
         restarted.cookies.set(SESSION_COOKIE, new_cookie)
         assert restarted.get("/api/v1/questions").status_code == 200
+
+
+def test_a_changed_password_or_a_removed_operator_holds_without_a_restart(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    now = [0.0]
+    app = make_app(store, settings, monotonic=lambda: now[0])
+    users = settings.console_users_file
+    assert users is not None
+    with TestClient(app) as client:
+        assert sign_in(client).status_code == 303
+        assert client.get("/api/v1/questions").status_code == 200
+        write_user(users, "alice", hash_password("a new passphrase"))  # `passwd`
+        now[0] += 1.0  # the file is looked at once a second at most
+        assert client.get("/api/v1/questions").status_code == 401  # the old sign-in is refused
+        assert client.get("/inbox", follow_redirects=False).status_code == 303  # to sign in
+        client.cookies.clear()
+        assert sign_in(client, password=PASSWORD).status_code == 401
+        assert sign_in(client, password="a new passphrase").status_code == 303
+        assert client.get("/api/v1/questions").status_code == 200
+        users.write_text("# nobody now\n")
+        now[0] += 1.0
+        assert client.get("/api/v1/questions").status_code == 401  # alice was removed
+        client.cookies.clear()
+        assert sign_in(client, password="a new passphrase").status_code == 401
+
+
+def test_a_users_file_that_cannot_be_read_after_a_change_keeps_the_operators_read_before(
+    store: SessionStore,
+    settings: WebConsoleSettings,
+    alice_hash: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    app = make_app(store, settings, monotonic=lambda: now[0])
+    users = settings.console_users_file
+    assert users is not None
+    with TestClient(app) as client, caplog.at_level(logging.DEBUG):
+        assert sign_in(client).status_code == 303
+        users.write_text(f"alice:{PASSWORD}\nbob {alice_hash}\n")  # half-edited: no hash, no `:`
+        for _ in range(3):
+            now[0] += 1.0
+            assert client.get("/api/v1/questions").status_code == 200  # nobody is locked out
+        client.cookies.clear()
+        assert sign_in(client).status_code == 303  # alice signs in as before
+        warned = [r for r in caplog.records if r.name == "console.auth"]
+        assert [(r.levelno, r.getMessage()) for r in warned] == [
+            (
+                logging.WARNING,
+                f"the users file {users} changed but cannot be read: the operators read before "
+                "stay until it is fixed",
+            )
+        ]
+        logged = " ".join(f"{r.getMessage()} {r.args}" for r in caplog.records)
+        assert not [s for s in ("alice", "bob", PASSWORD, alice_hash, "$argon2") if s in logged]
+        new_hash = hash_password("a new passphrase")
+        users.write_text(f"alice:{new_hash}\n")  # fixed: read again
+        now[0] += 1.0
+        assert client.get("/api/v1/questions").status_code == 401
+        client.cookies.clear()
+        assert sign_in(client, password="a new passphrase").status_code == 303
+
+
+def test_the_users_file_is_looked_at_once_a_second_at_most(
+    tmp_path: Path, alice_hash: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "users"
+    path.write_text(f"alice:{alice_hash}\n")
+    now = [0.0]
+    passwords = Passwords({})
+    users = UsersFile(path, passwords, clock=lambda: now[0])
+    assert passwords.hash_of("alice") == alice_hash
+    looked: list[Path] = []
+    stamp = auth.file_stamp
+
+    def counting(at: Path) -> FileStamp:
+        looked.append(at)
+        return stamp(at)
+
+    monkeypatch.setattr(auth, "file_stamp", counting)
+    write_user(path, "bob", alice_hash)
+    now[0] = 0.99
+    assert not any(users.refresh() for _ in range(100))
+    assert looked == [] and passwords.hash_of("bob") is None
+    now[0] = 1.0
+    assert users.refresh() and passwords.hash_of("bob") == alice_hash
+    assert not users.refresh() and looked == [path]  # once in the second
+    assert not UsersFile(None, Passwords({})).refresh()  # no file: nothing to look at
+
+
+def test_a_users_file_is_read_again_while_its_stamp_may_hide_a_change(
+    tmp_path: Path, alice_hash: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write in the timestamps' tick of the last read may leave the stamp as it was (as with
+    git's racy index entries): such a stamp is not trusted until it settled."""
+    path = tmp_path / "users"
+    path.write_text(f"alice:{alice_hash}\n")
+    now = [0.0]
+    passwords = Passwords({})
+    fresh = FileStamp(1, 2, 3, time.time_ns(), time.time_ns())
+    monkeypatch.setattr(auth, "file_stamp", lambda at: fresh)
+    users = UsersFile(path, passwords, clock=lambda: now[0])
+    path.write_text(f"bob:{alice_hash}\n")  # the very same stamp
+    now[0] += 1.0
+    assert users.refresh() and passwords.hash_of("bob") == alice_hash
+    old = FileStamp(1, 2, 3, 0, 0)  # settled
+    monkeypatch.setattr(auth, "file_stamp", lambda at: old)
+    now[0] += 1.0
+    assert not users.refresh()  # the same content
+    path.write_text(f"carol:{alice_hash}\n")
+    now[0] += 1.0
+    assert not users.refresh() and passwords.hash_of("carol") is None  # trusted: not read
+    assert settled(old, SETTLED_NS) and not settled(old, SETTLED_NS - 1)
+    assert not settled(fresh, time.time_ns())
+
+
+def test_a_users_file_gone_after_a_change_keeps_the_operators_and_is_read_when_back(
+    tmp_path: Path, alice_hash: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "users"
+    path.write_text(f"alice:{alice_hash}\n")
+    now = [0.0]
+    passwords = Passwords({})
+    users = UsersFile(path, passwords, clock=lambda: now[0])
+    path.unlink()
+    assert auth.file_stamp(path) == MISSING
+    with caplog.at_level(logging.WARNING, logger="console.auth"):
+        for _ in range(3):
+            now[0] += 1.0
+            assert not users.refresh()
+    assert len([r for r in caplog.records if r.name == "console.auth"]) == 1
+    assert passwords.hash_of("alice") == alice_hash
+    write_user(path, "bob", alice_hash)
+    now[0] += 1.0
+    assert users.refresh()
+    assert passwords.hash_of("alice") is None and passwords.hash_of("bob") == alice_hash
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        UsersFile(path.with_name("nowhere"), passwords)  # at start, a missing file stops it
 
 
 def test_a_session_holds_a_keyed_fingerprint_of_its_password_hash() -> None:

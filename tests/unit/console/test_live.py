@@ -8,15 +8,18 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from console.live import CLOSED, RESYNC, Hub, drain, event_stream, feeding
+from console.api import _still_signed_in
+from console.auth import SESSION_COOKIE, hash_password
+from console.live import CLOSED, RESYNC, Hub, drain, event_stream, feeding, idle_wait
 from console.settings import WebConsoleSettings
+from milpa_sessions.console_cli import write_user
 from producers.store import SessionStore
 from session_model.principal import Principal
 from session_model.questions import QuestionChange, QuestionStatus
-from tests.unit.console.conftest import NOW, TOKEN, at, make_app
+from tests.unit.console.conftest import NOW, TOKEN, at, make_app, sign_in
 
 
 def change(
@@ -196,6 +199,67 @@ def test_a_busy_stream_asks_about_its_sign_out_once_per_recheck_interval() -> No
     run(scenario())
 
 
+async def _rest(stream: AsyncIterator[str]) -> list[str]:
+    return [s async for s in stream]
+
+
+def test_an_idle_stream_ends_at_its_next_sign_out_check_not_its_next_keepalive() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        asked = 0
+
+        async def connected() -> bool:
+            return False
+
+        async def still() -> bool:
+            nonlocal asked
+            asked += 1
+            return asked < 3  # signed out before the third check
+
+        stream = event_stream(hub, connected, keepalive=3600, still_signed_in=still, recheck=0.01)
+        await anext(stream)  # ready
+        # Generous: it takes three rechecks (30 ms); a keepalive would be an hour away.
+        assert await asyncio.wait_for(_rest(stream), 5) == []  # no keepalive sent while idle
+        assert asked == 3 and hub.subscribers == 0
+
+    run(scenario())
+
+
+def test_an_idle_stream_still_sends_keepalives_between_its_sign_out_checks() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        asked = 0
+
+        async def connected() -> bool:
+            return False
+
+        async def still() -> bool:
+            nonlocal asked
+            asked += 1
+            return True
+
+        stream = event_stream(hub, connected, keepalive=0.05, still_signed_in=still, recheck=0.01)
+        await anext(stream)  # ready
+        for n in (1, 2):
+            assert await asyncio.wait_for(anext(stream), 5) == ": keepalive\n\n"
+            assert asked >= n  # checked before each keepalive went out
+        await stream.aclose()
+        assert hub.subscribers == 0
+
+    run(scenario())
+
+
+def test_an_idle_stream_wakes_for_its_keepalive_or_its_sign_out_check_whichever_comes_first() -> (
+    None
+):
+    assert idle_wait(10.0, sent=10.0, keepalive=15.0, confirmed=10.0, recheck=1.0) == 1.0
+    assert idle_wait(10.5, sent=10.0, keepalive=15.0, confirmed=10.0, recheck=1.0) == 0.5
+    assert idle_wait(24.5, sent=10.0, keepalive=15.0, confirmed=24.0, recheck=1.0) == 0.5
+    assert idle_wait(12.0, sent=10.0, keepalive=15.0, confirmed=10.0, recheck=1.0) == 0.0
+    # A recheck of 0 asks before each item: an idle stream then wakes for its keepalives only.
+    assert idle_wait(10.0, sent=10.0, keepalive=15.0, confirmed=10.0, recheck=0.0) == 15.0
+
+
 # -- draining the feed -----------------------------------------------------------------------------
 
 
@@ -326,3 +390,38 @@ def test_the_events_endpoint_refuses_strangers(
     app = make_app(store, settings)
     sent = run(_stream_one(app, []))
     assert sent[0]["status"] == 401
+
+
+def _signed_in(app: FastAPI, cookie: str, session_id: str) -> bool:
+    """What a live stream opened with this session cookie is told when it checks."""
+    header = (b"cookie", f"{SESSION_COOKIE}={cookie}".encode())
+    request = Request({"type": "http", "app": app, "headers": [header]})
+    return bool(run(_still_signed_in(request, session_id)))
+
+
+def test_a_cookie_stream_ends_once_its_sign_in_no_longer_holds(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    """Signed out, or its operator's password changed in the users file: the stream's check says
+    no, as the cookie would now be refused."""
+    now = [0.0]
+    app = make_app(store, settings, monotonic=lambda: now[0])
+    rt = app.state.console
+    with TestClient(app) as client:
+        cookies = []
+        for _ in range(2):  # two sessions of alice's
+            assert sign_in(client).status_code == 303
+            cookies.append(client.cookies[SESSION_COOKIE])
+            client.cookies.clear()
+    (one, sid_one), (two, sid_two) = [
+        (c, rt.cookies.read(c, rt.passwords.hash_of).session_id) for c in cookies
+    ]
+    assert _signed_in(app, one, sid_one) and _signed_in(app, two, sid_two)
+    assert not _signed_in(app, one, sid_two)  # another session's cookie is not this stream's
+    assert run(_still_signed_in(Request({"type": "http", "app": app}), None))  # a bearer's
+    rt.cookies.revoke(sid_one)
+    assert not _signed_in(app, one, sid_one) and _signed_in(app, two, sid_two)  # signed out
+    assert settings.console_users_file is not None
+    write_user(settings.console_users_file, "alice", hash_password("a new passphrase"))
+    now[0] += 1.0
+    assert not _signed_in(app, two, sid_two)  # alice's password changed

@@ -55,14 +55,14 @@ def _console(
     )
     rt: Runtime = app.state.console
     checked: list[tuple[str, int]] = []
-    verify = rt.passwords.verify
+    verified = rt.passwords.verified
 
-    def spying(username: str, password: str) -> bool:
+    def spying(username: str, password: str) -> str | None:
         bucket = rt.throttle.bucket(username)
         checked.append((username, failures._counts.get(bucket, (0, 0.0))[0]))
-        return verify(username, password)
+        return verified(username, password)
 
-    rt.passwords.verify = spying  # type: ignore[method-assign]
+    rt.passwords.verified = spying  # type: ignore[method-assign]
     return TestClient(app), checked
 
 
@@ -287,8 +287,30 @@ def test_sign_ins_past_the_password_checks_places_are_503_and_count_nothing(
         refused = sign_in(client)
         assert refused.status_code == 503
         assert refused.headers["Retry-After"] == "1"
-        assert checked == [] and len(failures._counts) == 1  # only the address was counted
+        assert checked == [] and not failures._counts  # neither the address nor the name
     finally:
         for place in held:
             place.__exit__(None, None, None)
     assert sign_in(client).status_code == 303  # a place is free again: checked, signed in
+
+
+def test_sign_ins_refused_503_do_not_use_up_the_address_s_attempts(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    """An operator retrying through a flood is not refused 429 once the places free up."""
+    failures = MemorySignInFailures()
+    client, checked = _console(store, settings, failures, source_limit=SOURCE_LIMIT)
+    rt: Runtime = client.app.state.console  # type: ignore[attr-defined]
+    held = [rt.passwords.admitted() for _ in range(8)]  # 2 running + 6 waiting: every place
+    assert all(place.__enter__() for place in held)
+    try:
+        for _ in range(2 * SOURCE_LIMIT):
+            assert sign_in(client).status_code == 503
+    finally:
+        for place in held:
+            place.__exit__(None, None, None)
+    assert not failures._counts and checked == []
+    assert sign_in(client).status_code == 303  # admitted and checked: counted, and signed in
+    assert [b for b in failures._counts if b.startswith("src-")] == [
+        rt.throttle.source_bucket("testclient")
+    ]
