@@ -107,6 +107,11 @@ class _Reject(Exception):  # noqa: N818 - internal control flow, never escapes t
         self.by = by
 
 
+# What a handler raises on a payload it did not foresee (a value at the calendar's edge, text
+# nested past the parser's depth): the event is refused as `invalid` instead of ending every
+# worker and rebuild that reads it, and it is refused alike on each (the fold is pure).
+_UNFOLDABLE = (ArithmeticError, RecursionError, ValueError, TypeError, LookupError, AttributeError)
+
 Changes = dict[str, Any]
 """The fields of `Session` an event changes (besides `seq` and `event_ids`), by name."""
 
@@ -174,17 +179,20 @@ def step(state: Session, event: Event, keys: Trust = _NO_AUTHORITY) -> Step:
         outcome = _plain(_SKIPPED, seq)
     else:
         try:
-            # The checks every known event passes, in the model's order; then its handler.
-            if event.expected_seq is not None and event.expected_seq != state.seq:
-                raise _Reject("seq_conflict")
-            if not state.started:
-                if event_type != _STARTED:
-                    raise _Reject("unknown_session")
-            elif event_type == _STARTED:
-                raise _Reject("already_started")
-            if state.ended_because is not None or event_type == _CLOSED:
-                handler = _closing_or_ended(state, event, auth)
-            changes, outcome = handler(state, event, seq, auth)
+            try:
+                # The checks every known event passes, in the model's order; then its handler.
+                if event.expected_seq is not None and event.expected_seq != state.seq:
+                    raise _Reject("seq_conflict")
+                if not state.started:
+                    if event_type != _STARTED:
+                        raise _Reject("unknown_session")
+                elif event_type == _STARTED:
+                    raise _Reject("already_started")
+                if state.ended_because is not None or event_type == _CLOSED:
+                    handler = _closing_or_ended(state, event, auth)
+                changes, outcome = handler(state, event, seq, auth)
+            except _UNFOLDABLE as e:
+                raise _Reject("invalid") from e
         except _Reject as rejected:
             rejection = _rejection(event, seq, rejected.code, rejected.by)
             changes = _rejected(state, rejection)
@@ -576,14 +584,17 @@ def _approval(s: Session, e: Event, question: Question, seq: int, auth: Authorit
 
 def _window_closed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
     question = s.question
-    if question is None or e.payload.get("question_id") != question.id:
-        # The answer (or an earlier closing) won the race: nothing left to close.
+    p = e.payload
+    if question is None or not question.named_by(p.get("question_id"), p.get("asked_seq")):
+        # The answer (or an earlier closing) won the race, or it names an earlier asking of the
+        # same id (answered, then asked again before the closing landed): nothing to close.
         return {}, _plain(_NOOP, seq)
-    at = e.payload.get("at")
+    at = p.get("at")
     deadline = question.deadline()
-    if deadline is not None and isinstance(at, datetime) and at < deadline - _MILLISECOND:
-        # Noticed before this asking's deadline: the closing of an earlier asking of the same id
-        # (answered, then asked again before the closing landed). It does not match this one.
+    if deadline is not None and isinstance(at, datetime) and deadline - at > _MILLISECOND:
+        # Noticed before this asking's deadline: a closing written before closings named their
+        # asking (v4), of an earlier asking. (A difference, not `deadline - 1 ms`: a deadline at
+        # the calendar's first instant has nothing before it.)
         return {}, _plain(_NOOP, seq)
     at_text = format_instant(at) if isinstance(at, datetime) else str(at)
     decision = Decision(
@@ -645,6 +656,10 @@ def _mode_changed(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chan
     if mode is None:
         raise _Reject("invalid")
     if not less_strict(mode, s.mode):
+        if e.payload.get("authority") is not None and signed_by_operator(e, auth):
+            # Signed, though it applies as no relaxation here (written from a stale read): a
+            # copy arriving once the session is stricter again must not relax it.
+            return {"mode": mode, **_signed(s, e)}, _applied(seq)
         return {"mode": mode}, _applied(seq)
     if not _authorized(e, auth):
         raise _Reject("unauthorized")

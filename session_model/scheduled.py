@@ -26,7 +26,8 @@ def window_closed(
     *,
     event_id: str | None = None,
 ) -> Event:
-    """`answer_window_closed` for the question asked at `question_seq`, closed at `now`."""
+    """`answer_window_closed` for the question asked at `question_seq` (named in it: the fold
+    ignores it once another asking of the id is open), closed at `now`."""
     at = utc_millis(now)
     return Event(
         event_id=event_id or str(uuid.uuid5(_NAMESPACE, f"{session_id}:window:{question_seq}")),
@@ -34,7 +35,7 @@ def window_closed(
         type=ev.ANSWER_WINDOW_CLOSED,
         occurred_at=at,
         producer=producer,
-        payload={"question_id": question_id, "at": at},
+        payload={"question_id": question_id, "at": at, "asked_seq": question_seq},
     )
 
 

@@ -487,6 +487,6 @@ def _json_object(text: str | None) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # an agent's text: nested past the parser's depth too
         return {}
     return value if isinstance(value, dict) else {}

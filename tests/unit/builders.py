@@ -179,9 +179,15 @@ def answer(
 CLOSED_AT = datetime(2025, 1, 2, 0, 0, 0, tzinfo=UTC)
 
 
-def window_closed(qid: str = "q1", at: datetime | str = CLOSED_AT, **kw: Any) -> Event:
-    """`answer_window_closed`; `at` is a datetime on the wire (Avro timestamp-millis)."""
-    return make_event(ev.ANSWER_WINDOW_CLOSED, {"question_id": qid, "at": at}, **kw)
+def window_closed(
+    qid: str = "q1", at: datetime | str = CLOSED_AT, *, asked_seq: int | None = None, **kw: Any
+) -> Event:
+    """`answer_window_closed`; `at` is a datetime on the wire (Avro timestamp-millis); without
+    `asked_seq`, as written before closings named their asking (v4)."""
+    payload: dict[str, Any] = {"question_id": qid, "at": at}
+    if asked_seq is not None:
+        payload["asked_seq"] = asked_seq
+    return make_event(ev.ANSWER_WINDOW_CLOSED, payload, **kw)
 
 
 def ended(because: str = "done", **kw: Any) -> Event:

@@ -86,7 +86,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "approval": None,
         "asked_seq": None,
     },
-    events.ANSWER_WINDOW_CLOSED: {},
+    events.ANSWER_WINDOW_CLOSED: {"asked_seq": None},
     events.PERMISSION_GRANTED: {"authority": None},
     events.PERMISSION_REVOKED: {},
     events.MODE_CHANGED: {"authority": None},
@@ -149,7 +149,11 @@ FULL: dict[str, dict[str, Any]] = {
         },
         "asked_seq": 2**40,
     },
-    events.ANSWER_WINDOW_CLOSED: {"question_id": "perm:deploy", "at": T0 + timedelta(minutes=5)},
+    events.ANSWER_WINDOW_CLOSED: {
+        "question_id": "perm:deploy",
+        "at": T0 + timedelta(minutes=5),
+        "asked_seq": 2**40,
+    },
     events.PERMISSION_GRANTED: {
         "operation": "deploy",
         "authority": {"key_id": "ops", "signature": b"\x03" * 64},
@@ -898,6 +902,14 @@ def test_golden_v3_binds_an_answer_to_its_asking() -> None:
     answered = CODEC.decode((GOLDEN / "v3" / f"{events.QUESTION_ANSWERED}.bin").read_bytes())
     assert answered.payload["asked_seq"] == 6
     assert answered.payload["approval"]["operation"] == "deploy"
+
+
+def test_golden_v4_binds_a_closing_to_its_asking() -> None:
+    assert {p.stem for p in (GOLDEN / "v4").glob("*.bin")} == {*EVENT_TYPES, "decision"}
+    closed = CODEC.decode((GOLDEN / "v4" / f"{events.ANSWER_WINDOW_CLOSED}.bin").read_bytes())
+    assert closed.payload["asked_seq"] == 6
+    older = CODEC.decode((GOLDEN / "v3" / f"{events.ANSWER_WINDOW_CLOSED}.bin").read_bytes())
+    assert older.payload["asked_seq"] is None  # added in v4: read at its default
 
 
 @pytest.mark.parametrize("path", GOLDEN_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")

@@ -15,6 +15,7 @@ from schemas import events as ev
 from schemas.errors import LateAnswerError, SessionEndedError
 from session_model.fold import Kind, step
 from session_model.principal import Principal
+from session_model.scheduled import window_closed as scheduled_window_closed
 from session_model.session import Question, Rejection, Session
 from session_model.signing import Signer
 from tests.unit.builders import OPERATOR, answer, ask, ended, fold_all, started, window_closed
@@ -139,13 +140,16 @@ def _asked(expires_at: str | None = DEADLINE) -> SessionStore:
 
 def test_expire_if_due_appends_window_closed_and_returns_true() -> None:
     store = _asked()
+    asked = store.load("s1").question
+    assert asked is not None
     before = len(store.log.records)
     assert store.expire_if_due("s1", AFTER) is True
     assert len(store.log.records) == before + 1
     event = store.log.records[-1].event
     assert event.type == ev.ANSWER_WINDOW_CLOSED
     assert event.session_id == "s1"
-    assert dict(event.payload) == {"question_id": "q1", "at": AFTER}
+    # The asking it closes, named: a re-asking of q1 before it lands is not closed by it.
+    assert dict(event.payload) == {"question_id": "q1", "at": AFTER, "asked_seq": asked.seq}
 
 
 def test_expire_if_due_before_the_deadline_appends_nothing() -> None:
@@ -436,3 +440,49 @@ def test_a_closing_of_an_earlier_asking_does_not_close_the_question_asked_again(
     assert stale.state.question is not None and not stale.state.ended
     due = step(state, window_closed("q1", at=noon + timedelta(hours=1)))
     assert due.outcome.kind is Kind.APPLIED and due.state.ended
+
+
+@pytest.mark.parametrize("expires_at", [None, "not-a-date"])
+def test_a_closing_naming_an_earlier_asking_leaves_a_re_asked_question_with_no_deadline_open(
+    expires_at: str | None,
+) -> None:
+    # The asking's own deadline cannot tell an earlier asking's closing when it has none: the
+    # closing names its asking (v4), and the fold ignores one naming another.
+    noon = datetime(2025, 1, 2, 12, 0, tzinfo=UTC)
+    state = fold_all(
+        [
+            started(),
+            ask("q1", "Deploy?", expires_at="2025-01-02T12:00:00Z"),  # seq 2
+            answer("q1", "no"),
+            ask("q1", "Deploy now?", expires_at=expires_at),  # seq 4
+        ]
+    )
+    assert state.question is not None and state.question.seq == 4
+    late = noon + timedelta(milliseconds=1)
+    stale = step(state, window_closed("q1", at=late, asked_seq=2))
+    assert stale.outcome.kind is Kind.NOOP
+    assert stale.state.question == state.question and not stale.state.ended
+    own = step(state, window_closed("q1", at=late, asked_seq=4))
+    assert own.outcome.kind is Kind.APPLIED and own.state.ended
+
+
+def test_the_scheduler_s_closing_names_the_asking_it_closes() -> None:
+    closing = scheduled_window_closed("s1", "q1", 4, AFTER, "milpa-scheduler")
+    assert closing.payload["asked_seq"] == 4
+    state = fold_all([started(), ask("q1", expires_at=DEADLINE), answer("q1", "no")])
+    reasked = step(state, ask("q1", expires_at=DEADLINE)).state
+    assert reasked.question is not None and reasked.question.seq == 4
+    first = scheduled_window_closed("s1", "q1", 2, AFTER, "milpa-scheduler")
+    assert step(reasked, first).outcome.kind is Kind.NOOP
+    assert step(reasked, closing).state.ended
+
+
+@pytest.mark.parametrize("expires_at", ["0001-01-01T00:00:00Z", "0001-01-01T00:00:00+01:00"])
+def test_a_closing_of_a_question_due_at_the_calendar_s_first_instant_closes_it(
+    expires_at: str,
+) -> None:
+    # `deadline - 1 ms` does not exist there: the check must not raise (a poison pill for every
+    # worker and rebuild that reads the closing).
+    state = fold_all([started(), ask("q1", expires_at=expires_at)])
+    closed = step(state, window_closed("q1", at=AFTER))
+    assert closed.outcome.kind is Kind.APPLIED and closed.state.ended

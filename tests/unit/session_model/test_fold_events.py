@@ -6,7 +6,10 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
+
 from schemas import events as ev
+from session_model import fold as fold_module
 from session_model.fold import Kind, step
 from session_model.modes import Mode
 from session_model.principal import Principal
@@ -847,6 +850,28 @@ def test_yes_to_question_with_other_reason_confirms_nothing():
         [started(), _target_q("q1", "deploy", "prod", reason="permission"), answer("q1", "yes")]
     )
     assert s.confirmed("deploy", "prod") is False
+
+
+def test_yes_to_a_target_question_whose_why_nests_past_the_parser_s_depth_confirms_nothing():
+    # json.loads raises RecursionError there, not ValueError: it must not escape the fold.
+    deep = "[" * 5000 + "]" * 5000
+    q = ask("t1", "deploy?", ("yes", "no"), why=deep, reason="target_not_named")
+    s = fold_all([started(), q, answer("t1", "yes")])
+    assert s.question is None and s.decisions[-1].answer == "yes"
+    assert s.confirmed("deploy", "prod") is False
+
+
+@pytest.mark.parametrize("error", [OverflowError, RecursionError, ValueError, TypeError, KeyError])
+def test_an_error_a_handler_raises_on_a_payload_refuses_that_event_only(monkeypatch, error):
+    # The poison-pill guard: what a handler did not foresee in an agent's payload refuses the
+    # event as `invalid` (a seq, a rejection, no other change); the next event applies.
+    def broken(s, e, seq, auth):
+        raise error("a payload nobody foresaw")
+
+    monkeypatch.setitem(fold_module._HANDLERS, ev.PLAN_SET, broken)
+    s = fold_all([started(), plan("x"), turn("user", "after")])
+    assert [r.code for r in s.rejections] == ["invalid"]
+    assert s.seq == 3 and s.plan is None and s.turns[-1].content == "after"
 
 
 def test_closed_window_confirms_nothing():

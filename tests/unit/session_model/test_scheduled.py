@@ -17,7 +17,7 @@ def test_a_closing_is_the_same_event_whoever_builds_it_for_the_same_question() -
     assert one.event_id == two.event_id
     assert window_closed("s1", "q1", 9, NOW, "x").event_id != one.event_id  # re-asked: new id
     assert one.type == ev.ANSWER_WINDOW_CLOSED
-    assert one.payload == {"question_id": "q1", "at": one.occurred_at}
+    assert one.payload == {"question_id": "q1", "at": one.occurred_at, "asked_seq": 7}
     assert one.occurred_at.microsecond == 678000  # millisecond precision, as on the wire
 
 

@@ -47,6 +47,25 @@ def test_a_signed_mode_sent_again_after_a_stricter_one_changes_nothing() -> None
     assert again.state.mode is Mode.ASK
 
 
+def test_a_signed_mode_applied_as_no_relaxation_is_still_remembered() -> None:
+    # Signed from a stale read (`acknowledge` while the session was already `auto`): applied as a
+    # stricter mode, it must still never relax the session when a copy arrives later.
+    stale = make_event(ev.MODE_CHANGED, {"mode": "acknowledge"}, signed=True)
+    tighten = make_event(ev.MODE_CHANGED, {"mode": "ask"})
+    events = [started(mode="auto", signed=True), stale, tighten, *_turns(PAST_THE_WINDOW)]
+    before = fold("s1", events, TRUSTED_OPERATOR)
+    assert before.mode is Mode.ASK and stale.event_id not in before.event_ids
+    again = step(before, stale, TRUSTED_OPERATOR)
+    assert again.outcome.kind is Kind.DUPLICATE
+    assert again.state.mode is Mode.ASK
+
+
+def test_an_unsigned_stricter_mode_is_not_remembered_as_signed() -> None:
+    tighten = make_event(ev.MODE_CHANGED, {"mode": "ask"}, signed=False)
+    after = fold("s1", [started(mode="auto", signed=True), tighten], TRUSTED_OPERATOR)
+    assert tighten.event_id not in after.signed_ids
+
+
 def test_a_signed_start_sent_again_is_a_duplicate() -> None:
     start = started(mode="auto", signed=True)
     before = fold("s1", [start, *_turns(PAST_THE_WINDOW)], TRUSTED_OPERATOR)
