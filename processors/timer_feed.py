@@ -3,28 +3,42 @@
 The projector calls `observe` with every committed batch: a question with a deadline is offered
 as a `Closing` (once; again only if it changed), and a session whose question went away
 (answered, closed, replaced without a deadline, ended) is cleared. `assign` tells the timer which
-partitions are the worker's now and then offers the deadlines already in those partitions'
-index, reading their sessions in chunks, earliest first, in a task of its own (the rebalance does
-not wait for it). What a batch observed meanwhile is newer than what that task read, so it wins.
+partitions are the worker's now and then reads those partitions' index, and their sessions in
+chunks, earliest first, in a task of its own (the rebalance does not wait for it): what it reads
+replaces what was offered for them before (a worker that missed a rebalance offered what may
+have changed since), and a failed read is tried again until it succeeds or another assignment
+starts. What a batch observed meanwhile is newer than what that task read, so it wins. Offers
+and clears go in frames well under the timer's `MAX_FRAME`, however many there are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+from processors import timer as wire  # its MAX_FRAME read at each send (tests shrink it)
 from processors.scheduler import DueIndex, States
 from processors.timer import Assign, Clear, Closing, Message, Offer
-from session_model.projection import SessionUpdate
+from session_model.projection import Folded, SessionUpdate
 from session_model.session import Session
 
 log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
+_RETRY_FIRST_S = 0.1  # a failed read of the load is tried again after this, doubling
+_RETRY_MAX_S = 5.0
+# A frame's worst case, in bytes: a closing's brackets, quotes, commas and three 64-bit integers,
+# a cleared id's quotes and comma, and six per character of an id (a JSON `\uXXXX` escape).
+_CLOSING_BYTES = 72
+_CLEARED_BYTES = 3
+_CHAR_BYTES = 6
+
+T = TypeVar("T")
 
 
 class TimerPort(Protocol):
@@ -47,6 +61,29 @@ def closing_of(session: Session, partition: int) -> Closing | None:
     return Closing(session.id, partition, deadline_us, question.id, question.seq)
 
 
+def closing_bytes(closing: Closing) -> int:
+    """The most bytes this closing takes in an `Offer` frame."""
+    return _CLOSING_BYTES + _CHAR_BYTES * (len(closing.session_id) + len(closing.question_id))
+
+
+def cleared_bytes(session_id: str) -> int:
+    """The most bytes this session id takes in a `Clear` frame."""
+    return _CLEARED_BYTES + _CHAR_BYTES * len(session_id)
+
+
+def runs(items: Sequence[T], size: Callable[[T], int], limit: int) -> Iterator[Sequence[T]]:
+    """The items in order, in runs whose sizes add up to at most `limit` (or of one item)."""
+    start = used = 0
+    for i, item in enumerate(items):
+        n = size(item)
+        if used + n > limit and i > start:
+            yield items[start:i]
+            start, used = i, 0
+        used += n
+    if start < len(items):
+        yield items[start:]
+
+
 class TimerFeed:
     """Keeps the timer process's timetable in step with the projector, for owned partitions."""
 
@@ -59,6 +96,7 @@ class TimerFeed:
         self.chunk = chunk
         self.owned: set[int] = set()
         self.offered: dict[str, Closing] = {}
+        self.unreadable = 0  # sessions a load skipped: their state could not be read
         self._observed: set[str] | None = None  # sessions a batch told about since `assign`
         self._loading: asyncio.Task[None] | None = None
 
@@ -81,10 +119,7 @@ class TimerFeed:
             elif offered.get(sid) != closing:
                 offered[sid] = closing
                 offers.append(closing)
-        if cleared:
-            self.timer.send(Clear(tuple(cleared)))
-        if offers:
-            self.timer.send(Offer(tuple(offers)))
+        self._send(offers, cleared)
 
     async def assign(self, partitions: Iterable[int]) -> None:
         """Close for exactly these partitions; offer their indexed deadlines in the background."""
@@ -106,8 +141,7 @@ class TimerFeed:
     def replay(self) -> None:
         """Send everything known again (to a timer process started anew)."""
         self.timer.send(Assign(frozenset(self.owned)))
-        if self.offered:
-            self.timer.send(Offer(tuple(self.offered.values())))
+        self._send(list(self.offered.values()), [])
 
     async def stop(self) -> None:
         """Cancel the index load in progress, if any."""
@@ -116,31 +150,95 @@ class TimerFeed:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loading
 
+    def _send(self, offers: Sequence[Closing], cleared: Sequence[str]) -> None:
+        # A frame over MAX_FRAME would end the timer process, and its restart's replay again.
+        limit = wire.MAX_FRAME // 4
+        for ids in runs(cleared, cleared_bytes, limit):
+            self.timer.send(Clear(tuple(ids)))
+        for closings in runs(offers, closing_bytes, limit):
+            self.timer.send(Offer(tuple(closings)))
+
     async def _load(self, partitions: frozenset[int]) -> None:
         try:
-            deadlines, _ = await self._due_index(partitions)
+            read = functools.partial(self._due_index, partitions)
+            deadlines, _ = await self._retrying("reading the deadline index", partitions, read)
+            observed = self._observed or set()
+            gone = [
+                s
+                for s, c in self.offered.items()
+                if c.partition in partitions and s not in deadlines and s not in observed
+            ]
+            for sid in gone:
+                del self.offered[sid]
+            self._send([], gone)
             order = sorted(deadlines, key=lambda sid: deadlines[sid][0])
             for at in range(0, len(order), self.chunk):
-                chunk = [s for s in order[at : at + self.chunk] if s not in self.offered]
-                if not chunk:
-                    continue
-                states = await self._states(chunk)
-                observed = self._observed or set()
-                offers = []
-                for sid in chunk:
-                    folded = states.get(sid)
-                    if folded is None or sid in observed or sid in self.offered:
-                        continue  # unknown, or a batch told about it after this read began
-                    partition = folded.mark.partition if folded.mark is not None else 0
-                    closing = closing_of(folded.state, partition)
-                    if closing is not None and partition in partitions:
-                        self.offered[sid] = closing
-                        offers.append(closing)
-                if offers:
-                    self.timer.send(Offer(tuple(offers)))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the projector's batches still offer what they fold
-            log.error("could not load the deadlines of partitions %s: %s", sorted(partitions), e)
+                chunk = order[at : at + self.chunk]
+                read_chunk = functools.partial(self._read, chunk, partitions)
+                states = await self._retrying("reading sessions", partitions, read_chunk)
+                self._settle(chunk, states, partitions)
         finally:
             self._observed = None
+
+    def _settle(
+        self, chunk: Sequence[str], states: dict[str, Folded | None], partitions: frozenset[int]
+    ) -> None:
+        """Offer or clear what this chunk's states say, where no batch told about them since."""
+        offers: list[Closing] = []
+        cleared: list[str] = []
+        observed = self._observed or set()
+        for sid in chunk:
+            if sid in observed or sid not in states:
+                continue  # a batch told about it after this read began, or it cannot be read
+            folded = states[sid]
+            closing = None
+            if folded is not None:
+                partition = folded.mark.partition if folded.mark is not None else 0
+                closing = closing_of(folded.state, partition)
+            if closing is None:
+                if self.offered.pop(sid, None) is not None:
+                    cleared.append(sid)
+            elif closing.partition in partitions and self.offered.get(sid) != closing:
+                self.offered[sid] = closing
+                offers.append(closing)
+        self._send(offers, cleared)
+
+    async def _read(
+        self, chunk: Sequence[str], partitions: frozenset[int]
+    ) -> dict[str, Folded | None]:
+        """The chunk's states (None: unknown); one that cannot be read is left out, counted."""
+        try:
+            got = await self._states(chunk)
+        except Exception:
+            # One session that cannot be decoded fails the read of all. Redis away fails the index
+            # read too (the caller tries again later); if Redis answers, read them one by one.
+            await self._due_index(partitions)
+        else:
+            return {sid: got.get(sid) for sid in chunk}
+        states: dict[str, Folded | None] = {}
+        for sid in chunk:
+            try:
+                states[sid] = (await self._states([sid])).get(sid)
+            except Exception as e:
+                self.unreadable += 1
+                log.error("could not read %s, its deadline is not offered: %s", sid, e)
+        return states
+
+    async def _retrying(
+        self, what: str, partitions: frozenset[int], call: Callable[[], Awaitable[T]]
+    ) -> T:
+        """`call`'s result, asked again after growing pauses until it comes (or a new `assign`)."""
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                return await call()
+            except Exception as e:  # a session waiting on a human has no batch to offer it
+                log.error(
+                    "%s for the deadlines of partitions %s failed, trying again in %.1fs: %s",
+                    what,
+                    sorted(partitions),
+                    pause,
+                    e,
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RETRY_MAX_S)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from processors import timer
 from processors.histogram import LATENESS_MS_BUCKETS, Histogram
 from processors.priority import elevate
 from processors.scheduler import SchedulerStats
@@ -21,7 +22,7 @@ from processors.timer_link import combined
 from processors.timer_process import TimerConfig, TimerCounters, TimerService
 from schemas import events as ev
 from schemas.codec import EventCodec
-from schemas.errors import CodecError
+from schemas.errors import CodecError, ProjectionError
 from schemas.events import Event
 from session_model.deadlines import format_instant
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
@@ -234,6 +235,94 @@ def test_a_restarted_timer_is_told_everything_again() -> None:
     pipe.sent.clear()
     feed.replay()
     assert pipe.sent == [Assign(frozenset({0})), Offer((closing_of(_asked("s1").state, 0),))]  # type: ignore[arg-type]
+
+
+def test_the_load_is_tried_again_until_the_index_can_be_read() -> None:
+    asked = _asked("s1", partition=1)
+    feed, pipe, _ = _feed({"s1": Folded(asked.state, asked.mark)}, {"s1": (1, 1)})
+    index = feed._due_index
+    calls = 0
+
+    async def flaky(parts: Iterable[int]) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ProjectionError("reading the due index failed: connection refused")
+        return await index(parts)
+
+    feed._due_index = flaky
+
+    async def scenario() -> None:
+        await feed.assign({1})
+        await asyncio.wait_for(feed.loaded(), 10)
+
+    asyncio.run(scenario())
+    closing = closing_of(asked.state, 1)
+    assert closing is not None
+    assert [m for m in pipe.sent if isinstance(m, Offer)] == [Offer((closing,))]
+
+
+def test_a_session_that_cannot_be_read_is_skipped_and_the_rest_of_the_load_offered() -> None:
+    updates = [_asked(f"s{i}", DEADLINE + timedelta(seconds=i), partition=1) for i in range(3)]
+    states = {u.session_id: Folded(u.state, u.mark) for u in updates}
+    feed, pipe, _ = _feed(states, {u.session_id: (i, 1) for i, u in enumerate(updates)})
+    read = feed._states
+
+    async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
+        if "s0" in ids:
+            raise ProjectionError("s0: the stored state cannot be read")
+        return await read(ids)
+
+    feed._states = lookup
+
+    async def scenario() -> None:
+        await feed.assign({1})
+        await asyncio.wait_for(feed.loaded(), 10)
+
+    asyncio.run(scenario())
+    offered = [c.session_id for m in pipe.sent if isinstance(m, Offer) for c in m.closings]
+    assert offered == ["s1", "s2"] and feed.unreadable == 1
+
+
+def test_a_big_replay_goes_in_frames_the_timer_can_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    feed, pipe, _ = _feed()
+    asyncio.run(feed.assign({0}))
+    feed.observe([_asked(f"s{i}") for i in range(200)])
+    monkeypatch.setattr(timer, "MAX_FRAME", 2048)
+    pipe.sent.clear()
+    feed.replay()
+    got = list(Frames().feed(b"".join(frame(m) for m in pipe.sent)))
+    assert got[0] == Assign(frozenset({0})) and len(got) > 2
+    offered = [c.session_id for m in got if isinstance(m, Offer) for c in m.closings]
+    assert offered == [f"s{i}" for i in range(200)]
+
+
+def test_a_reassignment_replaces_what_was_offered_with_what_the_index_says() -> None:
+    far = DEADLINE + timedelta(days=1)
+    first = [started(session_id="s1"), ask("q1", session_id="s1", expires_at=format_instant(far))]
+    asked_again = ask("q2", session_id="s1", expires_at=format_instant(DEADLINE))
+    again = _update([*first, answer("q1", session_id="s1"), asked_again], partition=1)
+    states: dict[str, Folded] = {}
+    index: dict[str, tuple[int, int]] = {}
+    feed, pipe, _ = _feed(states, index)
+
+    async def assigned() -> None:
+        await feed.assign({1})
+        await feed.loaded()
+
+    asyncio.run(assigned())
+    feed.observe([_update(first, partition=1), _asked("s2", partition=1)])
+    # Out of the group meanwhile: another worker folded a new question of s1, an answer of s2.
+    states["s1"] = Folded(again.state, again.mark)
+    index["s1"] = (DEADLINE_US // 1000, 1)
+    pipe.sent.clear()
+    asyncio.run(assigned())
+    closing = closing_of(again.state, 1)
+    assert closing is not None and (closing.question_id, closing.deadline_us) == ("q2", DEADLINE_US)
+    assert pipe.sent == [Assign(frozenset({1})), Clear(("s2",)), Offer((closing,))]
+    pipe.sent.clear()
+    asyncio.run(assigned())  # nothing changed: nothing offered again
+    assert pipe.sent == [Assign(frozenset({1}))]
 
 
 # -- the timer process's loop --------------------------------------------------------------------
