@@ -267,8 +267,21 @@ class Keys:
         return f"{self.tag(partition)}:stats:{name}", field
 
     def pattern(self) -> str:
-        """A SCAN pattern matching every key under this prefix."""
+        """A SCAN pattern matching every key under this prefix (the console's too: a rebuild
+        deletes only those `rebuilds` names)."""
         return f"{self.prefix}:*"
+
+    def rebuilds(self, key: str) -> bool:
+        """Whether a rebuild (`replay`, `RedisProjectionStore.clear`) deletes the key: the keys of
+        every generation (sessions, indexes, counters, retention entries, tombstones: all under
+        `head(n)` + a partition's tag) and the generation hashes (the rebuild starts over in
+        generation 0; a hash left behind would send readers to a generation it deleted, and its
+        commits would be refused as stale). Nothing else under the prefix is a projection, and a
+        rebuild of the log cannot bring it back: the console's sign-outs (a signed-out cookie
+        would be accepted again) and sign-in counters, and the live rebuild's lease (held by a
+        running rebuild, expiring by itself)."""
+        head = f"{self.prefix}:"
+        return key.startswith(head) and _REBUILT.match(key, len(head)) is not None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -282,6 +295,11 @@ def _partition_keys(keys: Keys, partition: int) -> tuple[str, ...]:
         keys.waiting_counts(partition),
         keys.fleet_counts(partition),
     )
+
+
+# After `<prefix>:`, what starts a key `Keys.rebuilds` names: a generation's head (`g<n>:`, none
+# for generation 0) and a partition's hash tag, or a generation hash.
+_REBUILT = re.compile(r"(?:g[0-9]+:)?\{|generation:\{")
 
 
 def _glob_escape(text: str) -> str:

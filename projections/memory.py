@@ -172,7 +172,8 @@ class InMemoryProjectionStore:
         return dropped
 
     def clear(self) -> None:
-        """Forget everything."""
+        """Forget every projection: what a rebuild clears (`Keys.rebuilds`; this store holds
+        nothing else, the console's sign-outs and sign-in counts live elsewhere)."""
         self._states.clear()
         self._history.clear()
         self._timeline.clear()

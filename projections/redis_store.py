@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -54,6 +54,11 @@ from session_model.timeline import TimelineEntry, last
 # How often a store reads the partitions' generations again (a live rebuild moves them; a
 # commit in a generation left behind is refused anyway, and makes its writer read them at once).
 GENERATIONS_TTL_S = 1.0
+
+
+def _key_text(key: bytes | str) -> str:
+    # Any key SCAN finds (one not of this project's may be no UTF-8).
+    return key.decode(errors="replace") if isinstance(key, bytes) else key
 
 
 def _mark_reached(raw: Any, at_least: Position) -> bool:
@@ -275,8 +280,9 @@ class RedisProjectionStore:
         return entries if latest is None else last(entries, latest)
 
     def drop(self, session_id: str) -> None:
-        """Delete one session's projection, its entries in the waiting index and counts, its
-        retention entry and its tombstone (a rebuild of it follows: `replay --session`)."""
+        """Delete one session's projection, its entries in the waiting index and counts, the
+        deadlines and compaction-due indexes, its retention entry and its tombstone (a rebuild
+        of it follows: `replay --session`)."""
         self._fresh()
         call = drop_command(self.keys, session_id, self.keys.partition_of(session_id))
         request = requests.Request([call], lambda _: None, f"dropping {session_id} failed", True)
@@ -328,15 +334,20 @@ class RedisProjectionStore:
         return self._unlink(self.keys.generation_pattern(generation))
 
     def clear(self) -> None:
-        """Delete every key under this store's prefix (every generation, and their hashes)."""
-        self._unlink(self.keys.pattern())
+        """Delete every projection under this store's prefix (every generation, and their
+        hashes: `Keys.rebuilds`), never the console's sign-outs and sign-in counters nor the
+        rebuild lease."""
+        self._unlink(self.keys.pattern(), self.keys.rebuilds)
         self.keys = self.keys.in_generations(())
 
-    def _unlink(self, pattern: str) -> int:
+    def _unlink(self, pattern: str, only: Callable[[str], bool] | None = None) -> int:
+        """Delete the keys matching `pattern` (and `only`, if given); how many."""
         deleted = 0
         try:
             batch: list[Any] = []
             for key in self.client.scan_iter(match=pattern, count=1000):
+                if only is not None and not only(_key_text(key)):
+                    continue
                 batch.append(key)
                 if len(batch) >= 1000:
                     deleted += self.client.unlink(*batch)

@@ -483,7 +483,7 @@ def drop_command(
     return (
         "EVALSHA",
         scripts.DROP.sha,
-        16,
+        18,
         *k.all(),
         keys.waiting(partition),
         keys.waiting_cards(partition),
@@ -492,6 +492,8 @@ def drop_command(
         *k.history,
         *keys.retention_keys(partition),
         keys.unsnapshotted(partition),
+        keys.deadlines(partition),
+        keys.compaction_due(partition),
         session_id,
         keys.waiting_reason_prefix(partition),
         "" if now_ms is None else now_ms,

@@ -1,8 +1,11 @@
--- Drop one session's projection, and take it out of its partition's waiting index and fleet
--- counts (a rebuild of the session then counts it once). KEYS: its state hash, turns list,
+-- Drop one session's projection, and take it out of every index of its partition that names it:
+-- the waiting index and fleet counts (a rebuild of the session then counts it once), the
+-- retention and unsnapshotted indexes, the deadlines and the compaction-due set (the scheduler
+-- would read a dropped session again at every poll). KEYS: its state hash, turns list,
 -- timeline list, event-id list, then its partition's waiting zset, cards hash, waiting counts
 -- and fleet counts, then its five history lists, then its partition's retention zset and
--- tombstones hash and its partition's unsnapshotted zset. ARGV: session id, the prefix of the partition's per-reason zsets, now ms.
+-- tombstones hash, its partition's unsnapshotted zset, deadlines zset and compaction-due set.
+-- ARGV: session id, the prefix of the partition's per-reason zsets, now ms.
 -- Without now ("", a rebuild follows): drop it and forget its retention entry and tombstone;
 -- returns how many keys were unlinked. With now (the retention sweep): only if its retention
 -- deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`; returns 1 if
@@ -23,6 +26,8 @@ if was then
 end
 redis.call('ZREM', KEYS[14], sid)
 redis.call('ZREM', KEYS[16], sid)
+redis.call('ZREM', KEYS[17], sid)
+redis.call('SREM', KEYS[18], sid)
 local unlinked = redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], unpack(KEYS, 9, 13))
 if now == '' then
   redis.call('HDEL', KEYS[15], sid)

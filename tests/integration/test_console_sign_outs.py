@@ -9,8 +9,10 @@ import pytest
 from console.auth import CookieSigner
 from milpa_sessions.settings import Settings
 from projections.redis_client import SyncClient
+from projections.sign_ins import RedisSignInFailures
 from projections.sign_outs import RedisSignOuts
 from schemas.errors import ProjectionError
+from tests.integration.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +43,29 @@ def test_a_sign_out_on_one_replica_is_refused_by_another_until_the_cookie_expire
         other.close()
     ttl_ms = client.pttl(keys.signed_out(session.session_id))
     assert 3_500_000 < ttl_ms <= 3_600_000  # kept as long as the cookie could live, no longer
+
+
+@pytest.mark.parametrize("full", [(), ("--full",)], ids=["replay", "replay --full"])
+def test_a_signed_out_cookie_stays_refused_after_a_rebuild(
+    settings: Settings, client: SyncClient, full: tuple[str, ...]
+) -> None:
+    """A rebuild clears the projections only: the console's sign-outs and sign-in counters are
+    no projection of the log (the README's procedure after a compromised key replays)."""
+    keys = settings.redis_keys()
+    signer = CookieSigner("s" * 32, 3600, RedisSignOuts(client, keys))
+    users = {"alice": "$argon2id$alice"}.get
+    value, session = signer.issue("alice", "$argon2id$alice")
+    signer.revoke(session.session_id)
+    assert signer.read(value, users) is None
+    failures = RedisSignInFailures(client, keys)
+    assert failures.attempt("b1", 5, 60) == 0
+    try:
+        done = run_cli(settings, "replay", "--force", *full)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert signer.read(value, users) is None and signer.signed_out(session.session_id)
+        assert client.get(keys.sign_in_failures("b1")) == b"1"  # the throttle still counts it
+    finally:
+        client.delete(keys.sign_in_failures("b1"))
 
 
 def test_redis_away_is_a_projection_error_not_a_session(settings: Settings) -> None:

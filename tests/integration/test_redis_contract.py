@@ -25,6 +25,8 @@ from projections.layout import STATE_INLINE, stored_sizes
 from projections.redis_client import SyncCluster, async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from projections.requests import COMMIT_GROUP, Durability
+from projections.sign_ins import RedisSignInFailures
+from projections.sign_outs import RedisSignOuts
 from schemas import events as ev
 from schemas.errors import ProjectionError, ReplicationLagError
 from schemas.events import Event
@@ -372,6 +374,41 @@ def test_drop_removes_every_key_of_a_session(projection_store: RedisProjectionSt
     assert projection_store.ids() == ["idle"]
     assert _raw(projection_store, "busy") == {}
     assert projection_store.timeline("busy") == [] and projection_store.history("busy") == []
+
+
+def test_clear_keeps_the_consoles_sign_outs_and_sign_in_counters_and_the_lease(
+    projection_store: RedisProjectionStore,
+) -> None:
+    """A rebuild's clear deletes every projection (every generation, and their hashes), never
+    what a rebuild of the log cannot bring back: a signed-out cookie stays refused."""
+    store = projection_store
+    _commit(store, _idle("idle"), 3)
+    other = dataclasses.replace(store, keys=store.keys.in_generations((2,)), follow=False)
+    assert not other.commit(BatchFolder().fold({}, _idle("left"))).conflicts  # a live rebuild's
+    assert other.switch_generation(0, 0, 2) == 1
+    sign_outs = RedisSignOuts(store.client, store.keys)
+    sign_ins = RedisSignInFailures(store.client, store.keys)
+    sign_outs.add("leaked", 3600)
+    assert sign_ins.attempt("b1", 5, 60) == 0
+    assert store.lease("token", 60_000, "take")
+    try:
+        store.clear()
+        left = sorted(k.decode() for k in store.client.scan_iter(match=store.keys.pattern()))
+        assert left == sorted(
+            (
+                store.keys.signed_out("leaked"),
+                store.keys.sign_in_failures("b1"),
+                store.keys.rebuild_lease(),
+            )
+        )
+        assert store.ids() == [] and store.refresh_generations() == (0,)
+        assert "leaked" in sign_outs
+        assert store.client.get(store.keys.sign_in_failures("b1")) == b"1"
+        assert store.rebuild_running()
+    finally:
+        store.client.delete(store.keys.signed_out("leaked"))
+        store.client.delete(store.keys.sign_in_failures("b1"))
+        store.client.delete(store.keys.rebuild_lease())
 
 
 def test_a_commit_of_many_sessions_applies_each_alone_and_counts_only_those_applied(

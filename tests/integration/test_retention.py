@@ -33,7 +33,8 @@ from session_model.fold import fold
 from session_model.partitioning import partition_for
 from session_model.signing import TrustedKeys
 from tests.contract_projection import _project
-from tests.contract_retention import RETENTION, PartitionedLog, RetentionContract
+from tests.contract_retention import RETENTION, TTL, PartitionedLog, RetentionContract
+from tests.contract_waiting import ask
 from tests.integration.conftest import with_keys
 from tests.integration.expected import assert_projection_matches, expected_projections
 
@@ -78,6 +79,26 @@ def test_an_ended_session_is_not_expired_before_a_snapshot_round_took_its_last_s
     store.client.zrem(index, "done")  # what a round's `snapped` does once its snapshot is acked
     assert store.expire_due(later) == ["done"]
     assert store.load("done") is None and store.expired("done") is not None
+
+
+def test_an_expired_session_leaves_no_deadline_or_compaction_entry_behind(
+    projection_store: RedisProjectionStore,
+) -> None:
+    """A session that ended with a timed question open keeps its deadline while projected; once
+    the sweep dropped it, the scheduler must not read it again at every poll."""
+    log = PartitionedLog()
+    log.started("timed")
+    ask(log, "timed", "q1", minutes=120, reason="permission")  # type: ignore[arg-type]
+    ending = log.ended("timed")
+    projection_store.retention = RETENTION
+    _project(projection_store, log.records)
+    p = ending.position.partition
+    deadlines = projection_store.keys.deadlines(p)
+    assert projection_store.client.zscore(deadlines, "timed") is not None
+    assert projection_store.expire_due(ending.event.occurred_at + TTL) == ["timed"]
+    assert projection_store.expired("timed") is not None
+    assert projection_store.client.zscore(deadlines, "timed") is None
+    assert not projection_store.client.sismember(projection_store.keys.compaction_due(p), "timed")
 
 
 # -- end to end: a worker indexes, a sweep expires, `show` says so, `replay --session` restores --

@@ -188,3 +188,48 @@ def test_generation_keys_live_beside_their_partition_and_never_match_a_generatio
     assert not fnmatch.fnmatchcase(keys.session("a", 0).state, keys.generation_pattern(2))
     assert keys.session_of(keys.session("a", 1).state) == "a"
     assert keys.in_use() == (0, 1, 2)
+
+
+def test_a_rebuild_clears_every_projection_key_and_nothing_else_under_the_prefix() -> None:
+    """`Keys.rebuilds`: every generation's keys and the generation hashes, never the console's
+    sign-outs and sign-in counters (a signed-out cookie would be accepted again) nor the lease."""
+    keys = Keys("ms", partitions=6, generations=(0, 2, 2, 0, 0, 1))
+    projections = [keys.generation_key(p) for p in range(6)]
+    for p in range(6):
+        sid = next(f"s{i}" for i in range(1000) if partition_for(f"s{i}", 6) == p)
+        projections += [
+            *keys.session(sid, p).every(),
+            *keys.partition_keys(p),
+            *keys.retention_keys(p),
+            keys.unsnapshotted(p),
+            keys.waiting_reason(p, "permission"),
+            keys.stat("pauses", p),
+            keys.stat_hour("pauses", "2026010100", p),
+        ]
+    assert {k[: len("ms:g2:")] for k in projections} >= {"ms:{w:", "ms:g1:", "ms:g2:", "ms:gen"}
+    assert all(keys.rebuilds(k) for k in projections)
+    kept = [
+        keys.signed_out("c0ffee"),
+        keys.signed_out("{w:0}"),
+        keys.sign_in_failures("b1"),
+        keys.sign_in_failures("src-a1"),
+        keys.rebuild_lease(),
+        "other:{w:0}:s:a:state",  # another prefix's
+        "ms:x:{w:0}:s:a:state",  # a prefix under this one: `ms:x`'s
+        "msx:{w:0}:s:a:state",
+    ]
+    assert not any(keys.rebuilds(k) for k in kept)
+
+
+def test_the_drop_names_every_index_of_its_partition_that_holds_session_ids() -> None:
+    """lua/drop.lua takes the session out of each (the deadlines too: the scheduler would read
+    an expired session at every poll)."""
+    keys = Keys("ms", partitions=6)
+    for now_ms in (None, 1_000):
+        drop = drop_command(keys, "s1", 4, now_ms)
+        named = set(drop[3 : 3 + drop[2]])
+        assert named >= {
+            *keys.partition_keys(4),
+            *keys.retention_keys(4),
+            keys.unsnapshotted(4),
+        }
