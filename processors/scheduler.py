@@ -100,8 +100,9 @@ class Scheduler:
         self._deadlines: dict[str, tuple[int, int]] = {}  # sid -> (deadline ms, partition)
         self._heap: list[tuple[int, str]] = []
         self._compact: dict[str, int] = {}  # sid -> partition
-        # sid -> `through` of the last compaction emitted: not emitted again while the projector
-        # has not folded it yet (the index still says "due" until it has).
+        # sid -> `through` of the last compaction emitted: no other is emitted for the session
+        # while its state does not show that one folded (the index still says "due" until it is,
+        # and every new turn moves the cut: each batch would otherwise send another summary).
         self._compacted: dict[str, int] = {}
         # Standalone mode: sid -> (deadline, question id, question seq) checked ahead of time,
         # and sid -> deadline ms of the closings already sent.
@@ -112,7 +113,8 @@ class Scheduler:
         self._sleeping_until: int | None = None  # ms; None = until woken
         self._retry_s = 0.0  # the pause before a failed tick's closings are sent again
         self._compact_retry_s = 0.0  # the same for compactions (they never hold closings back)
-        self._later: set[asyncio.Future[None]] = set()  # compactions waiting to be sent again
+        self._read_retry_s = 0.0  # the same for due work whose states could not be read
+        self._later: set[asyncio.Future[None]] = set()  # due work waiting to be put back
 
     # -- fed by the projector --------------------------------------------------------------------
 
@@ -144,7 +146,8 @@ class Scheduler:
                 self._schedule(u.session_id, ms, partition)
                 earliest = ms if earliest is None else min(earliest, ms)
             if compaction_due(u.state, self.compactor.max_turns):
-                self._compact[u.session_id] = partition
+                if not self._awaiting_fold(u.state):
+                    self._compact[u.session_id] = partition
             else:
                 self._compact.pop(u.session_id, None)
                 self._compacted.pop(u.session_id, None)
@@ -247,21 +250,20 @@ class Scheduler:
         """Send every closing and compaction due now (one state read for all of them)."""
         now = self._clock()
         now_ms = _epoch_ms(now)
-        due: list[tuple[str, int]] = []  # (sid, partition)
+        due: list[tuple[str, int, int]] = []  # (sid, deadline ms, partition)
         while (nxt := self.next_deadline_ms()) is not None and nxt <= now_ms:
             _, sid = heapq.heappop(self._heap)
-            _, partition = self._deadlines.pop(sid)
-            due.append((sid, partition))
+            due.append((sid, *self._deadlines.pop(sid)))
         compact = dict(self._compact)
         self._compact.clear()
         if not due and not compact:
             return
         closings: list[tuple[Event, datetime, int]] = []
-        unprepared: list[str] = []
-        for sid, partition in due:
+        unprepared: list[tuple[str, int, int]] = []
+        for sid, ms, partition in due:
             prepared = self._prepared.pop(sid, None)
             if prepared is None:
-                unprepared.append(sid)
+                unprepared.append((sid, ms, partition))
             elif (prepared_ms := ceil_ms(prepared[0])) > now_ms:
                 # Prepared for a later asking than the deadline that came due (a failed send put
                 # an older deadline back): that asking is closed at its own time, not now.
@@ -269,9 +271,18 @@ class Scheduler:
                 self._schedule(sid, prepared_ms, partition)
             else:
                 closings.append((*self._prepared_closing(sid, prepared, now), partition))
-        to_read = list(dict.fromkeys([*unprepared, *compact]))
-        states = await self._states(to_read) if to_read else {}
-        for sid in unprepared:
+        to_read = list(dict.fromkeys([*(sid for sid, _, _ in unprepared), *compact]))
+        try:
+            states = await self._states(to_read) if to_read else {}
+        except ProjectionError as e:
+            # Redis is away: what needed a read waits for it; the prepared closings go out now.
+            self._read_failed(e, unprepared, compact)
+            states, unprepared, compact = {}, [], {}
+        else:
+            if to_read and self._read_retry_s:
+                log.info("the states of due work can be read again")
+                self._read_retry_s = 0.0
+        for sid, _, _ in unprepared:
             folded = states.get(sid)
             if folded is not None:
                 partition = self._partition(folded)
@@ -282,8 +293,8 @@ class Scheduler:
             event
             for sid in compact
             if (folded := states.get(sid)) is not None
+            and not self._awaiting_fold(folded.state)
             and (event := self._compaction(folded.state, now)) is not None
-            and self._compacted.get(sid) != event.payload["through"]
         ]
         # Marked before the send: a poll that runs while the acks are awaited must not prepare
         # these deadlines again (their sessions still show the question open until folded).
@@ -335,6 +346,11 @@ class Scheduler:
 
     def _closing_event(self, sid: str, question_id: str, seq: int, now: datetime) -> Event:
         return window_closed(sid, question_id, seq, now, self.producer)
+
+    def _awaiting_fold(self, session: Session) -> bool:
+        """Whether a compaction emitted for this session is not folded into this state yet."""
+        through = self._compacted.get(session.id)
+        return through is not None and session.compacted_through < through
 
     def _compaction(self, session: Session, now: datetime) -> Event | None:
         """The `compacted` event to append, or None when nothing is due."""
@@ -411,19 +427,49 @@ class Scheduler:
             error,
         )
 
-        async def again() -> None:
-            await asyncio.sleep(pause)
+        def again() -> None:
             for event in compactions:
                 sid, partition = event.session_id, partitions[event.session_id]
                 if self._compacted.get(sid) == event.payload["through"]:
                     del self._compacted[sid]  # (a newer one sent meanwhile stays marked)
                 if not self.owned or partition in self.owned:  # (it may have moved meanwhile)
                     self._compact[sid] = partition
+
+        self._after(pause, again)
+
+    def _read_failed(
+        self,
+        error: ProjectionError,
+        closings: Sequence[tuple[str, int, int]],
+        compact: Mapping[str, int],
+    ) -> None:
+        """Put due work whose states could not be read back after a pause (logged once a streak)."""
+        if not self._read_retry_s:
+            log.error("could not read the states of due work, retrying until it can: %s", error)
+        self._read_retry_s = pause = _backoff(self._read_retry_s)
+
+        def again() -> None:
+            for sid, ms, partition in closings:
+                # A deadline learned meanwhile is the newer one; a partition may have moved away.
+                if sid not in self._deadlines and (not self.owned or partition in self.owned):
+                    self._schedule(sid, ms, partition)
+            for sid, partition in compact.items():
+                if not self.owned or partition in self.owned:
+                    self._compact[sid] = partition
+
+        self._after(pause, again)
+
+    def _after(self, pause: float, put_back: Callable[[], None]) -> None:
+        """Run `put_back` after `pause` seconds and wake the loop, without holding it meanwhile."""
+
+        async def later() -> None:
+            await asyncio.sleep(pause)
+            put_back()
             self._wake.set()
 
-        later = asyncio.ensure_future(again())
-        self._later.add(later)
-        later.add_done_callback(self._later.discard)
+        waiting = asyncio.ensure_future(later())
+        self._later.add(waiting)
+        waiting.add_done_callback(self._later.discard)
 
 
 def _backoff(previous_s: float) -> float:

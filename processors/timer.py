@@ -21,6 +21,7 @@ from schemas.errors import CodecError
 _LENGTH = struct.Struct("!I")
 MAX_FRAME = 64 * 1024 * 1024  # a frame longer than this is a broken stream, not a message
 FORGET_SENT_OVER = 100_000  # closings remembered as sent (only ever a guard against repeats)
+STALE_SLACK = 64  # superseded heap entries tolerated beyond as many as there are live ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,9 @@ class Timetable:
         # sid -> question seq of a closing popped (sent): not offered again while the projector
         # has not folded it (the worker may offer it once more after a rebalance).
         self._sent: dict[str, int] = {}
+        # The part of `_sent` whose send has not completed: never forgotten, since a failed send
+        # is put back only while its closing is still here.
+        self._in_flight: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -171,6 +175,7 @@ class Timetable:
         self._entries = {
             sid: entry for sid, entry in self._entries.items() if entry[1].partition in self.owned
         }
+        self._prune()
 
     def offer(self, closing: Closing) -> None:
         """Schedule this closing at its deadline (replacing its session's earlier one)."""
@@ -188,8 +193,10 @@ class Timetable:
 
     def clear(self, session_id: str) -> None:
         """Nothing to close for this session any more."""
-        self._entries.pop(session_id, None)
+        if self._entries.pop(session_id, None) is not None:
+            self._prune()
         self._sent.pop(session_id, None)
+        self._in_flight.pop(session_id, None)
 
     def next_us(self) -> int | None:
         """When the earliest closing is due (epoch µs), dropping replaced entries on the way."""
@@ -210,17 +217,28 @@ class Timetable:
             _, closing = self._entries.pop(sid)
             due.append(closing)
         if due:
-            if len(self._sent) > FORGET_SENT_OVER:
-                self._sent.clear()
-            self._sent.update((c.session_id, c.question_seq) for c in due)
+            if len(self._sent) - len(self._in_flight) > FORGET_SENT_OVER:
+                self._sent = dict(self._in_flight)
+            sent = [(c.session_id, c.question_seq) for c in due]
+            self._sent.update(sent)
+            self._in_flight.update(sent)
         return due
+
+    def acknowledged(self, closings: Iterable[Closing]) -> None:
+        """Note that these closings were sent for good (they may be forgotten from now on)."""
+        for closing in closings:
+            if self._in_flight.get(closing.session_id) == closing.question_seq:
+                del self._in_flight[closing.session_id]
 
     def put_back(self, closings: Iterable[Closing], at_us: int) -> None:
         """Schedule again, at `at_us`, closings whose send failed (unless news made them moot)."""
         for closing in closings:
             sid = closing.session_id
-            if self._sent.get(sid) != closing.question_seq or sid in self._entries:
-                continue  # answered, replaced or re-offered meanwhile
+            if self._in_flight.get(sid) != closing.question_seq:
+                continue  # answered, or a newer question's closing sent meanwhile
+            del self._in_flight[sid]
+            if sid in self._entries:
+                continue  # re-offered meanwhile
             if self.owned is not None and closing.partition not in self.owned:
                 continue
             del self._sent[sid]
@@ -229,3 +247,14 @@ class Timetable:
     def _put(self, closing: Closing, when: int) -> None:
         self._entries[closing.session_id] = (when, closing)
         heapq.heappush(self._heap, (when, closing.session_id))
+        self._prune()
+
+    def _prune(self) -> None:
+        """Rebuild the heap from the live entries once the stale ones outnumber them."""
+        # Replaced, cleared or revoked closings would otherwise stay until their own deadline came
+        # up (years, for some). Each live entry has a heap entry, the others are stale; a rebuild
+        # comes after at least as many stale entries as it costs (amortised O(1)).
+        live = len(self._entries)
+        if len(self._heap) - live > max(STALE_SLACK, live):
+            self._heap = [(when, sid) for sid, (when, _) in self._entries.items()]
+            heapq.heapify(self._heap)

@@ -210,6 +210,7 @@ class TimerService:
             self._arm()
             return
         self._retry = self.config.retry_initial
+        self.table.acknowledged(due)
         acked = self._clock()
         self.counters.closed((acked - c.deadline_us) / 1000 for c in due)
 

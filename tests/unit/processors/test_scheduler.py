@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ from processors.scheduler import Scheduler
 from projections.indexes import ceil_ms
 from schemas import events as ev
 from schemas.codec import EventCodec
+from schemas.errors import ProjectionError
 from session_model.compaction import Compactor
 from session_model.deadlines import format_instant
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
@@ -151,6 +153,127 @@ def test_a_compaction_is_not_sent_again_while_the_projector_has_not_folded_it() 
     scheduler.observe([u])  # another batch touched s1 before the compaction was folded
     asyncio.run(scheduler.tick())
     assert [e.type for e in sink.events] == [ev.COMPACTED]
+
+
+def test_a_new_turn_sends_no_other_compaction_while_the_first_is_not_folded() -> None:
+    events = [started(), *[turn("user", f"t{i}") for i in range(10)]]
+    u = _update(events)
+    states = {"s1": Folded(u.state, u.mark)}
+    sink = Sink()
+    scheduler = _scheduler(states, Clock(DEADLINE), sink, max_turns=6, keep_recent=2)
+    scheduler.observe([u])
+    asyncio.run(scheduler.tick())
+    busier = _update([*events, turn("user", "t10")])  # one more turn: the cut moves
+    states["s1"] = Folded(busier.state, busier.mark)
+    scheduler.observe([busier])
+    asyncio.run(scheduler.tick())
+    _polled(scheduler, {}, {"s1": 0})  # (the standalone scheduler hears of it from the index)
+    asyncio.run(scheduler.tick())
+    assert [e.type for e in sink.events] == [ev.COMPACTED]
+
+
+def test_once_its_compaction_is_folded_a_session_is_compacted_again_when_due() -> None:
+    events = [started(), *[turn("user", f"t{i}") for i in range(10)]]
+    u = _update(events)
+    states = {"s1": Folded(u.state, u.mark)}
+    sink = Sink()
+    scheduler = _scheduler(states, Clock(DEADLINE), sink, max_turns=6, keep_recent=2)
+    scheduler.observe([u])
+    asyncio.run(scheduler.tick())
+    [first] = sink.events
+    more = [turn("user", f"u{i}") for i in range(7)]
+    folded = _update([*events, first, *more])  # folded, and due again with the turns since
+    assert folded.state.compacted_through == first.payload["through"]
+    states["s1"] = Folded(folded.state, folded.mark)
+    scheduler.observe([folded])
+    asyncio.run(scheduler.tick())
+    assert [e.type for e in sink.events] == [ev.COMPACTED, ev.COMPACTED]
+    assert sink.events[1].payload["through"] > first.payload["through"]
+
+
+# -- a state read that fails (Redis away) ---------------------------------------------------------
+
+
+class Flaky:
+    """State reads that raise ProjectionError while `fails` is above zero (one less each)."""
+
+    def __init__(self, states: dict[str, Folded], fails: int) -> None:
+        self.states = states
+        self.fails = fails
+
+    async def __call__(self, ids: Sequence[str]) -> dict[str, Folded]:
+        if self.fails:
+            self.fails -= 1
+            raise ProjectionError("reading the states failed: Connection refused")
+        return {i: self.states[i] for i in ids if i in self.states}
+
+
+def _reads_failing(reads: Flaky, sink: Sink, clock: Clock) -> Scheduler:
+    async def no_index(parts: Iterable[int]) -> tuple[dict, dict]:
+        return {}, {}
+
+    compactor = Compactor(max_turns=6, keep_recent=2)
+    return Scheduler(reads, no_index, sink, compactor, clock=clock)  # type: ignore[arg-type]
+
+
+def _through_failed_reads(fails: int) -> tuple[bool, list[str]]:
+    """Closing and compaction work due while the first `fails` reads fail: whether the loop still
+    runs once both went out, and what it sent."""
+
+    async def scenario() -> tuple[bool, list[str]]:
+        long = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
+        asked = _asked("s2", "q2", DEADLINE)
+        states = {"s1": Folded(long.state, long.mark), "s2": Folded(asked.state, asked.mark)}
+        sink = Sink()
+        clock = Clock(DEADLINE + timedelta(milliseconds=5))
+        scheduler = _reads_failing(Flaky(states, fails), sink, clock)
+        scheduler.observe([long, asked])
+        task = asyncio.create_task(scheduler.run())
+        deadline = asyncio.get_running_loop().time() + 30  # (a bound for a stuck test only)
+        while len(sink.events) < 2 and not task.done():
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        running = not task.done()
+        task.cancel()
+        return running, sorted(e.type for e in sink.events)
+
+    return asyncio.run(scenario())
+
+
+def test_a_failed_state_read_neither_ends_the_loop_nor_loses_the_due_work() -> None:
+    running, sent = _through_failed_reads(fails=1)
+    assert running
+    assert sent == sorted([ev.ANSWER_WINDOW_CLOSED, ev.COMPACTED])
+
+
+def test_failed_state_reads_are_logged_once_a_streak(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=scheduler_module.__name__):
+        running, sent = _through_failed_reads(fails=3)
+    assert running and len(sent) == 2
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "Connection refused" in errors[0].getMessage()
+
+
+def test_a_failed_state_read_does_not_hold_back_a_prepared_closing() -> None:
+    async def scenario() -> list[str]:
+        asked = _asked("s1", "q1", DEADLINE)
+        turns = [turn("user", f"t{i}", session_id="s2") for i in range(10)]
+        long = _update([started(session_id="s2"), *turns])
+        states = {"s1": Folded(asked.state, asked.mark), "s2": Folded(long.state, long.mark)}
+        sink, clock, reads = Sink(), Clock(DEADLINE - timedelta(seconds=1)), Flaky(states, 0)
+        scheduler = _reads_failing(reads, sink, clock)
+        index = {"s1": (ceil_ms(DEADLINE), 0)}
+        await scheduler.prepare(index, {})
+        reads.fails = 1_000_000  # Redis goes away
+        await scheduler.prepare(index, {"s2": 0})  # compaction work, which needs a read
+        clock.now = DEADLINE + timedelta(milliseconds=5)
+        await scheduler._send_due()
+        await asyncio.gather(*scheduler._sending)
+        return [e.session_id for e in sink.events]
+
+    assert asyncio.run(scenario()) == ["s1"]
 
 
 # -- the standalone scheduler: due work polled from the indexes, prepared ahead of time ----------
