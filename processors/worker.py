@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from aiokafka import errors as kafka_errors
 
-from processors.fitting import fit, fit_dead_letter
+from processors.fitting import fit, fit_dead_letter, fit_key
 from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
 from processors.ports import Consumed, OutRecord, Sink
 from producers.decisions import decision_record
@@ -334,7 +334,7 @@ class ProjectionWorker:
         if again:  # each once, older first: per session the seqs keep increasing
             again = list({(sid, d.seq): (sid, d) for sid, d in again}.values())
         records: list[OutRecord] = [
-            (sid.encode(), self._fitted(decision_record(sid, d), self.codec.encode_decision), ())
+            (fit_key(sid), self._fitted(decision_record(sid, d), self.codec.encode_decision), ())
             for sid, d in (*again, *made)
         ]
         if records:
@@ -367,7 +367,7 @@ class ProjectionWorker:
             again = list({(c.session_id, c.order()): c for c in again}.values())
         encode = self.codec.encode_question_change
         records: list[OutRecord] = [
-            (c.session_id.encode(), self._fitted(change_record(c), encode), ())
+            (fit_key(c.session_id), self._fitted(change_record(c), encode), ())
             for c in (*again, *made)
         ]
         if records:

@@ -3,6 +3,16 @@
 Key = session id with the default murmur2 partitioner, so every Kafka client maps a session to the
 same partition and its events are totally ordered. `acks=all`, idempotence on and at most five
 requests in flight: retries can neither duplicate nor reorder a session's events.
+
+An append waits until kafka-python has delivered the record or given up on it: kafka-python
+retries a record until its delivery time-out at most (`ProducerConfig.delivery_timeout`, set
+explicitly) and then fails it, and an append waits that long and `ACK_MARGIN` more
+(`ack_timeout`). So when an append raises, kafka-python will not send the record again, and a
+caller's retry (a new event) cannot be followed by the first one arriving late; except that a
+produce request already on the wire when the time-out struck may still be written by the broker,
+as with any Kafka client. Should kafka-python not have given up even then (its I/O thread held
+up, e.g. while it renews the producer's epoch), the error says that the record is still queued
+and may yet be written.
 """
 
 from __future__ import annotations
@@ -11,7 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from producers.kafka_access import KafkaAccess
 from schemas.codec import EventCodec
@@ -32,6 +42,12 @@ def _kafka_error() -> type[Exception]:
     return error
 
 
+# Seconds an append waits beyond the delivery time-out: for kafka-python's I/O thread to expire
+# the record (it checks when it wakes) and to complete its future.
+ACK_MARGIN: Final = 10.0
+_REQUEST_TIMEOUT_MS: Final = 30_000  # kafka-python's default request_timeout_ms
+
+
 @dataclass(frozen=True, slots=True)
 class ProducerConfig:
     """Producer tuning; the defaults favour durability, then throughput."""
@@ -40,7 +56,10 @@ class ProducerConfig:
     batch_size: int = 256 * 1024
     max_in_flight: int = 5
     compression_type: str | None = None
-    ack_timeout: float = 30.0
+    # Seconds kafka-python may take to deliver a record, retries included, before it fails it
+    # for good (its delivery_timeout_ms); an append waits for that (`ack_timeout`). At least
+    # linger_ms plus the request time-out (kafka-python's request_timeout_ms, 30 s by default).
+    delivery_timeout: float = 120.0
     # Seconds the bootstrap, or a send waiting for metadata or buffer room, may block.
     max_block: float = 60.0
     # kafka-python's own metric sensors: recorded on every request and response, read by nothing
@@ -53,12 +72,23 @@ class ProducerConfig:
             raise ConfigurationError(
                 f"ProducerConfig.max_block must be above 0 s, not {self.max_block}"
             )
+        least = (self.linger_ms + self.extra.get("request_timeout_ms", _REQUEST_TIMEOUT_MS)) / 1000
+        if not self.delivery_timeout >= least:
+            raise ConfigurationError(
+                f"ProducerConfig.delivery_timeout must be at least {least} s (linger_ms and "
+                f"request_timeout_ms), not {self.delivery_timeout}"
+            )
         taken = sorted(self.extra.keys() & _SET_HERE.keys())
         if taken:
             raise ConfigurationError(
                 "ProducerConfig.extra may not set "
                 + ", ".join(f"{name} ({_SET_HERE[name]})" for name in taken)
             )
+
+    @property
+    def ack_timeout(self) -> float:
+        """Seconds an append waits: past the delivery time-out, so kafka-python gave up first."""
+        return self.delivery_timeout + ACK_MARGIN
 
 
 # What `KafkaEventLog` sets itself, and why `extra` may not: the log's guarantees, or a field.
@@ -70,6 +100,7 @@ _SET_HERE = {
     "batch_size": "field batch_size",
     "max_in_flight_requests_per_connection": "field max_in_flight",
     "compression_type": "field compression_type",
+    "delivery_timeout_ms": "field delivery_timeout",
     "max_block_ms": "field max_block",
     "bootstrap_timeout_ms": "field max_block",
     "metrics_enabled": "field client_metrics",
@@ -144,6 +175,7 @@ class KafkaEventLog:
             "linger_ms": c.linger_ms,
             "batch_size": c.batch_size,
             "compression_type": c.compression_type,
+            "delivery_timeout_ms": int(c.delivery_timeout * 1000),
             "max_block_ms": int(c.max_block * 1000),
             "bootstrap_timeout_ms": int(c.max_block * 1000),
             "metrics_enabled": c.client_metrics,
@@ -163,7 +195,8 @@ class KafkaEventLog:
             raise LogError(f"cannot send {event.type} for {event.session_id}: {e}") from e
 
     def append(self, event: Event) -> Position:
-        """Append one event and wait for the broker's acknowledgement."""
+        """Append one event and wait for the broker's acknowledgement (see the module's docstring:
+        when it raises LogError, kafka-python has given up on the record)."""
         return self._wait(self.send(event))
 
     def append_many(self, events: Sequence[Event]) -> list[Position]:
@@ -190,9 +223,15 @@ class KafkaEventLog:
             raise LogError(f"close failed: {e}") from e
 
     def _wait(self, future: Any) -> Position:
+        wait = self.config.ack_timeout
         try:
-            metadata = future.get(timeout=self.config.ack_timeout)
+            metadata = future.get(timeout=wait)
         except _kafka_error() as e:
+            if not future.is_done:  # not given up on: kafka-python may still deliver it
+                raise LogError(
+                    f"an append was neither acknowledged nor failed within {wait} s: the record "
+                    "is still queued and may yet be written"
+                ) from e
             raise LogError(f"the broker did not acknowledge an append: {e}") from e
         return Position(metadata.partition, metadata.offset)
 

@@ -9,9 +9,10 @@ its session's last events, in chunks of `CHUNK` by seq: the current chunk (1 to 
 the `KEPT` full chunks before it. The guarantee, exact and independent of batching: **an event
 whose id equals the id of one of the last `KEPT * CHUNK` (= 256) events of its session is a
 duplicate** (and so is one within the current chunk). A copy that arrives later than that takes
-a seq like any new event. 256 is ample for what retries: an agent's append waits for its
-acknowledgement (kafka-python's delivery time-out, two minutes by default) before it retries, and
-while it waits only the other writers of its session (an operator, the scheduler) add events.
+a seq like any new event. 256 is ample for what retries: an agent's append that fails raises only
+once kafka-python gave up on the record (after its delivery time-out, two minutes by default:
+`producers.kafka_log`), so it retries after that, and while it waits only the other writers of
+its session (an operator, the scheduler) add events.
 A deterministic id re-sent much later (a transfer run again a day after) is not recognised; its
 effect is idempotent anyway. Not so for a signed act re-sent after a revocation or a stricter
 mode: the fold keeps those events' ids for good apart from this window (`Session.signed_ids`).
