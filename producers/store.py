@@ -20,6 +20,7 @@ from schemas.errors import (
     InvalidCall,
     LateAnswerError,
     NoOpenQuestionError,
+    NotYetVisibleError,
     QuestionOpenError,
     SessionAlreadyStartedError,
     SessionEndedError,
@@ -209,6 +210,24 @@ class SessionStore:
             raise SessionEndedError(f"session {session_id!r} has ended: {session.ended_because}")
         return session
 
+    def _refuse_started(self, session_id: str) -> None:
+        """Refuse an id already started: projected, or expired by retention (a tombstone, read
+        after the projection: a sweep between the two reads cannot let the id through)."""
+        lag: NotYetVisibleError | None = None
+        try:
+            if self.find(session_id) is not None:
+                raise SessionAlreadyStartedError(f"session {session_id!r} already exists")
+        except NotYetVisibleError as e:  # this store wrote to it; no projection shows that write
+            lag = e
+        if self.projections.expired(session_id) is not None:
+            raise SessionAlreadyStartedError(
+                f"session {session_id!r} already exists: it ended and its projection expired "
+                "(retention), and an id is never reused; its history is in Kafka: restore it "
+                f"with `milpa-sessions replay --session {session_id}`"
+            ) from lag
+        if lag is not None:
+            raise lag
+
     # -- the vocabulary ------------------------------------------------------------------------
 
     def start(
@@ -218,15 +237,16 @@ class SessionStore:
         mode: Mode | str = Mode.ASK,
         parent_id: str | None = None,
     ) -> Position:
-        """Open a session."""
+        """Open a session; with checks, refuses an id already started, even one whose projection
+        expired (retention): its events are still the session's record."""
         _nonempty(session_id, "session id")
         if CONTROL_CHARACTER.search(session_id):
             raise InvalidCall(f"session id {session_id[:64]!r} holds a control character")
         parsed = parse_mode(mode)
         if parsed is None:
             raise InvalidCall(f"unknown mode {mode!r}")
-        if self.checks and self.find(session_id) is not None:
-            raise SessionAlreadyStartedError(f"session {session_id!r} already exists")
+        if self.checks:
+            self._refuse_started(session_id)
         payload: dict[str, Any] = {"goal": goal, "mode": parsed.value, "parent_id": parent_id}
         if less_strict(parsed, self.start_mode):
             what = f"starting in {parsed.value} (less supervised than {self.start_mode.value})"

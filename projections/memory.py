@@ -43,17 +43,18 @@ class InMemoryProjectionStore:
         return {sid: self._states[sid] for sid in session_ids if sid in self._states}
 
     def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:
-        """Apply each update iff its base is the stored mark; an expired session's is reported
-        applied and writes nothing (as the Redis commit script does)."""
+        """Apply each update iff its base is the stored mark; an expired session's writes nothing
+        and is reported `expired` (as the Redis commit script does)."""
         applied: list[str] = []
         conflicts: list[str] = []
+        expired: list[str] = []
         for u in updates:
             stored = self._states.get(u.session_id)
             if (stored.mark if stored else None) != u.base:
                 conflicts.append(u.session_id)
                 continue
             if stored is None and u.session_id in self._expired:
-                applied.append(u.session_id)
+                expired.append(u.session_id)
                 continue
             self._states[u.session_id] = Folded(u.state, u.mark)
             self._history.setdefault(u.session_id, []).extend(u.turns)
@@ -64,7 +65,7 @@ class InMemoryProjectionStore:
             if retain is not None:
                 self._retain[u.session_id] = max(retain, self._retain.get(u.session_id, retain))
             applied.append(u.session_id)
-        return CommitResult(tuple(applied), tuple(conflicts))
+        return CommitResult(tuple(applied), tuple(conflicts), tuple(expired))
 
     def _index(self, u: SessionUpdate) -> None:
         q = u.state.question

@@ -762,13 +762,14 @@ def grouped(keys: Keys, calls: Sequence[tuple[int, Call]], size: int = COMMIT_GR
     return groups
 
 
+EXPIRED = 2  # the commit script's answer for a session whose projection expired (a tombstone)
 STALE_GENERATION = 3  # the commit script's answer for a partition that moved to a newer one
 
 
 @dataclass(frozen=True, slots=True)
 class Committed:
-    """What a commit request did: applied and conflicting sessions, and whether a partition
-    had moved to a newer generation (its sessions are among the conflicts: read the
+    """What a commit request did: applied, conflicting and expired sessions, and whether a
+    partition had moved to a newer generation (its sessions are among the conflicts: read the
     generations again, then the sessions)."""
 
     result: CommitResult
@@ -797,8 +798,9 @@ def commit(
         flags = [flag for group in replies for flag in group]
         pairs = list(zip(sids, flags, strict=True))
         result = CommitResult(
-            tuple(sid for sid, r in pairs if r in (1, 2)),
+            tuple(sid for sid, r in pairs if r == 1),
             tuple(sid for sid, r in pairs if r in (0, STALE_GENERATION)),
+            tuple(sid for sid, r in pairs if r == EXPIRED),
         )
         return Committed(result, any(r == STALE_GENERATION for _, r in pairs))
 

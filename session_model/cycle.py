@@ -97,6 +97,9 @@ class Committed:
     conflicts: int = 0
     redelivered: int = 0  # the re-folds' count, less what the conflicted folds had counted
     reasked: tuple[QuestionChange, ...] = ()  # question changes a re-fold found already applied
+    # Sessions whose projection expired (retention): their updates wrote nothing and are not in
+    # `updates`; their records are handled (they stay in the log for `replay --session`).
+    expired: tuple[str, ...] = ()
 
 
 @dataclass
@@ -117,6 +120,10 @@ class ProjectionCycle:
     then stores: its compare-and-set would pass. So the sessions of a batch folded onto a state
     its predecessor's commit found stale are folded again, from the state that commit left,
     before anything is written.
+
+    An update the store reports `expired` (the session's projection was dropped by retention)
+    wrote nothing: it is left out of `Committed.updates` (nothing of it is published), and its
+    state leaves the cache like a conflicted one's (the next event reads the store again).
     """
 
     folder: BatchFolder
@@ -258,11 +265,13 @@ class ProjectionCycle:
 
         Batches must be committed in the order they were folded. A re-fold may find records
         already applied (by a stale owner, or by this projector's own earlier fold) whose
-        decisions may never have been published: they are returned in `again`.
+        decisions may never have been published: they are returned in `again`. An update the
+        store reports expired is done with but not committed: it is in `expired`, not `updates`.
         """
         records, updates = folding.records, folding.updates
         self._uncommitted.subtract(u.session_id for u in updates)
         done: list[SessionUpdate] = []
+        expired: list[str] = []
         again: list[tuple[str, Decision]] = []
         reasked: list[QuestionChange] = []
         foreign: list[Record] = []
@@ -293,7 +302,17 @@ class ProjectionCycle:
         while updates:
             result: CommitResult = yield Write(updates)
             conflicted = set(result.conflicts)
-            done.extend(u for u in updates if u.session_id not in conflicted)
+            unwritten = conflicted
+            if result.expired:  # nothing written: handled, not done, and not folded again
+                gone = set(result.expired)
+                unwritten = conflicted | gone
+                expired.extend(result.expired)
+                # The next event reads the store again; a batch folded meanwhile onto this
+                # state is folded again from the store before its commit (see above).
+                self._note_stale(u for u in updates if u.session_id in gone)
+                for sid in gone:
+                    self.cache.pop(sid, None)
+            done.extend(u for u in updates if u.session_id not in unwritten)
             if not conflicted:
                 break
             rounds += 1
@@ -315,7 +334,13 @@ class ProjectionCycle:
             redelivered += refolded.redelivered
         self._trim()
         return Committed(
-            tuple(done), tuple(again), tuple(foreign), conflicts, redelivered, tuple(reasked)
+            tuple(done),
+            tuple(again),
+            tuple(foreign),
+            conflicts,
+            redelivered,
+            tuple(reasked),
+            tuple(expired),
         )
 
     def _note_stale(self, updates: Iterable[SessionUpdate]) -> None:

@@ -27,10 +27,16 @@ class EventLog(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
-    """What a projection store did with a batch of updates."""
+    """What a projection store did with a batch of updates: each session is in one of the three.
+
+    `expired`: the session's projection was dropped by retention (a tombstone exists) and nothing
+    was written; its events stay in the log until `replay --session` restores it. Not applied:
+    nothing of the update may be published as if it were.
+    """
 
     applied: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = field(default=())
+    expired: tuple[str, ...] = field(default=())
 
 
 class ProjectionStore(Protocol):
@@ -52,6 +58,11 @@ class ProjectionStore(Protocol):
 
     def ids(self) -> list[str]:
         """Every session id with a projection, sorted."""
+        ...
+
+    def expired(self, session_id: str) -> object | None:
+        """The session's tombstone (the store's own record of it) if its projection expired by
+        retention, else None: its id is taken, its events are in the log."""
         ...
 
     def facts(self, session_id: str, kinds: Iterable[str] | None = None) -> History:

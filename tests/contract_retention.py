@@ -21,7 +21,7 @@ from schemas import events as ev
 from schemas.events import Event
 from session_model.fold import fold
 from session_model.partitioning import partition_for
-from session_model.projection import Position, Record
+from session_model.projection import BatchFolder, Position, Record
 from tests.contract_projection import BASE_TIME, _project
 from tests.contract_waiting import ask
 
@@ -191,6 +191,54 @@ class RetentionContract:
         # Restored: kept a TTL from the restore, not dropped again by the next sweep.
         assert store.expire_due(_deadline(late) + TTL) == []
         assert store.expire_due(_deadline(late) + 2 * TTL) == ["done"]
+
+    def test_a_commit_for_an_expired_session_reports_it_expired_and_writes_nothing(
+        self, projection_store: Any
+    ) -> None:
+        """A writer reuses an expired session's id (start, ask, answer): read as unknown, its
+        events fold from empty into an update with a decision; the commit writes none of it and
+        says so (`expired`, not `applied`), beside an update it does apply."""
+        store = projection_store
+        log, ending = _three_sessions(store)
+        assert store.expire_due(_deadline(ending)) == ["done"]
+        fleet, tombstone = _fleet_of(store), store.expired("done")
+        reused = [log.started("done")]
+        ask(log, "done", "q9", minutes=30, reason="permission")  # type: ignore[arg-type]
+        reused.append(log.records[-1])
+        reused.append(log.add("done", ev.QUESTION_ANSWERED, {"question_id": "q9", "answer": "y"}))
+        (lost,) = BatchFolder().fold({}, reused)
+        assert lost.base is None and lost.decisions  # a decision, had it been applied
+        (kept,) = BatchFolder().fold(store.folded(["busy"]), [log.turn("busy", "go on")])
+
+        result = store.commit([lost, kept])
+
+        assert result.expired == ("done",)
+        assert result.applied == ("busy",) and result.conflicts == ()
+        assert store.load("done") is None and store.folded(["done"]) == {}
+        assert store.history("done") == [] and store.timeline("done") == []
+        assert store.facts("done").decisions == ()
+        assert store.ids() == ["asks", "busy"]
+        assert _fleet_of(store) == fleet
+        assert [w.session_id for w in store.waiting().items] == ["asks"]
+        assert store.expired("done") == tombstone
+        assert store.load("busy") == kept.state
+
+    def test_a_projector_commits_nothing_of_an_expired_session(self, projection_store: Any) -> None:
+        """The cycle on each store: the reused id's update is not among those committed (nothing
+        of it is published), the other sessions' are."""
+        store = projection_store
+        log, ending = _three_sessions(store)
+        assert store.expire_due(_deadline(ending)) == ["done"]
+        start = len(log.records)
+        log.started("done")
+        ask(log, "done", "q9", reason="permission")  # type: ignore[arg-type]
+        log.add("done", ev.QUESTION_ANSWERED, {"question_id": "q9", "answer": "yes"})
+        log.turn("busy", "go on")
+
+        committed = _project(store, log.records[start:])
+
+        assert [u.session_id for u in committed] == ["busy"]
+        assert store.load("done") is None and store.expired("done") is not None
 
     def test_the_sweep_drops_a_backlog_in_bounded_steps(self, projection_store: Any) -> None:
         store = projection_store

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from producers.store import SessionStore
+from projections.memory import InMemoryProjectionStore
+from projections.requests import Retention
 from schemas import events as ev
 from schemas.errors import (
     InvalidAnswerError,
@@ -613,6 +615,29 @@ def test_remove_option_with_empty_option_or_code_is_invalid(option: str, code: s
 def test_second_start_raises_already_started() -> None:
     store = _started()
     _refused(store, lambda: store.start("s1", "again"), SessionAlreadyStartedError)
+
+
+def test_start_refuses_the_id_of_a_session_whose_projection_expired() -> None:
+    """Retention dropped the ended session's projection (`find` says None, a tombstone says
+    why): its id is still the session's, and a second start is refused before it is appended."""
+    store = _store()
+    projections = store.projections
+    assert isinstance(projections, InMemoryProjectionStore)
+    projections.retention = Retention(1000)
+    store.start("s1", "ship it")
+    store.end("s1", "done")
+    assert projections.expire_due(T0 + timedelta(seconds=1)) == ["s1"]
+    other = SessionStore(store.log, projections, signer=OPERATOR)  # another writer: no wait
+    assert other.find("s1") is None
+    with pytest.raises(SessionAlreadyStartedError, match=r"expired .*replay --session s1"):
+        other.start("s1", "again")
+    _refused(other, lambda: other.start("s1", "again"), SessionAlreadyStartedError)
+    # The writer that wrote it waits for a projection that is gone: refused alike.
+    _refused(store, lambda: store.start("s1", "again"), SessionAlreadyStartedError)
+    # Without checks the writer reads nothing: appended, and folded by no one.
+    loose = SessionStore(store.log, projections, signer=OPERATOR, checks=False)
+    loose.start("s1", "again")
+    assert projections.load("s1") is None and projections.expired("s1") is not None
 
 
 def test_start_with_unknown_mode_is_invalid() -> None:

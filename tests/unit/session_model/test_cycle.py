@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from projections.memory import InMemoryProjectionStore
+from projections.requests import Retention
 from schemas import events as ev
 from schemas.errors import ProjectionError
 from session_model.cycle import (
@@ -27,7 +29,7 @@ from session_model.ports import CommitResult
 from session_model.projection import BatchFolder, Folded, Position, Record
 from session_model.questions import QuestionStatus
 from session_model.session import RECENT_DECISIONS
-from tests.unit.builders import answer, ask, started, turn
+from tests.unit.builders import answer, ask, make_event, started, turn
 
 
 def _records(events: Sequence[Any], partition: int = 0, start: int = 0) -> list[Record]:
@@ -414,3 +416,77 @@ def test_a_state_read_again_with_a_later_mark_during_a_history_read_reads_furthe
     assert [d for _, d in folding.again] == [
         made[r.event.event_id] for r in chunk if r.event.type == ev.QUESTION_ANSWERED
     ]
+
+
+# -- a session whose projection expired (retention): handled, not committed ---------------------
+
+
+def test_an_update_the_store_reports_expired_is_not_committed_and_leaves_the_cache() -> None:
+    events = [
+        started(session_id="x"),
+        ask("q1", session_id="x"),
+        answer("q1", "yes", session_id="x"),
+        started(session_id="b"),
+    ]
+    cycle = ProjectionCycle(BatchFolder())
+    requests, (folding, committed) = _script(
+        cycle.project(_records(events)), [{}, CommitResult(("b",), (), ("x",))]
+    )
+    assert [type(r) for r in requests] == [Read, Write]  # done with: not folded again
+    lost = next(u for u in folding.updates if u.session_id == "x")
+    assert lost.decisions  # what would have been published as decided
+    assert [u.session_id for u in committed.updates] == ["b"]
+    assert committed.expired == ("x",) and committed.conflicts == 0
+    assert "x" not in cycle.cache and "b" in cycle.cache
+    # The next event of x reads the store again.
+    later, _ = _script(
+        cycle.project(_records([turn("user", "hi", session_id="x")], start=4)),
+        [{}, CommitResult((), (), ("x",))],
+    )
+    assert later[0] == Read(("x",))
+
+
+def test_an_expired_session_among_conflicts_is_not_committed_while_the_conflict_is() -> None:
+    events = [started(session_id="x"), started(session_id="c")]
+    cycle = ProjectionCycle(BatchFolder())
+    requests, (_, committed) = _script(
+        cycle.project(_records(events)),
+        [{}, CommitResult((), ("c",), ("x",)), {}, CommitResult(("c",))],
+    )
+    assert requests[2] == Read(("c",))  # only the conflict is read and folded again
+    assert [u.session_id for u in requests[3].updates] == ["c"]
+    assert [u.session_id for u in committed.updates] == ["c"]
+    assert committed.expired == ("x",)
+
+
+def test_a_batch_folded_on_an_expired_update_s_state_is_folded_again_from_the_store() -> None:
+    """The next batch was folded onto the state of an update that then wrote nothing: it is
+    folded again from what the store holds before it is written (here: nothing, from empty)."""
+    events = [started(session_id="x"), turn("user", "a", session_id="x")]
+    rec = _records(events)
+    cycle = ProjectionCycle(BatchFolder())
+    _, first = _script(cycle.fold(rec[:1]), [{}])
+    _, second = _script(cycle.fold(rec[1:]), [])  # folded onto the first's state, uncommitted
+    assert second.updates[0].base == rec[0].position
+    _script(cycle.commit(first), [CommitResult((), (), ("x",))])
+    requests, committed = _script(cycle.commit(second), [{}, CommitResult((), (), ("x",))])
+    assert requests[0] == Read(("x",))
+    assert requests[1].updates[0].base is None  # folded from the store's (absent) state
+    assert committed.updates == () and committed.expired == ("x",)
+
+
+def test_the_in_memory_store_s_expired_session_is_committed_by_no_projector() -> None:
+    store = InMemoryProjectionStore()
+    ended = [started(session_id="x"), make_event(ev.ENDED, {"because": "done"}, session_id="x")]
+    store.retention = Retention(1000)
+    run(ProjectionCycle(BatchFolder()).project(_records(ended)), store)
+    assert store.expire_due(ended[-1].occurred_at + timedelta(seconds=1)) == ["x"]
+    reused = [
+        started(session_id="x"),
+        ask("q1", session_id="x"),
+        answer("q1", "yes", session_id="x"),
+    ]
+    cycle = ProjectionCycle(BatchFolder())
+    _, committed = run(cycle.project(_records(reused, start=2)), store)
+    assert committed.updates == () and committed.expired == ("x",)
+    assert "x" not in cycle.cache and store.load("x") is None
