@@ -252,8 +252,11 @@ def replay_cmd(
     snapshot_error = ""
     if snapshots and session_id is None:
         try:
-            taken = wiring.take_snapshots(settings, report.applied_through())
-        except MilpaError as e:  # the rebuild stands; the next rebuild folds the whole log
+            taken = wiring.take_snapshots(settings, report.applied_through(), report.trust)
+        except MilpaError as e:
+            # The rebuild stands. The snapshots and checkpoints it did not replace stay: the next
+            # rebuild ignores those of other trust inputs (it folds their partitions from offset
+            # 0) and starts from the others, of the same fold as this one.
             snapshot_error = str(e)
     data = {
         "records": report.records,

@@ -67,9 +67,10 @@ def projection_store_for_rebuild(settings: StackSettings) -> RedisProjectionStor
     )
 
 
-def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
-    """Snapshot every session of these partitions, applied through these offsets (after a
-    rebuild, with no worker running), and write their checkpoints; the snapshots written."""
+def take_snapshots(settings: StackSettings, applied: Mapping[int, int], trust: str) -> int:
+    """Snapshot every session of these partitions, applied through these offsets under `trust`
+    (after a rebuild, with no worker running: its `ReplayReport.trust`), and write their
+    checkpoints; the snapshots written."""
 
     # Imported here: aiokafka is start-up time that the CLI's readers and writers, each a process
     # of its own, need not pay.
@@ -94,7 +95,7 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int]) -> int:
         )
         try:
             sink = FencedSnapshotSink(settings.kafka_access(), settings.snapshots_topic)
-            return await snapshot_partitions(store, sink, applied)
+            return await snapshot_partitions(store, sink, applied, trust=trust)
         finally:
             await client.aclose()
 

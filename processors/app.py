@@ -41,6 +41,7 @@ from processors.worker import ProjectionWorker, WorkerStats
 from producers.kafka_access import KafkaAccess
 from projections.redis_store import AsyncRedisProjectionStore
 from projections.requests import Retention
+from session_model.authority import trust_fingerprint
 from session_model.compaction import Compactor
 from session_model.projection import BatchFolder
 from session_model.signing import TrustedKeys
@@ -176,6 +177,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                     snapshot_output,
                     lambda: s.owned,
                     w.stats.last_offsets.get,
+                    trust=trust_fingerprint(folder.keys, folder.start_mode, folder.cutover),
                     interval_s=settings.snapshot_interval_s,
                     every_events=settings.snapshot_every,
                     guard=snapshotting_lock,

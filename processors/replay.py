@@ -63,7 +63,7 @@ from projections.snapshots import Plan
 from projections.snapshots import plan as plan_rebuild
 from schemas.codec import EventCodec
 from schemas.errors import BackendError, LogError, MilpaError, RebuildInProgressError
-from session_model.authority import Cutover
+from session_model.authority import Cutover, trust_fingerprint
 from session_model.intake import Intake
 from session_model.modes import Mode
 from session_model.partitioning import partition_for
@@ -111,7 +111,8 @@ class ReplayReport:
 
     `restored`: sessions started from their snapshots; `ignored`: snapshot records it could not
     use, by reason (`projections.snapshots`), each one a warning; `skipped`: events before
-    the partitions' checkpoints it did not read; `processes`: how many folded them.
+    the partitions' checkpoints it did not read; `processes`: how many folded them; `trust`:
+    the fingerprint of the trust inputs it folded under (what its snapshots must name).
     """
 
     records: int
@@ -122,6 +123,7 @@ class ReplayReport:
     skipped: int = 0
     ends: Mapping[int, int] = dataclasses.field(default_factory=dict)  # partition -> end read
     processes: int = 1  # that folded the partitions
+    trust: str = ""  # `session_model.authority.trust_fingerprint` of its keys, mode, cut-over
 
     def applied_through(self) -> dict[int, int]:
         """partition -> the last offset the rebuild applied (what its snapshots can vouch for)."""
@@ -157,8 +159,9 @@ def replay(
 
     With `snapshots_topic`, each session starts from its latest usable snapshot and each
     partition is read from after its checkpoint (`projections.snapshots`); without (`replay
-    --full`), or where a snapshot or checkpoint is missing, unreadable or of another layout,
-    from offset 0. Unusable snapshots are counted in the report and logged.
+    --full`), or where a snapshot or checkpoint is missing, unreadable, of another layout or
+    folded under other trust inputs, from offset 0. Unusable snapshots are counted in the report
+    and logged.
 
     `clear=False` leaves the store's keys as they are (a live rebuild writes a generation of its
     own, emptied beforehand: `processors.generations`).
@@ -173,6 +176,8 @@ def replay(
     (the processes are forked) than those of `fork_guard`, else 1.
     """
     codec = codec or EventCodec()
+    cutover = cutover or Cutover()
+    trust = trust_fingerprint(keys, start_mode, cutover)
     if session_id is None and clear and store.rebuild_running():
         raise RebuildInProgressError(
             "a live rebuild (replay --live) is under way: clearing every projection now would "
@@ -195,7 +200,7 @@ def replay(
     plan = Plan(starts=dict.fromkeys(ends, 0))
     if snapshots_topic is not None:
         plan = _snapshot_plan(
-            access, snapshots_topic, snapshot_ends, ends, codec, session_id=session_id
+            access, snapshots_topic, snapshot_ends, ends, codec, session_id=session_id, trust=trust
         )
         for line in plan.messages:
             log.warning("snapshot ignored (the log is folded instead): %s", line)
@@ -206,7 +211,7 @@ def replay(
             store.clear()
     else:
         store.drop(session_id)  # its tombstone and retention entry too
-    folder = BatchFolder(keys, start_mode, cutover or Cutover())
+    folder = BatchFolder(keys, start_mode, cutover)
     intake = Intake(codec, partitions)
     job = _Job(access, topic, store, folder, session_id, batch_size, intake, starts, plan.sessions)
     groups = _groups(sorted(ends), processes, () if fork_guard is None else fork_guard.threads)
@@ -216,7 +221,11 @@ def replay(
         shares = [{p: ends[p] for p in g} for g in groups]
         report = _in_processes(job, shares, total, progress, fork_guard)
     return dataclasses.replace(
-        report, ignored=dict(plan.ignored), skipped=sum(starts.values()), ends=dict(ends)
+        report,
+        ignored=dict(plan.ignored),
+        skipped=sum(starts.values()),
+        ends=dict(ends),
+        trust=trust,
     )
 
 
@@ -269,9 +278,11 @@ def _snapshot_plan(
     codec: EventCodec,
     *,
     session_id: str | None,
+    trust: str,
 ) -> Plan:
     """The rebuild's plan from the snapshots topic, read up to `snapshot_ends` (read before
-    `events_ends`, the events topic's: snapshots past those are not believed)."""
+    `events_ends`, the events topic's: snapshots past those are not believed), for a rebuild
+    folding under `trust` (snapshots of another are not believed either)."""
     partitions = sorted(events_ends)
     if snapshot_ends is None:
         return Plan(starts=dict.fromkeys(partitions, 0))  # never snapshotted: the whole log
@@ -280,13 +291,13 @@ def _snapshot_plan(
         mine = partitions[0] if partitions else None
         ends = {p: end for p, end in ends.items() if p == mine}
     if not ends:  # nothing snapshotted yet
-        return plan_rebuild((), partitions, codec, session_id, events_ends)
+        return plan_rebuild((), partitions, codec, session_id, events_ends, trust=trust)
     with _Fetcher(access, topic, ends, 2000) as fetcher:
         # Planned as the batches arrive: what is kept is each key's latest usable snapshot, never
         # the topic's records (a key's older ones until compaction removes them). A partition's
         # records come in log order (the fetcher keeps each partition's order).
         records = ((p, key, value) for batch in fetcher.batches() for p, _, key, value in batch)
-        return plan_rebuild(records, partitions, codec, session_id, events_ends)
+        return plan_rebuild(records, partitions, codec, session_id, events_ends, trust=trust)
 
 
 def _groups(

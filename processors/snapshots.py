@@ -15,6 +15,13 @@ Each round publishes through a writer of its own, opened before it reads anythin
 one committed transaction: a writer of the partition that is still running after losing it
 cannot land a snapshot it read earlier after a newer owner's round (compaction keeps the last).
 
+Every snapshot and checkpoint names `trust`, the fingerprint of the trust inputs this process folds
+with (`session_model.authority.trust_fingerprint`); a rebuild under another trust ignores them
+(`projections.snapshots`). Of a state in Redis that name is what the snapshotting process trusts,
+not necessarily what every commit of it trusted: two workers folding under different trusts at
+once (a rolling change of keys) leave states folded partly under each, which is why a change of
+trust is made with every worker stopped and followed by `replay --full`.
+
 Why from Redis and not the worker's cache: the index is written by the same script call as the
 commit, so a worker that crashed, or a partition that moved, leaves nothing unaccounted for; the
 next owner's round snapshots what the last one did not.
@@ -95,6 +102,8 @@ class Snapshotter:
     sink: SnapshotSink
     owned: Callable[[], set[int]]
     applied: Callable[[int], int | None]  # partition -> the last offset applied (None: unknown)
+    # The fingerprint of the trust inputs the worker folds with (named in every record).
+    trust: str = field(kw_only=True)
     interval_s: float = 300.0
     every_events: int = 100_000
     page: int = 500
@@ -238,7 +247,7 @@ class Snapshotter:
                 raw = raws.get(sid)
                 if raw is None:
                     continue  # dropped meanwhile, or of another layout: nothing to cover
-                record = snapshot_record(sid, raw, taken)
+                record = snapshot_record(sid, raw, taken, trust=self.trust)
                 value = self.codec.encode_snapshot(record)
                 if len(value) > self.max_record_bytes:
                     # Left in the index, uncovered: the checkpoint stays below it (a rebuild folds
@@ -267,7 +276,7 @@ class Snapshotter:
         self.stats.rounds += 1
         self.stats.snapshots += written
         through = applied if low is None else min(applied, low - 1)
-        checkpoint = checkpoint_record(partition, through, self.now_ms())
+        checkpoint = checkpoint_record(partition, through, self.now_ms(), trust=self.trust)
         value = self.codec.encode_checkpoint(checkpoint)
         await writer.publish([(checkpoint_key(partition), value)])
         self.stats.checkpoints += 1
@@ -280,13 +289,17 @@ async def snapshot_partitions(
     sink: SnapshotSink,
     applied: Mapping[int, int],
     codec: EventCodec | None = None,
+    *,
+    trust: str,
 ) -> int:
     """One round of each of these partitions, applied through the given offsets (a rebuild
-    that has just applied them, with no worker running); the snapshots written.
+    that has just applied them under `trust`, with no worker running); the snapshots written.
 
     The rounds run side by side: each has a writer of its own, whose start is mostly waiting.
     """
-    taker = Snapshotter(store, sink, lambda: set(applied), applied.get, codec=codec or EventCodec())
+    taker = Snapshotter(
+        store, sink, lambda: set(applied), applied.get, trust=trust, codec=codec or EventCodec()
+    )
     # Every round runs to its end before a failure is raised: none is left running against a
     # store or a sink the caller closes once this returns.
     done = await asyncio.gather(*(taker.round(p) for p in sorted(applied)), return_exceptions=True)

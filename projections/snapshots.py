@@ -14,10 +14,18 @@ execution, decision and rejection), the turns before the window and the timeline
 session rebuilt from its snapshot has those from the snapshot on; `replay --full` (or `replay
 --session X --full`) folds them from the whole log.
 
+Every snapshot and checkpoint names the trust it was folded under: the fingerprint of the fold's
+trust inputs (`session_model.authority.trust_fingerprint`: the trusted keys, the cut-over, the
+unsigned start mode). A state folded under other keys may hold grants a key no longer trusted
+signed; a rebuild believes only snapshots of its own trust, so after any change to those inputs
+the log is folded again, whether or not every snapshot was replaced since (a snapshotting that
+failed, a partition no round has visited, a session too large to snapshot).
+
 Unusable snapshots are counted, never fatal (`Plan.ignored`, by reason): an undecodable record
-(`corrupt`), another layout (`layout`: after an upgrade the log is folded whole), or a state that
-does not read (`unreadable`). A session whose snapshot is unusable, and a partition without a
-usable checkpoint, are folded from offset 0.
+(`corrupt`), another layout (`layout`: after an upgrade the log is folded whole), another trust
+(`trust`: or none named, written before schema v5), or a state that does not read
+(`unreadable`). A session whose snapshot is unusable, and a partition without a usable
+checkpoint, are folded from offset 0.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ CHECKPOINT_KEY: Final = b"\x00checkpoint:"
 SNAPSHOT_MAX_BYTES: Final = 8 * 1024 * 1024
 CORRUPT: Final = "corrupt"
 LAYOUT: Final = "layout"
+TRUST: Final = "trust"
 UNREADABLE: Final = "unreadable"
 
 
@@ -57,8 +66,11 @@ def snapshot_writer_id(topic: str, partition: int) -> str:
     return f"{snapshot_writer_prefix(topic)}{partition}"
 
 
-def snapshot_record(session_id: str, raw: RawState, taken_at_ms: int) -> dict[str, Any]:
-    """The Snapshot record of a session's stored state (`requests.raw_states`)."""
+def snapshot_record(
+    session_id: str, raw: RawState, taken_at_ms: int, *, trust: str
+) -> dict[str, Any]:
+    """The Snapshot record of a session's stored state (`requests.raw_states`), folded under
+    `trust` (the fingerprint of the fold's trust inputs)."""
     state, mark, turns, groups, summary, counters, retain_until = raw
     position = Position.parse(text(mark))
     return {
@@ -74,24 +86,32 @@ def snapshot_record(session_id: str, raw: RawState, taken_at_ms: int) -> dict[st
         "summary": None if summary is None else summary_from_stored(summary, session_id),
         "retain_until_ms": retain_until,
         "counters": [{"name": text(k), "count": int(v)} for k, v in _pairs(counters)],
+        "trust": trust,
     }
 
 
-def checkpoint_record(partition: int, offset: int, taken_at_ms: int) -> dict[str, Any]:
-    """The SnapshotCheckpoint record of a partition covered through `offset`."""
+def checkpoint_record(
+    partition: int, offset: int, taken_at_ms: int, *, trust: str
+) -> dict[str, Any]:
+    """The SnapshotCheckpoint record of a partition covered through `offset` by snapshots folded
+    under `trust`."""
     return {
         "partition": partition,
         "offset": offset,
         "layout": STATE_VERSION,
         "taken_at_ms": taken_at_ms,
+        "trust": trust,
     }
 
 
-def restored(record: Mapping[str, Any]) -> Restored:
-    """The session a Snapshot record holds (`UnusableSnapshot` with the reason if none)."""
+def restored(record: Mapping[str, Any], trust: str) -> Restored:
+    """The session a Snapshot record holds, for a rebuild folding under `trust` (its
+    fingerprint): `UnusableSnapshot` with the reason if none."""
     sid = record["session_id"]
     if record["layout"] != STATE_VERSION:
         raise UnusableSnapshot(LAYOUT, f"{sid}: layout {record['layout']}, not {STATE_VERSION}")
+    if record.get("trust") != trust:
+        raise UnusableSnapshot(TRUST, f"{sid}: {_folded_under(record)}, not {trust}")
     mark = f"{record['partition']}:{record['offset']}"
     summary = record["summary"]  # its UTF-8 text reads back as itself (never deflated)
     raw = [
@@ -150,8 +170,12 @@ def plan(
     codec: EventCodec,
     session_id: str | None = None,
     ends: Mapping[int, int] | None = None,
+    *,
+    trust: str,
 ) -> Plan:
-    """The rebuild plan from the snapshot topic's records (partition, key, value), in log order.
+    """The rebuild plan from the snapshot topic's records (partition, key, value), in log order,
+    for a rebuild folding under `trust` (the fingerprint of its trust inputs): a snapshot or a
+    checkpoint of another trust, or of none, is unusable (`TRUST`).
 
     A later record of a key replaces an earlier one (the topic is compacted); a snapshot with a
     lower mark than one already seen does not (a stale owner's late write). With `session_id`,
@@ -172,7 +196,7 @@ def plan(
             if session_id is None and value is None:
                 checkpoints.pop(partition, None)  # a tombstone: no checkpoint
             elif session_id is None and value is not None:
-                checkpoints[partition] = _checkpoint(codec, partition, value, ends)
+                checkpoints[partition] = _checkpoint(codec, partition, value, ends, trust)
             continue
         sid = key.decode("utf-8", "replace")
         if session_id is not None and sid != session_id:
@@ -211,7 +235,7 @@ def plan(
         try:
             if isinstance(found, UnusableSnapshot):
                 raise found
-            session = restored(found)
+            session = restored(found, trust)
         except UnusableSnapshot as e:
             out.ignore(e.reason, str(e))
             full.add(partition)
@@ -236,7 +260,7 @@ def plan(
 
 
 def _checkpoint(
-    codec: EventCodec, partition: int, value: bytes, ends: Mapping[int, int] | None
+    codec: EventCodec, partition: int, value: bytes, ends: Mapping[int, int] | None, trust: str
 ) -> int | UnusableSnapshot:
     """The offset a checkpoint record covers, or why it cannot be used."""
     try:
@@ -246,11 +270,19 @@ def _checkpoint(
     if got["layout"] != STATE_VERSION or got["partition"] != partition:
         why = f"checkpoint of partition {partition}: layout {got['layout']}, of {got['partition']}"
         return UnusableSnapshot(LAYOUT, why)
+    if got.get("trust") != trust:
+        why = f"checkpoint of partition {partition}: {_folded_under(got)}, not {trust}"
+        return UnusableSnapshot(TRUST, why)
     offset: int = got["offset"]
     if ends is not None and offset >= ends.get(partition, 0):
         why = f"checkpoint of partition {partition} at {offset}: past the log's end"
         return UnusableSnapshot(UNREADABLE, why)
     return offset
+
+
+def _folded_under(record: Mapping[str, Any]) -> str:
+    found = record.get("trust")
+    return "of no named trust (before schema v5)" if found is None else f"folded under {found}"
 
 
 def _pairs(counters: Any) -> Iterable[tuple[Any, Any]]:

@@ -10,8 +10,12 @@ they are.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from schemas import events as ev
 from schemas.events import Event
@@ -60,6 +64,31 @@ class Cutover:
         """Whether the record at this position was written before the cut-over."""
         end = self.before.get(partition)
         return end is not None and offset < end
+
+
+def trust_fingerprint(keys: TrustedKeys, start_mode: Mode, cutover: Cutover) -> str:
+    """A short, stable name of the fold's trust inputs (32 hex digits of a SHA-256).
+
+    Two folds of the same events give the same states when their fingerprints are equal: the
+    trusted key ids with their public keys, the unsigned start mode, and the cut-over's offsets
+    (with its topic id; an empty cut-over, whatever topic it names, is no cut-over). A snapshot
+    names the trust it was folded under (`projections.snapshots`), and a rebuild under another
+    one folds the log instead.
+    """
+    inputs = {
+        "keys": [
+            [key_id, keys.keys[key_id].public_bytes(Encoding.Raw, PublicFormat.Raw).hex()]
+            for key_id in keys.key_ids()
+        ],
+        "start_mode": str(start_mode.value),
+        "cutover": (
+            {"before": sorted(cutover.before.items()), "topic_id": cutover.topic_id}
+            if cutover.before
+            else None
+        ),
+    }
+    text = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(b"milpa-sessions trust v1\x00" + text.encode()).hexdigest()[:32]
 
 
 def authority_fields(event: Event) -> dict[str, object]:

@@ -55,7 +55,7 @@ def rebuild_snapshots(run: Run) -> None:
         store = wiring.projection_store_for_rebuild(settings)
         built = replay(access, settings.events_topic, store, keys)  # untimed: what to snapshot
         started = time.perf_counter()
-        taken = wiring.take_snapshots(settings, built.applied_through())
+        taken = wiring.take_snapshots(settings, built.applied_through(), built.trust)
         snapshot_s = time.perf_counter() - started
         produce_all(log, tail)
     sample = fleet.sessions[:: max(len(fleet.sessions) // 20, 1)]

@@ -11,11 +11,13 @@ import asyncio
 import gc
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from bench.infra import trusted_keys_dir
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
 from processors.replay import ReplayReport, _snapshot_ends, _snapshot_plan, replay
@@ -30,8 +32,11 @@ from projections.snapshots import (
     plan,
     snapshot_record,
 )
+from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.errors import LogError
+from session_model.authority import Cutover, trust_fingerprint
+from session_model.modes import Mode
 from session_model.partitioning import partition_for
 from session_model.projection import Position
 from session_model.session import Session
@@ -48,8 +53,12 @@ from tests.integration.test_scale_and_crash import (
     stats,
     wait_for_all,
 )
+from tests.unit.builders import OPERATOR, make_event, started, turn
 
 pytestmark = pytest.mark.integration
+# The trust of a fold that trusts no key, starts unsigned sessions in `ask`, has no cut-over: the
+# workers' and the rebuilds' here, unless a test says otherwise.
+NONE = trust_fingerprint(TrustedKeys.none(), Mode.ASK, Cutover())
 
 
 def snapshot_records(settings: Settings) -> list[tuple[int, bytes | None, bytes | None]]:
@@ -89,15 +98,18 @@ def checkpoints(settings: Settings) -> dict[int, int]:
     return out
 
 
-def rebuild(settings: Settings, *, snapshots: bool = True) -> ReplayReport:
-    """`replay` as the command runs it (its store), from the snapshots or the whole log."""
+def rebuild(
+    settings: Settings, *, snapshots: bool = True, keys: TrustedKeys | None = None
+) -> ReplayReport:
+    """`replay` as the command runs it (its store), from the snapshots or the whole log, trusting
+    `keys` (default: none, as the workers of `settings` do)."""
     store = wiring.projection_store_for_rebuild(settings)
     try:
         return replay(
             settings.kafka_access(),
             settings.events_topic,
             store,
-            TrustedKeys.none(),
+            TrustedKeys.none() if keys is None else keys,
             snapshots_topic=settings.snapshots_topic if snapshots else None,
         )
     finally:
@@ -203,7 +215,7 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
 
     # What `replay` does after a full rebuild: snapshot everything it applied. The next rebuild
     # then reads no event at all, and still equals the fold.
-    taken = wiring.take_snapshots(settings, report.applied_through())
+    taken = wiring.take_snapshots(settings, report.applied_through(), report.trust)
     assert taken == len(sids)
     assert checkpoints(settings) == report.applied_through()
     projections.clear()
@@ -260,7 +272,7 @@ def test_a_worker_killed_while_snapshotting_leaves_snapshots_a_rebuild_can_start
 
 def test_the_rebuild_plan_of_the_topic_names_every_session_once(settings: Settings) -> None:
     """Nothing snapshotted yet: every partition from offset 0, nothing restored."""
-    got = plan(snapshot_records(settings), range(settings.partitions), EventCodec())
+    got = plan(snapshot_records(settings), range(settings.partitions), EventCodec(), trust=NONE)
     assert got.starts == dict.fromkeys(range(settings.partitions), 0)
     assert got.restored_count() == 0 and not got.ignored
 
@@ -279,10 +291,11 @@ def test_a_writer_that_lost_its_partition_cannot_land_an_older_snapshot_after_th
     def snapshot(offset: int) -> tuple[bytes, bytes]:
         state = session_to_blob(Session(sid))
         raw = (state, f"0:{offset}".encode(), [], [], None, {}, None)
-        return sid.encode(), codec.encode_snapshot(snapshot_record(sid, raw, 0))
+        return sid.encode(), codec.encode_snapshot(snapshot_record(sid, raw, 0, trust=NONE))
 
     def checkpoint(offset: int) -> tuple[bytes, bytes]:
-        return checkpoint_key(0), codec.encode_checkpoint(checkpoint_record(0, offset, 0))
+        record = checkpoint_record(0, offset, 0, trust=NONE)
+        return checkpoint_key(0), codec.encode_checkpoint(record)
 
     async def rounds() -> None:
         async with sink.fenced(0) as zombie:  # its round began (and read) first
@@ -318,5 +331,86 @@ def test_a_writer_that_lost_its_partition_cannot_land_an_older_snapshot_after_th
     access = settings.kafka_access()
     topic = settings.snapshots_topic
     ends = _snapshot_ends(access, topic)
-    plan = _snapshot_plan(access, topic, ends, {0: 1_000}, codec, session_id=None)
+    plan = _snapshot_plan(access, topic, ends, {0: 1_000}, codec, session_id=None, trust=NONE)
     assert plan.sessions[0][sid].mark == Position(0, 120) and plan.starts[0] == 96
+
+
+def test_a_snapshot_folded_under_a_key_no_longer_trusted_does_not_bring_its_grants_back(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+    tmp_path: Path,
+) -> None:
+    """The workers trust the operator's key K and snapshot what they fold, grants K signed and
+    all. K is then removed (compromised): a rebuild that trusts it no more folds the log, where
+    those grants are `unauthorized`, instead of restoring them from the snapshots (which name
+    the trust they were folded under), whether or not any snapshot was taken since."""
+    sids, events = generate(60, prefix="k", group=20)
+    # A session whose grant, signed by K, stands to the end where K is trusted.
+    kept = [
+        started("deploy when allowed", session_id="k-granted", event_id="k-granted-1"),
+        make_event(
+            ev.PERMISSION_GRANTED,
+            {"operation": "deploy"},
+            session_id="k-granted",
+            event_id="k-granted-2",
+        ),  # signed by OPERATOR, K
+        turn("assistant", "deploying", session_id="k-granted", event_id="k-granted-3"),
+    ]
+    sids, events = sorted([*sids, "k-granted"]), [*events, *kept]
+    trusting = OPERATOR.trusted_keys()
+    with_k = expected_projections(events, trusting)
+    without_k = expected_projections(events, TrustedKeys.none())
+    granted = [
+        sid for sid in sids if with_k[sid].state.permissions != without_k[sid].state.permissions
+    ]
+    assert granted == ["k-granted"]
+    assert with_k["k-granted"].state.permissions == ("deploy",)
+    last = send_all(kafka_log, events)
+    taking = with_keys(
+        settings,
+        trusted_keys_dir=trusted_keys_dir(tmp_path, OPERATOR),
+        snapshot_interval_s=0.3,
+        snapshot_every=50,
+    )
+    worker = start_worker(taking)
+    wait_for_all(projections, last, timeout=60, why="the fold under K", workers=(worker,))
+    assert_states_equal_the_fold(projections, with_k)
+    ends: dict[int, int] = {}
+    for position in last.values():
+        ends[position.partition] = max(ends.get(position.partition, -1), position.offset)
+    deadline = time.monotonic() + 60
+    while any(checkpoints(settings).get(p, -1) < end for p, end in ends.items()):
+        assert time.monotonic() < deadline, f"checkpoints {checkpoints(settings)}, ends {ends}"
+        time.sleep(0.3)  # every session snapshotted
+    worker.stop()
+    # Every session of the rebuild under the same trust comes from its snapshot, K's grants too.
+    projections.clear()
+    report = rebuild(settings, keys=trusting)
+    assert (report.restored, report.ignored) == (len(sids), {})
+    assert_states_equal_the_fold(projections, with_k)
+
+    # K removed (and no snapshot taken since): the grant K signed is gone (it came back from
+    # its snapshot before they named their trust), and so is every other act K signed. Nothing
+    # is restored; each snapshot and checkpoint is counted.
+    projections.clear()
+    report = rebuild(settings)
+    state = projections.load("k-granted")
+    assert state is not None and state.permissions == ()
+    assert [r.code for r in state.rejections] == ["unauthorized"]
+    assert_states_equal_the_fold(projections, without_k)
+    assert report.restored == 0 and report.skipped == 0
+    assert report.ignored == {"trust": len(sids) + len(ends)}  # snapshots, checkpoints
+
+    # `replay` snapshots what it rebuilt under its own trust: the next rebuild starts from those,
+    # and one that trusts K again folds the log once more.
+    assert wiring.take_snapshots(settings, report.applied_through(), report.trust) == len(sids)
+    projections.clear()
+    report = rebuild(settings)
+    assert (report.records, report.restored, report.ignored) == (0, len(sids), {})
+    assert_states_equal_the_fold(projections, without_k)
+    projections.clear()
+    report = rebuild(settings, keys=trusting)
+    assert report.restored == 0 and report.ignored == {"trust": len(sids) + len(ends)}
+    assert_states_equal_the_fold(projections, with_k)

@@ -221,7 +221,7 @@ def test_a_snapshot_failure_is_printed_literally(
     monkeypatch: pytest.MonkeyPatch, screen: Screen
 ) -> None:
     # An error's text can quote what an agent wrote (a session id).
-    def fail(settings: Any, applied: Any) -> int:
+    def fail(settings: Any, applied: Any, trust: str) -> int:
         raise ProjectionError(f"cannot snapshot {SID}")
 
     monkeypatch.setattr(processors.replay, "replay", lambda *a, **k: ReplayReport(1, 1))

@@ -9,16 +9,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+import processors.replay
+from milpa_sessions import wiring
+from milpa_sessions.cli import main
+from processors.replay import ReplayReport
 from processors.snapshots import Snapshotter, snapshot_partitions
 from projections.codec import session_to_blob
 from projections.snapshots import CHECKPOINT_KEY, snapshot_record
 from schemas.codec import EventCodec
 from schemas.errors import LogError
+from session_model.authority import Cutover, trust_fingerprint
+from session_model.modes import Mode
 from session_model.projection import Position
 from session_model.session import Session
+from session_model.signing import TrustedKeys
 
 CODEC = EventCodec()
+TRUST = trust_fingerprint(TrustedKeys.none(), Mode.ASK, Cutover())
 
 
 @dataclass
@@ -97,7 +106,7 @@ def _checkpoints(sink: FakeSink) -> list[int]:
 
 
 def _taker(store: FakeStore, sink: FakeSink, applied: int | None) -> Snapshotter:
-    return Snapshotter(store, sink, lambda: {0}, lambda p: applied, page=2)
+    return Snapshotter(store, sink, lambda: {0}, lambda p: applied, page=2, trust=TRUST)
 
 
 def test_a_round_snapshots_every_changed_session_then_vouches_for_what_was_applied() -> None:
@@ -117,7 +126,7 @@ def test_a_round_snapshots_every_changed_session_then_vouches_for_what_was_appli
 def test_a_session_committed_during_the_round_holds_the_checkpoint_below_it() -> None:
     store = FakeStore({"a": 10, "b": 12}, {"a": 3, "b": 11}, commit_between={"a": 15})
     sink = FakeSink()
-    asyncio.run(Snapshotter(store, sink, lambda: {0}, lambda p: 16).round(0))
+    asyncio.run(Snapshotter(store, sink, lambda: {0}, lambda p: 16, trust=TRUST).round(0))
     assert store.index == {"a": 11}  # from the offset after its snapshot
     assert _checkpoints(sink) == [10]
 
@@ -169,7 +178,14 @@ def test_a_failed_round_is_due_again_after_retry_s_not_a_whole_interval() -> Non
     store = FakeStore({"a": 10}, {"a": 3})
     sink = FakeSink(refuse_after=0)  # every publish is refused
     taker = Snapshotter(
-        store, sink, lambda: {0}, lambda p: 10, interval_s=300, retry_s=10, clock=lambda: now[0]
+        store,
+        sink,
+        lambda: {0},
+        lambda p: 10,
+        interval_s=300,
+        retry_s=10,
+        clock=lambda: now[0],
+        trust=TRUST,
     )
     asyncio.run(taker.round_safely(0))
     assert taker.stats.failures == 1
@@ -187,7 +203,9 @@ def test_a_failed_round_is_due_again_after_retry_s_not_a_whole_interval() -> Non
 def test_no_writer_is_opened_for_a_partition_not_owned_or_with_nothing_applied() -> None:
     store = FakeStore({"a": 10}, {"a": 3})
     sink = FakeSink()
-    assert asyncio.run(Snapshotter(store, sink, lambda: {1}, lambda p: 10).round(0)) == 0
+    assert (
+        asyncio.run(Snapshotter(store, sink, lambda: {1}, lambda p: 10, trust=TRUST).round(0)) == 0
+    )
     assert asyncio.run(_taker(store, sink, applied=None).round(0)) == 0
     assert sink.log == [] and store.index == {"a": 3}
 
@@ -196,7 +214,7 @@ def test_a_session_too_large_for_one_record_is_left_out_and_holds_the_checkpoint
     store = FakeStore({"a": 10, "b": 12, "c": 7}, {"a": 3, "b": 11, "c": 5})
     sink = FakeSink()
     taker = _taker(store, sink, applied=12)
-    small = len(CODEC.encode_snapshot(snapshot_record("a", _raw("a", 10), 0)))
+    small = len(CODEC.encode_snapshot(snapshot_record("a", _raw("a", 10), 0, trust=TRUST)))
     big = "b" * 200  # a longer id: a record larger than the others
     store.marks[big], store.index[big] = 9, 4
     taker.max_record_bytes = small + 100
@@ -223,6 +241,7 @@ def test_a_round_is_due_on_time_or_after_enough_events() -> None:
         interval_s=60,
         every_events=5,
         clock=lambda: now[0],
+        trust=TRUST,
     )
     assert not taker.due(0)
     now[0] = 61.0
@@ -236,6 +255,7 @@ def test_a_round_is_due_on_time_or_after_enough_events() -> None:
         interval_s=60,
         every_events=5,
         clock=lambda: now[0],
+        trust=TRUST,
     )
     assert not taker2.due(1)
 
@@ -269,14 +289,14 @@ def test_a_rebuild_raises_a_failed_round_only_once_every_other_round_has_ended()
             yield SlowOrRefusing(partition)
 
     with pytest.raises(LogError, match="fenced"):
-        asyncio.run(snapshot_partitions(store, Sink(), {0: 10, 1: 10}))
+        asyncio.run(snapshot_partitions(store, Sink(), {0: 10, 1: 10}, trust=TRUST))
     assert ended == [0, 0]  # partition 0's page and its checkpoint, both published
 
 
 def test_the_checkpoint_lag_of_a_partition_handed_over_is_no_longer_reported() -> None:
     owned = {0}
     taker = Snapshotter(
-        FakeStore({}, {}), FakeSink(), lambda: owned, lambda p: None, interval_s=0.5
+        FakeStore({}, {}), FakeSink(), lambda: owned, lambda p: None, interval_s=0.5, trust=TRUST
     )
     taker.stats.checkpoint_lag.update({0: 5, 3: 7})
 
@@ -313,7 +333,14 @@ def test_a_revocation_cancels_a_round_that_holds_the_guard_past_the_grace() -> N
         sink = StuckSink()
         guard = asyncio.Lock()
         taker = Snapshotter(
-            store, sink, lambda: {0}, lambda p: 10, interval_s=0.5, every_events=0, guard=guard
+            store,
+            sink,
+            lambda: {0},
+            lambda p: 10,
+            interval_s=0.5,
+            every_events=0,
+            guard=guard,
+            trust=TRUST,
         )
         running = asyncio.ensure_future(taker.run())
         try:
@@ -339,7 +366,7 @@ def test_a_revocation_waits_for_a_round_that_ends_within_the_grace() -> None:
         store = FakeStore({"a": 10}, {"a": 3})
         sink = FakeSink()
         guard = asyncio.Lock()
-        taker = Snapshotter(store, sink, lambda: {0}, lambda p: 10, guard=guard)
+        taker = Snapshotter(store, sink, lambda: {0}, lambda p: 10, guard=guard, trust=TRUST)
         await guard.acquire()  # as a round would, ending 20 ms later
         asyncio.get_running_loop().call_later(0.02, guard.release)
         async with taker.held(5):
@@ -360,6 +387,7 @@ def test_a_stopping_worker_cancels_the_round_under_way() -> None:
             lambda p: 10,
             interval_s=0.5,
             every_events=0,
+            trust=TRUST,
         )
         running = asyncio.ensure_future(taker.run())
         await asyncio.wait_for(sink.waiting.wait(), 5)
@@ -378,7 +406,9 @@ def test_a_revocation_with_no_grace_left_takes_a_free_guard_without_cancelling_a
     async def main() -> None:
         sink = StuckSink()
         guard = asyncio.Lock()
-        taker = Snapshotter(FakeStore({"a": 10}, {"a": 3}), sink, lambda: {0}, lambda p: 10)
+        taker = Snapshotter(
+            FakeStore({"a": 10}, {"a": 3}), sink, lambda: {0}, lambda p: 10, trust=TRUST
+        )
         taker.guard = guard
         opening = asyncio.ensure_future(asyncio.Event().wait())  # a round opening its writer
         taker._current = opening  # type: ignore[assignment]
@@ -389,3 +419,68 @@ def test_a_revocation_with_no_grace_left_takes_a_free_guard_without_cancelling_a
         opening.cancel()
 
     asyncio.run(main())
+
+
+# -- the trust a round names -----------------------------------------------------------------------
+
+OTHER = trust_fingerprint(TrustedKeys.none(), Mode.ACKNOWLEDGE, Cutover())
+
+
+def _trusts(sink: FakeSink) -> dict[str, set[str | None]]:
+    """The trusts named by the snapshots and by the checkpoints published."""
+    out: dict[str, set[str | None]] = {"snapshots": set(), "checkpoints": set()}
+    for _, k, v in sink.sent:
+        if k.startswith(CHECKPOINT_KEY):
+            out["checkpoints"].add(CODEC.decode_checkpoint(v)["trust"])
+        else:
+            out["snapshots"].add(CODEC.decode_snapshot(v)["trust"])
+    return out
+
+
+def test_every_snapshot_and_checkpoint_of_a_round_names_the_trust_the_worker_folds_with() -> None:
+    for trust in (TRUST, OTHER):
+        store = FakeStore({"a": 10, "b": 12, "c": 7}, {"a": 3, "b": 11, "c": 5})
+        sink = FakeSink()
+        asyncio.run(
+            Snapshotter(store, sink, lambda: {0}, lambda p: 12, page=2, trust=trust).round(0)
+        )
+        assert _trusts(sink) == {"snapshots": {trust}, "checkpoints": {trust}}
+
+
+def test_a_rebuilds_snapshots_name_the_trust_it_folded_under() -> None:
+    """What `replay` runs after a rebuild (`wiring.take_snapshots`, with the report's trust)."""
+    store = FakeStore({"a": 10, "b": 12}, {"a": 3, "b": 11})
+    sink = FakeSink()
+    assert asyncio.run(snapshot_partitions(store, sink, {0: 12}, trust=OTHER)) == 2
+    assert _trusts(sink) == {"snapshots": {OTHER}, "checkpoints": {OTHER}}
+
+
+def test_the_replay_command_snapshots_under_the_trust_its_rebuild_folded_under(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CLI hands `take_snapshots` the trust of the rebuild's report (its keys, start mode and
+    cut-over), not one of its own."""
+
+    def fake_replay(*args: Any, start_mode: Mode, cutover: Cutover, **kwargs: Any) -> ReplayReport:
+        keys = args[3]
+        folded = trust_fingerprint(keys, start_mode, cutover)
+        return ReplayReport(12, 2, ends={0: 12}, trust=folded)
+
+    taken: list[tuple[dict[int, int], str]] = []
+
+    def fake_take(settings: Any, applied: Any, trust: str) -> int:
+        taken.append((dict(applied), trust))
+        return 2
+
+    monkeypatch.setattr(processors.replay, "replay", fake_replay)
+    monkeypatch.setattr(wiring, "take_snapshots", fake_take)
+    env = {
+        # Nothing here is reached: the rebuild and its snapshots are replaced.
+        "MILPA_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+        "MILPA_REDIS_URL": "redis://127.0.0.1:1/0",
+        "MILPA_SNAPSHOT_INTERVAL_S": "300",
+        "MILPA_UNSIGNED_START_MODE": "acknowledge",
+    }
+    result = CliRunner().invoke(main, ["replay", "--force", "--full"], env=env)
+    assert result.exit_code == 0, result.output
+    assert taken == [({0: 11}, OTHER)]

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 
 from projections.codec import (
@@ -19,6 +20,7 @@ from projections.codec import (
 from projections.snapshots import (
     CORRUPT,
     LAYOUT,
+    TRUST,
     UNREADABLE,
     checkpoint_key,
     checkpoint_record,
@@ -26,15 +28,20 @@ from projections.snapshots import (
     restored,
     snapshot_record,
 )
-from schemas.codec import EventCodec
-from session_model.authority import Authority
+from schemas.codec import EventCodec, SchemaRegistry
+from session_model.authority import Authority, Cutover, trust_fingerprint
 from session_model.fold import fold, step
+from session_model.modes import Mode
 from session_model.projection import Position
 from session_model.session import Session
-from tests.unit.builders import fresh_ids, started, tool, trusted, turn
+from session_model.signing import Signer, TrustedKeys
+from tests.unit.builders import OPERATOR, fresh_ids, started, tool, trusted, turn
 from tests.unit.session_model.test_properties import SID, event_sequences
 
 CODEC = EventCodec()
+# The trust the rebuilds of these tests fold under, and another (the operator's key trusted).
+OURS = trust_fingerprint(TrustedKeys.none(), Mode.ASK, Cutover())
+OTHER = trust_fingerprint(trusted(), Mode.ASK, Cutover())
 
 
 def _raw(s: Session, mark: str, counters: dict[bytes, bytes] | None = None) -> tuple[Any, ...]:
@@ -51,15 +58,18 @@ def _raw(s: Session, mark: str, counters: dict[bytes, bytes] | None = None) -> t
     )
 
 
-def _snapshot(sid: str, offset: int, partition: int = 0, **changes: Any) -> bytes:
+def _snapshot(
+    sid: str, offset: int, partition: int = 0, trust: str = OURS, **changes: Any
+) -> bytes:
     record = snapshot_record(
-        sid, _raw(fold(sid, []).evolve(started=True), f"{partition}:{offset}"), 7
+        sid, _raw(fold(sid, []).evolve(started=True), f"{partition}:{offset}"), 7, trust=trust
     )
     return CODEC.encode_snapshot({**record, **changes})
 
 
-def _checkpoint(partition: int, offset: int, **changes: Any) -> bytes:
-    return CODEC.encode_checkpoint({**checkpoint_record(partition, offset, 9), **changes})
+def _checkpoint(partition: int, offset: int, trust: str = OURS, **changes: Any) -> bytes:
+    record = checkpoint_record(partition, offset, 9, trust=trust)
+    return CODEC.encode_checkpoint({**record, **changes})
 
 
 @settings(max_examples=60, deadline=None)
@@ -67,8 +77,8 @@ def _checkpoint(partition: int, offset: int, **changes: Any) -> bytes:
 def test_any_folded_session_survives_a_snapshot_unchanged(events: list) -> None:
     state = fold(SID, events)
     counters = {b"pauses\tpermission": b"2", b"events\tfolded": b"31"}
-    record = snapshot_record(SID, _raw(state, "3:41", counters), 1_700_000_000_000)
-    back = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record)))
+    record = snapshot_record(SID, _raw(state, "3:41", counters), 1_700_000_000_000, trust=OURS)
+    back = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record)), OURS)
     assert back.folded.state == state
     assert back.mark == Position(3, 41)
     assert back.counters == {"pauses\tpermission": 2, "events\tfolded": 31}
@@ -79,21 +89,23 @@ def test_a_summary_stored_deflated_travels_as_its_text() -> None:
     summary = "Goal: g\n\nOperational facts:\n" + ",".join(f'{{"seq":{i}}}' for i in range(300))
     state = fold(SID, []).evolve(started=True, summary=summary)
     assert summary_to_stored(summary)[0] == DEFLATED
-    record = snapshot_record(SID, _raw(state, "0:7"), 1)
+    record = snapshot_record(SID, _raw(state, "0:7"), 1, trust=OURS)
     assert record["summary"] == summary  # the schema's string: the text, not the stored bytes
-    back = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record)))
+    back = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record)), OURS)
     assert back.folded.state == state
 
 
 def test_a_snapshot_of_another_layout_or_session_is_unusable() -> None:
     record = CODEC.decode_snapshot(_snapshot("a", 5))
     with pytest.raises(Exception) as raised:
-        restored({**record, "layout": STATE_VERSION + 1})
+        restored({**record, "layout": STATE_VERSION + 1}, OURS)
     assert getattr(raised.value, "reason", None) == LAYOUT
-    got = plan([(0, b"b", CODEC.encode_snapshot(record))], [0], CODEC)  # under another key
+    got = plan(
+        [(0, b"b", CODEC.encode_snapshot(record))], [0], CODEC, trust=OURS
+    )  # under another key
     assert got.ignored == {UNREADABLE: 1} and got.starts == {0: 0}
     with pytest.raises(Exception) as raised:
-        restored({**record, "state": bytes([STATE_VERSION]) + b"[not json"})
+        restored({**record, "state": bytes([STATE_VERSION]) + b"[not json"}, OURS)
     assert getattr(raised.value, "reason", None) == UNREADABLE
 
 
@@ -106,7 +118,7 @@ def test_a_partition_starts_after_its_latest_checkpoint_and_restores_its_session
         (1, b"b", _snapshot("b", 2, partition=1)),
         (1, checkpoint_key(1), _checkpoint(1, 6)),
     ]
-    got = plan(records, [0, 1, 2], CODEC)
+    got = plan(records, [0, 1, 2], CODEC, trust=OURS)
     assert got.starts == {0: 11, 1: 7, 2: 0}  # partition 2: no checkpoint, the whole log
     assert {p: {s: r.mark.offset for s, r in m.items()} for p, m in got.sessions.items()} == {
         0: {"a": 9},
@@ -117,7 +129,7 @@ def test_a_partition_starts_after_its_latest_checkpoint_and_restores_its_session
 
 def test_a_late_older_snapshot_does_not_replace_a_newer_one() -> None:
     records = [(0, b"a", _snapshot("a", 9)), (0, b"a", _snapshot("a", 4))]
-    assert plan(records, [0], CODEC).sessions[0]["a"].mark.offset == 9
+    assert plan(records, [0], CODEC, trust=OURS).sessions[0]["a"].mark.offset == 9
 
 
 def test_unusable_records_are_counted_and_their_partition_is_folded_from_zero() -> None:
@@ -130,7 +142,7 @@ def test_unusable_records_are_counted_and_their_partition_is_folded_from_zero() 
         (2, checkpoint_key(2), _checkpoint(2, 6, layout=STATE_VERSION + 1)),
         (3, checkpoint_key(3), b"junk"),
     ]
-    got = plan(records, [0, 1, 2, 3], CODEC)
+    got = plan(records, [0, 1, 2, 3], CODEC, trust=OURS)
     assert got.ignored == {CORRUPT: 2, LAYOUT: 2}
     assert got.starts == {0: 0, 1: 0, 2: 0, 3: 0}
     assert set(got.sessions[0]) == {"a"}  # still restored: its records are skipped by its mark
@@ -143,7 +155,7 @@ def test_a_tombstone_forgets_a_snapshot() -> None:
         (0, b"a", None),
         (0, checkpoint_key(0), _checkpoint(0, 4)),
     ]
-    got = plan(records, [0], CODEC)
+    got = plan(records, [0], CODEC, trust=OURS)
     assert got.restored_count() == 0 and got.starts == {0: 5}
 
 
@@ -153,9 +165,9 @@ def test_one_session_starts_after_its_own_snapshot() -> None:
         (0, b"z", _snapshot("z", 8)),
         (0, checkpoint_key(0), _checkpoint(0, 9)),
     ]
-    got = plan(records, [0], CODEC, session_id="a")
+    got = plan(records, [0], CODEC, session_id="a", trust=OURS)
     assert got.starts == {0: 4} and set(got.sessions[0]) == {"a"}
-    assert plan(records, [0], CODEC, session_id="nobody").starts == {0: 0}
+    assert plan(records, [0], CODEC, session_id="nobody", trust=OURS).starts == {0: 0}
 
 
 def test_an_unusable_record_replaced_by_a_usable_one_is_not_counted() -> None:
@@ -165,20 +177,21 @@ def test_an_unusable_record_replaced_by_a_usable_one_is_not_counted() -> None:
         (0, b"a", _snapshot("a", 3)),
         (0, checkpoint_key(0), _checkpoint(0, 4)),
     ]
-    got = plan(records, [0], CODEC)
+    got = plan(records, [0], CODEC, trust=OURS)
     assert not got.ignored and got.starts == {0: 5} and set(got.sessions[0]) == {"a"}
 
 
 # -- a fold resumed from a snapshot equals the whole fold ------------------------------------------
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
+SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
 
 
 def _resumed(sid: str, events: list[Any], cut: int, keys: Any) -> Session:
     """Fold `events[:cut]`, snapshot it (through Avro), restore it, fold the rest onto it."""
     before = fold(sid, events[:cut], keys)
-    record = snapshot_record(sid, _raw(before, f"0:{cut}"), 1)
-    state = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record))).folded.state
+    record = snapshot_record(sid, _raw(before, f"0:{cut}"), 1, trust=OURS)
+    state = restored(CODEC.decode_snapshot(CODEC.encode_snapshot(record)), OURS).folded.state
     auth = Authority(keys)
     for event in events[cut:]:
         state = step(state, event, auth).state
@@ -227,7 +240,7 @@ def test_a_checkpoint_tombstone_forgets_the_checkpoint() -> None:
         (0, checkpoint_key(0), _checkpoint(0, 4)),
         (0, checkpoint_key(0), None),
     ]
-    assert plan(records, [0], CODEC).starts == {0: 0}
+    assert plan(records, [0], CODEC, trust=OURS).starts == {0: 0}
 
 
 def test_a_snapshot_or_checkpoint_that_is_no_event_of_its_partition_is_not_believed() -> None:
@@ -240,7 +253,90 @@ def test_a_snapshot_or_checkpoint_that_is_no_event_of_its_partition_is_not_belie
         (0, b"c", _snapshot("c", 7)),  # fine
         (1, checkpoint_key(1), _checkpoint(1, 2**63 - 1)),
     ]
-    got = plan(records, [0, 1], CODEC, ends=ends)
+    got = plan(records, [0, 1], CODEC, ends=ends, trust=OURS)
     assert got.ignored == {UNREADABLE: 3}
     assert got.starts == {0: 0, 1: 0}  # both folded from the start
     assert {s: r.mark.offset for s, r in got.sessions[0].items()} == {"c": 7}
+
+
+# -- the trust a snapshot was folded under ---------------------------------------------------------
+
+
+def test_a_snapshot_or_checkpoint_of_other_trust_inputs_is_ignored_counted_and_folded_again() -> (
+    None
+):
+    """A state folded while another key was trusted may hold grants that key signed: a rebuild
+    under other keys folds its session (its partition from offset 0) instead of restoring it."""
+    records = [
+        (0, b"a", _snapshot("a", 3, trust=OTHER)),
+        (0, checkpoint_key(0), _checkpoint(0, 4)),
+        (1, b"b", _snapshot("b", 2, partition=1)),
+        (1, checkpoint_key(1), _checkpoint(1, 6, trust=OTHER)),
+        (2, b"c", _snapshot("c", 5, partition=2)),
+        (2, checkpoint_key(2), _checkpoint(2, 7)),
+    ]
+    got = plan(records, [0, 1, 2], CODEC, trust=OURS)
+    assert got.ignored == {TRUST: 2}
+    assert got.starts == {0: 0, 1: 0, 2: 8}  # only partition 2 is all of this trust
+    assert {p: set(m) for p, m in got.sessions.items()} == {1: {"b"}, 2: {"c"}}
+    assert any(OTHER in line and "a:" in line for line in got.messages)
+    # The same records for a rebuild under the other trust: only its own are used.
+    other = plan(records, [0, 1, 2], CODEC, trust=OTHER)
+    assert other.ignored == {TRUST: 4}
+    assert other.starts == {0: 0, 1: 0, 2: 0}
+    assert {p: set(m) for p, m in other.sessions.items()} == {0: {"a"}}
+    # One session's rebuild starts from its snapshot only if it is of its trust.
+    one = plan(records, [0], CODEC, session_id="a", trust=OURS)
+    assert one.starts == {0: 0} and one.restored_count() == 0 and one.ignored == {TRUST: 1}
+    assert plan(records, [0], CODEC, session_id="a", trust=OTHER).starts == {0: 4}
+
+
+def test_a_snapshot_or_checkpoint_written_before_they_named_their_trust_is_ignored() -> None:
+    """Records of schema v4 (no `trust`): of unknown trust, so folded once more after the
+    upgrade."""
+    older = EventCodec(SchemaRegistry(SCHEMAS / "released" / "v4"))
+    snapshot = CODEC.decode_snapshot(_snapshot("a", 3))
+    checkpoint = CODEC.decode_checkpoint(_checkpoint(0, 4))
+    del snapshot["trust"], checkpoint["trust"]
+    records = [
+        (0, b"a", older.encode_snapshot(snapshot)),
+        (0, checkpoint_key(0), older.encode_checkpoint(checkpoint)),
+    ]
+    assert CODEC.decode_snapshot(records[0][2])["trust"] is None  # read at its default
+    got = plan(records, [0], CODEC, trust=OURS)
+    assert got.ignored == {TRUST: 2} and got.starts == {0: 0} and got.restored_count() == 0
+    with pytest.raises(Exception) as raised:
+        restored(CODEC.decode_snapshot(records[0][2]), OURS)
+    assert getattr(raised.value, "reason", None) == TRUST
+
+
+def test_the_trust_fingerprint_names_the_keys_the_start_mode_and_the_cutover() -> None:
+    base = trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 10}, "topic-1"))
+    assert len(base) == 32 and int(base, 16) >= 0
+    other_key = Signer("ops-2", Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33))))
+    both = TrustedKeys({**other_key.trusted_keys().keys, **OPERATOR.trusted_keys().keys})
+    same_id_other_key = TrustedKeys({OPERATOR.key_id: other_key.trusted_keys().keys["ops-2"]})
+    renamed = TrustedKeys({"renamed": OPERATOR.trusted_keys().keys[OPERATOR.key_id]})
+    # Equal inputs, however built, name the same trust.
+    assert trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 10}, "topic-1")) == base
+    both_reversed = TrustedKeys(dict(reversed(list(both.keys.items()))))
+    assert trust_fingerprint(both, Mode.ASK, Cutover()) == trust_fingerprint(
+        both_reversed, Mode.ASK, Cutover()
+    )
+    # An empty cut-over is none, whatever topic it names.
+    assert trust_fingerprint(trusted(), Mode.ASK, Cutover({}, "topic-1")) == trust_fingerprint(
+        trusted(), Mode.ASK, Cutover()
+    )
+    # Any other input, another trust.
+    others = [
+        trust_fingerprint(TrustedKeys.none(), Mode.ASK, Cutover({0: 10}, "topic-1")),
+        trust_fingerprint(both, Mode.ASK, Cutover({0: 10}, "topic-1")),
+        trust_fingerprint(same_id_other_key, Mode.ASK, Cutover({0: 10}, "topic-1")),
+        trust_fingerprint(renamed, Mode.ASK, Cutover({0: 10}, "topic-1")),
+        trust_fingerprint(trusted(), Mode.AUTO, Cutover({0: 10}, "topic-1")),
+        trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 11}, "topic-1")),
+        trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 10, 1: 0}, "topic-1")),
+        trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 10}, "topic-2")),
+        trust_fingerprint(trusted(), Mode.ASK, Cutover()),
+    ]
+    assert len({base, *others}) == len(others) + 1
