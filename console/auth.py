@@ -421,6 +421,11 @@ class SignInFailures(Protocol):
         """Forget the bucket's attempts (a sign-in succeeded)."""
         ...
 
+    def over(self, bucket: str, limit: int) -> float:
+        """Without counting: the seconds left of the bucket's window if it already holds `limit`
+        attempts (the next would be refused), else 0."""
+        ...
+
 
 class MemorySignInFailures:
     """Sign-in attempts counted in this process only (a console without Redis, and tests)."""
@@ -447,6 +452,13 @@ class MemorySignInFailures:
         """Forget the bucket's attempts."""
         with self._lock:
             self._counts.pop(bucket, None)
+
+    def over(self, bucket: str, limit: int) -> float:
+        """The seconds left of the bucket's window if it holds `limit` attempts, else 0."""
+        now = self._clock()
+        with self._lock:
+            count, until = self._counts.get(bucket, (0, now))
+        return until - now if count >= limit and until > now else 0.0
 
 
 BUCKETS = 1 << 16  # sign-in counts: names are spread over this many by a keyed hash
@@ -531,6 +543,13 @@ class SignInThrottle:
         if not self.source_limit or not host:
             return 0.0
         return self.failures.attempt(self.source_bucket(host), self.source_limit, self.window_s)
+
+    def refused_from(self, host: str | None) -> float:
+        """Without counting: the seconds until this address may try again if it used up its
+        attempts (it is refused before it takes a place among the password checks), else 0."""
+        if not self.source_limit or not host:
+            return 0.0
+        return self.failures.over(self.source_bucket(host), self.source_limit)
 
     def attempt(self, username: str) -> float:
         """Count an attempt of this name: 0 if its password may be checked, else the seconds

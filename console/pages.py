@@ -156,6 +156,13 @@ async def login(request: Request) -> Response:
         return _login_page(request, next_path, "Unknown operator or wrong password.", 401)
     throttle = rt.throttle
     host = request.client.host if request.client is not None else None
+    # An address that used up its attempts is refused before it takes a place among the password
+    # checks (read, not counted): one address flooding must not hold the places every operator's
+    # sign-in needs. Counting waits for a place, so a sign-in refused 503 counts against nobody.
+    wait_s = await run_in_threadpool(throttle.refused_from, host)
+    if wait_s > 0:
+        log.warning("sign-in from %s refused: too many attempts (%.0f s left)", host, wait_s)
+        return _too_many(request, next_path, "Too many sign-ins from this address", wait_s)
     with rt.passwords.admitted() as admitted:
         if not admitted:  # a flood holds every place: nothing is counted, nothing waits
             busy = _login_page(
@@ -163,8 +170,8 @@ async def login(request: Request) -> Response:
             )
             busy.headers["Retry-After"] = "1"
             return busy
-        # Counted once admitted, the address's count first: a sign-in refused 503 counts against
-        # nobody (an operator retrying through a flood does not spend their address's attempts).
+        # Counted once admitted, the address's count first (its attempts racing past the read
+        # above are refused here).
         wait_s = await run_in_threadpool(throttle.attempt_from, host)
         if wait_s > 0:  # neither the name's count nor the password is touched
             log.warning("sign-in from %s refused: too many attempts (%.0f s left)", host, wait_s)

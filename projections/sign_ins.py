@@ -30,6 +30,23 @@ class RedisSignInFailures:
             ) from e
         return 0.0 if int(count) <= limit else max(int(left_ms), 1) / 1000
 
+    def over(self, bucket: str, limit: int) -> float:
+        """Without counting: the seconds left of the bucket's window if it holds `limit`
+        attempts, else 0 (one round trip)."""
+        key = self.keys.sign_in_failures(bucket)
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.get(key)
+                pipe.pttl(key)
+                count, left_ms = pipe.execute()
+        except REDIS_ERRORS as e:
+            raise ProjectionError(
+                f"reading sign-in attempts failed: {type(e).__name__}: {e}"
+            ) from e
+        if count is None or int(count) < limit or int(left_ms) <= 0:
+            return 0.0
+        return int(left_ms) / 1000
+
     def cleared(self, bucket: str) -> None:
         """Forget the bucket's attempts."""
         try:

@@ -44,6 +44,20 @@ def test_a_bucket_is_refused_past_the_limit_and_cleared_by_a_success(
     assert failures.attempt("b1", 1, 60) == 0
 
 
+def test_over_reads_whether_the_next_attempt_would_be_refused_without_counting(
+    failures: SignInFailures,
+) -> None:
+    assert failures.over("b1", 2) == 0  # nothing counted yet
+    failures.attempt("b1", 2, 60)
+    assert failures.over("b1", 2) == 0  # one of two: the next may go on
+    failures.attempt("b1", 2, 60)
+    assert 59 < failures.over("b1", 2) <= 60  # two of two: the next would be refused
+    assert 59 < failures.over("b1", 2) <= 60
+    assert failures.attempt("b1", 3, 60) == 0  # the third: the two reads counted nothing
+    failures.cleared("b1")
+    assert failures.over("b1", 2) == 0
+
+
 def test_the_window_runs_from_the_first_attempt_and_later_ones_do_not_extend_it(
     settings: Settings, client: SyncClient
 ) -> None:
@@ -128,5 +142,7 @@ def test_redis_away_is_a_projection_error(settings: Settings) -> None:
             failures.attempt("b", 1, 60)
         with pytest.raises(ProjectionError, match="clearing sign-in attempts failed"):
             failures.cleared("b")
+        with pytest.raises(ProjectionError, match="reading sign-in attempts failed"):
+            failures.over("b", 1)
     finally:
         away.close()

@@ -314,3 +314,29 @@ def test_sign_ins_refused_503_do_not_use_up_the_address_s_attempts(
     assert [b for b in failures._counts if b.startswith("src-")] == [
         rt.throttle.source_bucket("testclient")
     ]
+
+
+def test_an_address_that_used_up_its_attempts_is_refused_without_taking_a_place(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    """A flood from one address must not hold the places other operators' sign-ins need: once
+    over its limit it is refused 429 before admission (read, not counted), even with every place
+    held."""
+    failures = MemorySignInFailures()
+    client, checked = _console(store, settings, failures, source_limit=SOURCE_LIMIT)
+    for n in range(SOURCE_LIMIT):
+        assert sign_in(client, username=f"name{n}", password="guess").status_code == 401
+    rt: Runtime = client.app.state.console  # type: ignore[attr-defined]
+    source = rt.throttle.source_bucket("testclient")
+    assert failures._counts[source][0] == SOURCE_LIMIT
+    held = [rt.passwords.admitted() for _ in range(8)]  # 2 running + 6 waiting: every place
+    assert all(place.__enter__() for place in held)
+    try:
+        refused = sign_in(client)
+        assert refused.status_code == 429  # not 503: it took no place
+        assert "Too many sign-ins from this address" in refused.text
+    finally:
+        for place in held:
+            place.__exit__(None, None, None)
+    assert failures._counts[source][0] == SOURCE_LIMIT  # the refusal counted nothing
+    assert len(checked) == SOURCE_LIMIT
