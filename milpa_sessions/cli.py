@@ -104,6 +104,7 @@ def worker(ctx: Ctx, loglevel: str) -> None:
 
     keys = wiring.trusted_keys(ctx.settings)
     wiring.wait_for_stack(ctx.settings)
+    wiring.check_rebuild_finished(ctx.settings)  # never fold onto a half-built projection
     wiring.checked_cutover(ctx.settings)  # the app folds with settings.cutover(): this one
     projector = create_app(ctx.settings, keys)
     # Everything allocated so far lives as long as the process: freeze it out of the collector,

@@ -21,7 +21,7 @@ from projections.redis_store import RedisProjectionStore
 from projections.requests import Retention
 from projections.sign_ins import RedisSignInFailures
 from projections.sign_outs import RedisSignOuts
-from schemas.errors import ConfigurationError, ProjectionError
+from schemas.errors import ConfigurationError, ProjectionError, RebuildIncompleteError
 from schemas.secret_files import check_owner_writes
 from session_model.authority import Cutover
 from session_model.signing import Signer, TrustedKeys
@@ -65,6 +65,23 @@ def projection_store_for_rebuild(settings: StackSettings) -> RedisProjectionStor
         retention=Retention.after(settings.projection_ttl_s),
         track=settings.snapshot_interval_s > 0,
     )
+
+
+def check_rebuild_finished(settings: StackSettings) -> None:
+    """Raise `RebuildIncompleteError` if a rebuild cleared the projections and did not finish
+    (one GET): a worker must not start folding onto what it left."""
+    store = projection_store(settings)
+    try:
+        found = store.incomplete_rebuild()
+    finally:
+        store.client.close()
+    if found is not None:
+        began, what = found
+        raise RebuildIncompleteError(
+            f"a rebuild (`milpa-sessions {what}`) began at {began} and did not finish "
+            f"({store.keys.rebuild_incomplete()} is set): run `milpa-sessions replay` again; "
+            "workers folding now would build on a half-built projection"
+        )
 
 
 def take_snapshots(settings: StackSettings, applied: Mapping[int, int], trust: str) -> int:

@@ -164,7 +164,8 @@ def replay(
     and logged.
 
     `clear=False` leaves the store's keys as they are (a live rebuild writes a generation of its
-    own, emptied beforehand: `processors.generations`).
+    own, emptied beforehand: `processors.generations`). A rebuild that clears marks the store
+    half built (`RedisProjectionStore.begin_rebuild`) until its fold has ended.
 
     One session's rebuild also deletes its tombstone (an expired projection comes back whole)
     and, under a retention, keeps it at least one TTL from `restored_at` (default: now), so the
@@ -206,10 +207,18 @@ def replay(
             log.warning("snapshot ignored (the log is folded instead): %s", line)
     starts = {p: min(plan.starts.get(p, 0), end) for p, end in ends.items()}
     total = sum(end - starts[p] for p, end in ends.items())
-    if session_id is None:
-        if clear:
-            store.clear()
-    else:
+    # From the clear until the fold has ended, the projections are half built: a mark says so
+    # (`Keys.rebuild_incomplete`), set before the clear and taken away only after the fold, so a
+    # rebuild that dies in between (a stalled read, Ctrl-C, OOM) leaves it, and workers refuse to
+    # start on what it left; running the rebuild again is the remedy, and ends by taking it away.
+    # One session's rebuild drops that session alone, and a live one (`clear=False`) builds a
+    # generation of its own that readers and workers are moved to only once it is whole: neither
+    # leaves the fleet's projection half built.
+    marked = session_id is None and clear
+    if marked:
+        store.begin_rebuild("replay" if snapshots_topic else "replay --full", datetime.now(UTC))
+        store.clear()
+    elif session_id is not None:
         store.drop(session_id)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover)
     intake = Intake(codec, partitions)
@@ -220,6 +229,8 @@ def replay(
     else:
         shares = [{p: ends[p] for p in g} for g in groups]
         report = _in_processes(job, shares, total, progress, fork_guard)
+    if marked:
+        store.end_rebuild()
     return dataclasses.replace(
         report,
         ignored=dict(plan.ignored),

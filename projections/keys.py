@@ -121,6 +121,12 @@ class Keys:
         """String: the token of the live rebuild under way (`lua/lease.lua`), while it runs."""
         return f"{self.prefix}:rebuild-lease"
 
+    def rebuild_incomplete(self) -> str:
+        """String `<ISO instant> <what>`: a rebuild that clears every projection (`replay`,
+        `replay --full`) began then and has not finished; set before its clear, deleted after its
+        fold. Workers refuse to start while it is set (the projections are half built)."""
+        return f"{self.prefix}:rebuild-incomplete"
+
     def generation_pattern(self, generation: int) -> str:
         """A SCAN pattern matching every key of a generation (not the generation hashes)."""
         return f"{_glob_escape(self.head(generation))}{{*"
@@ -278,8 +284,9 @@ class Keys:
         generation 0; a hash left behind would send readers to a generation it deleted, and its
         commits would be refused as stale). Nothing else under the prefix is a projection, and a
         rebuild of the log cannot bring it back: the console's sign-outs (a signed-out cookie
-        would be accepted again) and sign-in counters, and the live rebuild's lease (held by a
-        running rebuild, expiring by itself)."""
+        would be accepted again) and sign-in counters, the live rebuild's lease (held by a
+        running rebuild, expiring by itself), and the marker of a rebuild under way
+        (`rebuild_incomplete`: the clear must not take it away)."""
         head = f"{self.prefix}:"
         return key.startswith(head) and _REBUILT.match(key, len(head)) is not None
 

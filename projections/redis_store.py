@@ -320,6 +320,34 @@ class RedisProjectionStore:
         """Whether a live rebuild holds the lease on these projections now."""
         return execute(self.client, requests.lease_held(self.keys))
 
+    def begin_rebuild(self, what: str, at: datetime) -> None:
+        """Mark these projections half built by `what` (e.g. "replay --full"), begun `at`, until
+        `end_rebuild` (`Keys.rebuild_incomplete`; a clear leaves the mark)."""
+        command = ("SET", self.keys.rebuild_incomplete(), f"{at.isoformat()} {what}")
+        self._write(command, "marking the rebuild under way failed")
+
+    def end_rebuild(self) -> None:
+        """Take the mark of `begin_rebuild` away: the projections are whole again."""
+        self._write(("DEL", self.keys.rebuild_incomplete()), "unmarking the rebuild failed")
+
+    def incomplete_rebuild(self) -> tuple[str, str] | None:
+        """(when it began, what) of a rebuild that cleared these projections and has not
+        finished (`begin_rebuild`), or None."""
+        request = requests.Request(
+            [("GET", self.keys.rebuild_incomplete())],
+            lambda replies: None if replies[0] is None else text(replies[0]),
+            "reading the rebuild mark failed",
+        )
+        found = execute(self.client, request)
+        if found is None:
+            return None
+        began, _, what = found.partition(" ")
+        return began, what
+
+    def _write(self, command: tuple[str, ...], failing: str) -> None:
+        request = requests.Request([command], lambda _: None, failing, writes=True)
+        execute(self.client, request, self.durability)
+
     def drop_generation(self, generation: int) -> int:
         """Delete every key of a generation and what the generation hashes note of it (its
         highest offsets committed); the keys deleted."""

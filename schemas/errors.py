@@ -176,3 +176,10 @@ class RebuildInProgressError(MilpaError):
     """A live rebuild of these projections is under way (it holds the rebuild lease)."""
 
     code = "rebuild_in_progress"
+
+
+class RebuildIncompleteError(RebuildInProgressError):
+    """A rebuild cleared these projections and never finished: they are half built until a
+    `replay` runs to its end (`Keys.rebuild_incomplete`)."""
+
+    code = "rebuild_incomplete"

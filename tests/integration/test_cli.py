@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -205,3 +207,37 @@ def test_replay_without_its_snapshots_topic_stands_and_says_the_topic_is_missing
     # Said at once, before any snapshot writer waits for a topic that is not there.
     assert report["snapshot_error"] == f"topic {missing.snapshots_topic} does not exist"
     assert sorted(projections.ids()) == sids
+
+
+def test_a_worker_refuses_a_half_built_projection_until_a_replay_ends(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    worker = start_worker()
+    agent = SessionStore(kafka_log, projections, producer="agent-1", read_timeout=60)
+    agent.start("hb-1", "outlive a rebuild that died")
+    agent.record_turn("hb-1", "user", "hello")
+    before = agent.load("hb-1")
+    worker.stop()
+    # What a plain replay that died after its clear leaves (the store's calls the rebuild makes).
+    projections.begin_rebuild("replay", datetime.now(UTC))
+    projections.clear()
+    try:
+        refused = run_cli(settings, "worker")
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        said = " ".join(refused.stderr.split())
+        assert "RebuildIncompleteError" in said and "did not finish" in said, said
+        assert "run `milpa-sessions replay` again" in said
+
+        done = run_cli(settings, "replay", "--force")  # the remedy: it runs over the mark
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert projections.incomplete_rebuild() is None
+        assert agent.load("hb-1") == before
+        start_worker()
+        at = agent.record_turn("hb-1", "assistant", "after the rebuild")
+        session = projections.load("hb-1", at_least=at, timeout=60)
+        assert session is not None and session.seq == before.seq + 1
+    finally:  # the fixture's clear leaves the mark (as a rebuild's does)
+        projections.end_rebuild()

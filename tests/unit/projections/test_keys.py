@@ -192,7 +192,8 @@ def test_generation_keys_live_beside_their_partition_and_never_match_a_generatio
 
 def test_a_rebuild_clears_every_projection_key_and_nothing_else_under_the_prefix() -> None:
     """`Keys.rebuilds`: every generation's keys and the generation hashes, never the console's
-    sign-outs and sign-in counters (a signed-out cookie would be accepted again) nor the lease."""
+    sign-outs and sign-in counters (a signed-out cookie would be accepted again), the lease, nor
+    the mark of a rebuild under way (the clear would erase the warning it exists for)."""
     keys = Keys("ms", partitions=6, generations=(0, 2, 2, 0, 0, 1))
     projections = [keys.generation_key(p) for p in range(6)]
     for p in range(6):
@@ -214,6 +215,7 @@ def test_a_rebuild_clears_every_projection_key_and_nothing_else_under_the_prefix
         keys.sign_in_failures("b1"),
         keys.sign_in_failures("src-a1"),
         keys.rebuild_lease(),
+        keys.rebuild_incomplete(),
         "other:{w:0}:s:a:state",  # another prefix's
         "ms:x:{w:0}:s:a:state",  # a prefix under this one: `ms:x`'s
         "msx:{w:0}:s:a:state",

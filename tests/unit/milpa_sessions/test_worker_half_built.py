@@ -1,0 +1,61 @@
+"""`milpa-sessions worker` refuses to start while a rebuild that cleared the projections has not
+finished (it would fold new events onto a half-built projection); it starts once one has."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import processors.app
+from milpa_sessions import wiring
+from milpa_sessions.cli import main
+from milpa_sessions.failures import EXIT_FAILED
+from producers.settings import StackSettings
+from projections.redis_store import RedisProjectionStore
+from tests.unit.processors.test_replay_mark import DictRedis
+
+ENV = {
+    "MILPA_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+    "MILPA_REDIS_URL": "redis://127.0.0.1:1/0",
+    "MILPA_REDIS_PREFIX": "ms",
+}
+
+
+class _StartedError(Exception):
+    """The worker got as far as making its app."""
+
+
+@pytest.fixture
+def redis(monkeypatch: pytest.MonkeyPatch) -> DictRedis:
+    fake = DictRedis()
+    fake.close = lambda: None  # type: ignore[attr-defined]
+
+    def store(settings: StackSettings) -> RedisProjectionStore:
+        return RedisProjectionStore(fake, settings.redis_keys(), follow=False)  # type: ignore[arg-type]
+
+    def create_app(*args: Any) -> None:
+        raise _StartedError
+
+    monkeypatch.setattr(wiring, "wait_for_stack", lambda settings: None)
+    monkeypatch.setattr(wiring, "projection_store", store)
+    monkeypatch.setattr(processors.app, "create_app", create_app)
+    return fake
+
+
+def test_the_worker_refuses_to_start_on_a_half_built_projection(redis: DictRedis) -> None:
+    redis.data["ms:rebuild-incomplete"] = "2026-03-01T10:00:00+00:00 replay --full"
+    result = CliRunner().invoke(main, ["worker"], env=ENV)
+    assert result.exit_code == EXIT_FAILED, result.output
+    line = " ".join(result.output.split())
+    assert "RebuildIncompleteError" in line
+    assert "`milpa-sessions replay --full`) began at 2026-03-01T10:00:00+00:00" in line
+    assert "ms:rebuild-incomplete is set" in line
+    assert "run `milpa-sessions replay` again" in line
+    assert "half-built projection" in line
+
+
+def test_the_worker_starts_once_the_rebuild_finished(redis: DictRedis) -> None:
+    result = CliRunner().invoke(main, ["worker"], env=ENV)
+    assert isinstance(result.exception, _StartedError), result.output

@@ -1,0 +1,124 @@
+"""A rebuild that clears every projection marks them half built until its fold has ended: one that
+dies after the clear leaves the mark (workers refuse to start on it), one that ends takes it
+away, and one run over it (the remedy) proceeds. No broker: the log's ends and the fold are
+faked; Redis is a dict."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import processors.replay as replay_module
+from processors.replay import ReplayReport, replay
+from projections.keys import Keys
+from projections.redis_store import RedisProjectionStore
+from schemas.errors import LogError
+from session_model.signing import TrustedKeys
+
+
+class DictRedis:
+    """The few commands the rebuild's bookkeeping sends (GET, SET, DEL, EXISTS, SCAN, UNLINK)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+
+    def pipeline(self, transaction: bool = False) -> DictRedis._Pipe:
+        return DictRedis._Pipe(self)
+
+    def scan_iter(self, match: str, count: int = 10) -> Iterator[str]:
+        yield from [k for k in self.data if fnmatch.fnmatchcase(k, match)]
+
+    def unlink(self, *keys: str) -> int:
+        return sum(self.data.pop(k, None) is not None for k in keys)
+
+    class _Pipe:
+        def __init__(self, redis: DictRedis) -> None:
+            self.redis, self.commands = redis, []  # type: list[tuple[Any, ...]]
+
+        def execute_command(self, *command: Any) -> None:
+            self.commands.append(command)
+
+        def execute(self) -> list[Any]:
+            data, replies = self.redis.data, []
+            for name, key, *args in self.commands:
+                if name == "GET":
+                    replies.append(data.get(key))
+                elif name == "SET":
+                    data[key] = args[0]
+                    replies.append(True)
+                elif name == "DEL":
+                    replies.append(int(data.pop(key, None) is not None))
+                elif name == "EXISTS":
+                    replies.append(int(key in data))
+                else:
+                    raise AssertionError(f"unexpected command {name}")
+            return replies
+
+
+KEYS = Keys("t", partitions=2)
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> RedisProjectionStore:
+    monkeypatch.setattr(replay_module, "_end_offsets", lambda *a: ({0: 3, 1: 2}, 2))
+    redis: Any = DictRedis()
+    redis.data[KEYS.session("a").state] = "a projection"
+    return RedisProjectionStore(redis, KEYS, follow=False)
+
+
+def _mark(store: RedisProjectionStore) -> str | None:
+    return store.client.data.get(KEYS.rebuild_incomplete())  # type: ignore[union-attr]
+
+
+def _fold(store: RedisProjectionStore, fails: bool) -> Any:
+    """A fold that finds the projections cleared and the mark set, then fails or ends."""
+
+    def run(job: Any, ends: Any, progress: Any) -> ReplayReport:
+        assert KEYS.session("a").state not in store.client.data  # type: ignore[operator]
+        assert _mark(store) is not None
+        if fails:
+            raise LogError("reading t.events got no further for 60s")
+        return ReplayReport(5, 1)
+
+    return run
+
+
+def test_a_rebuild_that_dies_after_its_clear_leaves_the_mark(
+    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay_module._Job, "run", _fold(store, fails=True))
+    with pytest.raises(LogError, match="no further"):
+        replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1)
+    found = store.incomplete_rebuild()
+    assert found is not None and found[1] == "replay --full"
+    assert found[0].startswith("20")  # when it began (ISO 8601)
+
+
+def test_a_rebuild_that_ends_takes_the_mark_away_even_one_run_over_it(
+    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.client.data[KEYS.rebuild_incomplete()] = "2026-01-01T00:00:00+00:00 replay"  # type: ignore[union-attr]
+    monkeypatch.setattr(replay_module._Job, "run", _fold(store, fails=False))
+    report = replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1)
+    assert report.records == 5
+    assert _mark(store) is None
+    assert store.incomplete_rebuild() is None
+
+
+@pytest.mark.parametrize("kind", ["session", "live"])
+def test_one_sessions_rebuild_and_a_live_one_set_no_mark(
+    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    def run(job: Any, ends: Any, progress: Any) -> ReplayReport:
+        assert _mark(store) is None
+        raise LogError("reading failed")
+
+    monkeypatch.setattr(replay_module._Job, "run", run)
+    monkeypatch.setattr(RedisProjectionStore, "drop", lambda self, sid: None)
+    options: dict[str, Any] = {"session_id": "a"} if kind == "session" else {"clear": False}
+    with pytest.raises(LogError):
+        replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, **options)
+    assert _mark(store) is None
