@@ -107,10 +107,13 @@ class _Reject(Exception):  # noqa: N818 - internal control flow, never escapes t
         self.by = by
 
 
-# What a handler raises on a payload it did not foresee (a value at the calendar's edge, text
-# nested past the parser's depth): the event is refused as `invalid` instead of ending every
-# worker and rebuild that reads it, and it is refused alike on each (the fold is pure).
-_UNFOLDABLE = (ArithmeticError, RecursionError, ValueError, TypeError, LookupError, AttributeError)
+# What a handler raises on a value in an agent's payload it did not foresee (an instant at the
+# calendar's edge, a number or a text it cannot take): the event is refused as `invalid` instead
+# of ending every worker and rebuild that reads it, alike on each (the fold is pure). Not the
+# errors a bug in a handler raises (TypeError, AttributeError, LookupError): those must surface.
+# Not RecursionError either: where it strikes depends on the caller's stack, which differs between
+# a worker and a rebuild; inputs are bounded before they can nest that deep.
+_UNFOLDABLE = (ArithmeticError, ValueError)
 
 Changes = dict[str, Any]
 """The fields of `Session` an event changes (besides `seq` and `event_ids`), by name."""

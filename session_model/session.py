@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Final
 
+from schemas.codec import MAX_ARGUMENT_DEPTH
 from schemas.errors import InvalidCall
 from schemas.frozen import fast_init
 from session_model.canonical import text_digest
@@ -483,10 +484,38 @@ def confirmation_of(decision: Decision) -> tuple[str, str] | None:
 
 
 def _json_object(text: str | None) -> dict[str, Any]:
-    if text is None:
+    if text is None or _nests_deeper(text, MAX_ARGUMENT_DEPTH):
+        # An agent's text: one nested deeper than that is no object of ours. Refused before it
+        # is parsed, since where `json.loads` runs out of stack depends on how deep the caller's
+        # is (a worker's and a rebuild's differ): the fold must decide alike in both.
         return {}
     try:
         value = json.loads(text)
-    except (ValueError, RecursionError):  # an agent's text: nested past the parser's depth too
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _nests_deeper(text: str, limit: int) -> bool:
+    """Whether JSON text opens more than `limit` arrays or objects inside each other (brackets in
+    strings not counted); scanned only when it holds that many opening brackets at all."""
+    if text.count("{") + text.count("[") <= limit:
+        return False
+    depth, quoted, escaped = 0, False, False
+    for ch in text:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False

@@ -861,7 +861,7 @@ def test_yes_to_a_target_question_whose_why_nests_past_the_parser_s_depth_confir
     assert s.confirmed("deploy", "prod") is False
 
 
-@pytest.mark.parametrize("error", [OverflowError, RecursionError, ValueError, TypeError, KeyError])
+@pytest.mark.parametrize("error", [OverflowError, ZeroDivisionError, ValueError])
 def test_an_error_a_handler_raises_on_a_payload_refuses_that_event_only(monkeypatch, error):
     # The poison-pill guard: what a handler did not foresee in an agent's payload refuses the
     # event as `invalid` (a seq, a rejection, no other change); the next event applies.
@@ -872,6 +872,38 @@ def test_an_error_a_handler_raises_on_a_payload_refuses_that_event_only(monkeypa
     s = fold_all([started(), plan("x"), turn("user", "after")])
     assert [r.code for r in s.rejections] == ["invalid"]
     assert s.seq == 3 and s.plan is None and s.turns[-1].content == "after"
+
+
+@pytest.mark.parametrize("error", [TypeError, AttributeError, KeyError, RecursionError])
+def test_an_error_a_handler_s_bug_raises_is_not_taken_for_a_bad_payload(monkeypatch, error):
+    # A bug must surface (the worker stops on it, commits nothing past it), not refuse every
+    # event of its type as `invalid` for good.
+    def broken(s, e, seq, auth):
+        raise error("a bug")
+
+    monkeypatch.setitem(fold_module._HANDLERS, ev.PLAN_SET, broken)
+    with pytest.raises(error):
+        fold_all([started(), plan("x")])
+
+
+def test_a_why_nested_deeper_than_the_bound_confirms_nothing_whatever_the_stack():
+    # Decided by the text, not by how much stack the caller left json.loads: a worker (deep in
+    # its event loop) and a rebuild must fold it alike.
+    nested = '{"operation":"deploy","target":"prod","pad":' + "[" * 200 + "]" * 200 + "}"
+    shallow = '{"operation":"deploy","target":"prod","pad":' + "[" * 100 + "]" * 100 + "}"
+    many = '{"operation":"deploy","target":"prod","pad":' + "[[]]," * 300 + '"[[[[["}'
+    many = many.replace(',"[[[[["}', ',"[[[[["]}').replace('"pad":', '"pad":[', 1)
+
+    def confirmed(why):
+        q = ask("t1", "deploy?", ("yes", "no"), why=why, reason="target_not_named")
+        return fold_all([started(), q, answer("t1", "yes")]).confirmed("deploy", "prod")
+
+    def deep_in_the_stack(depth, why):
+        return confirmed(why) if depth == 0 else deep_in_the_stack(depth - 1, why)
+
+    assert confirmed(nested) is False and deep_in_the_stack(300, nested) is False
+    assert confirmed(shallow) is True and deep_in_the_stack(300, shallow) is True
+    assert confirmed(many) is True  # many brackets, few levels: an object of ours
 
 
 def test_closed_window_confirms_nothing():
