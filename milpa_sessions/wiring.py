@@ -121,11 +121,20 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int], trust: s
 
 def session_store(settings: WriterSettings, *, producer: str | None = None) -> SessionStore:
     """A `SessionStore` writing to Kafka and reading the Redis projections."""
+    try:
+        config = ProducerConfig(
+            max_block=settings.kafka_timeout, delivery_timeout=settings.delivery_timeout
+        )
+    except ConfigurationError as e:
+        raise ConfigurationError(
+            f"MILPA_KAFKA_TIMEOUT={settings.kafka_timeout}, "
+            f"MILPA_DELIVERY_TIMEOUT={settings.delivery_timeout}: {e}"
+        ) from e
     log = KafkaEventLog(
         settings.kafka_access(),
         settings.events_topic,
         client_id=producer or settings.producer_id,
-        config=ProducerConfig(max_block=settings.kafka_timeout),
+        config=config,
     )
     return SessionStore(
         log,
@@ -179,7 +188,8 @@ def checked_cutover(settings: StackSettings) -> Cutover:
     unsigned authority would let an agent's grant through).
     """
     # An admin client, only when a cut-over is set.
-    from producers.topics import kafka_form, parse_topic_id, topic_id  # noqa: PLC0415
+    from producers.topics import topic_id  # noqa: PLC0415
+    from session_model.authority import kafka_form, parse_topic_id  # noqa: PLC0415
 
     cutover = settings.cutover()
     if not cutover.before:

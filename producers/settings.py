@@ -194,6 +194,10 @@ class WriterSettings(StackSettings):
     producer_id: str = "milpa-sessions"
     signing_key: Path | None = None  # the operator's private key the CLI signs answers with
     read_timeout: float = 10.0  # seconds a read waits for the projection to apply a write
+    # Seconds kafka-python keeps trying to deliver an append before it gives the record up; the
+    # append waits 10 s past it, so one that failed will not be written later (README). The
+    # console may want it shorter: its writes hold a thread while Kafka is away.
+    delivery_timeout: float = 120.0
 
 
 def _secret(path: Path | None, name: str) -> str | None:

@@ -6,8 +6,6 @@ benchmarks: the events topic is the record, so nothing in the product calls `del
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import time
 import uuid
@@ -22,6 +20,7 @@ from kafka.protocol.metadata import MetadataRequest
 from producers.settings import StackSettings
 from projections.snapshots import SNAPSHOT_MAX_BYTES
 from schemas.errors import LogError
+from session_model.authority import parse_topic_id
 
 ADMIN_CLIENT_ID = "milpa-sessions-admin"
 
@@ -206,23 +205,6 @@ class GroupDescription:
 
     state: str
     members: tuple[GroupMember, ...]
-
-
-def parse_topic_id(text: str) -> uuid.UUID:
-    """A topic id as `kafka-topics --describe` prints it (22 characters of base64url) or as a
-    UUID with dashes (kafka-python's form)."""
-    t = text.strip()
-    try:
-        if len(t) == 22:
-            return uuid.UUID(bytes=base64.urlsafe_b64decode(t + "=="))
-        return uuid.UUID(t)
-    except (ValueError, binascii.Error) as e:
-        raise ValueError(f"{text!r} is not a topic id: {e}") from e
-
-
-def kafka_form(topic_id: uuid.UUID) -> str:
-    """The id as Kafka's tools print it."""
-    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode("ascii")
 
 
 def topic_id(settings: StackSettings, topic: str) -> uuid.UUID:

@@ -10,8 +10,12 @@ they are.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import hashlib
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -66,6 +70,23 @@ class Cutover:
         return end is not None and offset < end
 
 
+def parse_topic_id(text: str) -> uuid.UUID:
+    """A topic id as `kafka-topics --describe` prints it (22 characters of base64url) or as a
+    UUID with dashes (kafka-python's form)."""
+    t = text.strip()
+    try:
+        if len(t) == 22:
+            return uuid.UUID(bytes=base64.urlsafe_b64decode(t + "=="))
+        return uuid.UUID(t)
+    except (ValueError, binascii.Error) as e:
+        raise ValueError(f"{text!r} is not a topic id: {e}") from e
+
+
+def kafka_form(topic_id: uuid.UUID) -> str:
+    """The id as Kafka's tools print it."""
+    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode("ascii")
+
+
 def trust_fingerprint(keys: TrustedKeys, start_mode: Mode, cutover: Cutover) -> str:
     """A short, stable name of the fold's trust inputs (32 hex digits of a SHA-256).
 
@@ -75,17 +96,21 @@ def trust_fingerprint(keys: TrustedKeys, start_mode: Mode, cutover: Cutover) -> 
     names the trust it was folded under (`projections.snapshots`), and a rebuild under another
     one folds the log instead.
     """
+    # As the fold reads the cut-over: an offset of 0 or less makes nothing legacy, and a topic
+    # id is one id however it is written (both forms pass `wiring.checked_cutover`).
+    before = sorted((p, o) for p, o in cutover.before.items() if o > 0)
+    topic = cutover.topic_id
+    if topic is not None:
+        # Not an id: compared as written (the processes that fold refuse it anyway).
+        with contextlib.suppress(ValueError):
+            topic = str(parse_topic_id(topic))
     inputs = {
         "keys": [
             [key_id, keys.keys[key_id].public_bytes(Encoding.Raw, PublicFormat.Raw).hex()]
             for key_id in keys.key_ids()
         ],
         "start_mode": str(start_mode.value),
-        "cutover": (
-            {"before": sorted(cutover.before.items()), "topic_id": cutover.topic_id}
-            if cutover.before
-            else None
-        ),
+        "cutover": {"before": before, "topic_id": topic} if before else None,
     }
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(b"milpa-sessions trust v1\x00" + text.encode()).hexdigest()[:32]

@@ -18,14 +18,14 @@ from milpa_sessions.settings import Settings
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
-from producers.topics import delete_topics, ensure_topics, kafka_form, topic_id
+from producers.topics import delete_topics, ensure_topics, topic_id
 from projections.analytics import Analytics
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.errors import ConfigurationError, LogError, UnauthorizedError
 from schemas.events import Event
-from session_model.authority import Cutover
+from session_model.authority import Cutover, kafka_form
 from session_model.modes import Mode
 from session_model.policy import SessionPolicy, Verdict, signature_question
 from session_model.principal import Principal

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from producers.topics import kafka_form, parse_topic_id
+from session_model.authority import kafka_form, parse_topic_id
 
 
 def test_the_two_forms_of_a_topic_id_read_as_the_same_id() -> None:

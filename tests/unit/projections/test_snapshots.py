@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from projections.snapshots import (
     snapshot_record,
 )
 from schemas.codec import EventCodec, SchemaRegistry
-from session_model.authority import Authority, Cutover, trust_fingerprint
+from session_model.authority import Authority, Cutover, kafka_form, trust_fingerprint
 from session_model.fold import fold, step
 from session_model.modes import Mode
 from session_model.projection import Position
@@ -327,6 +328,13 @@ def test_the_trust_fingerprint_names_the_keys_the_start_mode_and_the_cutover() -
     assert trust_fingerprint(trusted(), Mode.ASK, Cutover({}, "topic-1")) == trust_fingerprint(
         trusted(), Mode.ASK, Cutover()
     )
+    # An offset of 0 makes nothing legacy: as if the partition were not named.
+    assert trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 10, 1: 0}, "topic-1")) == base
+    # One topic id, in Kafka's tools' form or as a UUID (either passes the start-up check).
+    uid = uuid.UUID("427d9b50-9c6d-4355-b212-107766bd4038")
+    assert trust_fingerprint(
+        trusted(), Mode.ASK, Cutover({0: 10}, kafka_form(uid))
+    ) == trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 10}, str(uid).upper()))
     # Any other input, another trust.
     others = [
         trust_fingerprint(TrustedKeys.none(), Mode.ASK, Cutover({0: 10}, "topic-1")),
@@ -335,7 +343,6 @@ def test_the_trust_fingerprint_names_the_keys_the_start_mode_and_the_cutover() -
         trust_fingerprint(renamed, Mode.ASK, Cutover({0: 10}, "topic-1")),
         trust_fingerprint(trusted(), Mode.AUTO, Cutover({0: 10}, "topic-1")),
         trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 11}, "topic-1")),
-        trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 10, 1: 0}, "topic-1")),
         trust_fingerprint(trusted(), Mode.ASK, Cutover({0: 10}, "topic-2")),
         trust_fingerprint(trusted(), Mode.ASK, Cutover()),
     ]
