@@ -55,6 +55,9 @@ def _partition_of(update: SessionUpdate) -> int:
 
 _RETRY_FIRST_S = 0.05  # a failed tick's first retry waits this long; each next one twice as long
 _RETRY_MAX_S = 5.0
+# Standalone: a session still indexed at a deadline whose closing was sent this long ago has its
+# state read again (the closing may have named an asking since answered and asked again).
+_RECHECK_CLOSED_S = 1.0
 
 
 @dataclass
@@ -105,9 +108,9 @@ class Scheduler:
         # and every new turn moves the cut: each batch would otherwise send another summary).
         self._compacted: dict[str, int] = {}
         # Standalone mode: sid -> (deadline, question id, question seq) checked ahead of time,
-        # and sid -> deadline ms of the closings already sent.
+        # and sid -> (deadline ms, asked seq, ms of the next re-read) of the closings sent.
         self._prepared: dict[str, tuple[datetime, str, int]] = {}
-        self._closed: dict[str, int] = {}
+        self._closed: dict[str, tuple[int, int, int]] = {}
         self._wake = asyncio.Event()
         self._sending: set[asyncio.Future[None]] = set()  # ticks whose acks are awaited
         self._sleeping_until: int | None = None  # ms; None = until woken
@@ -161,18 +164,29 @@ class Scheduler:
         New deadlines are checked against their sessions' states now, ahead of time (one read for
         all of them), so that when one comes due the closing goes out without reading anything.
         An answer that arrives in between wins the race in the fold, which makes the closing a
-        no-op. A deadline already closed is not offered again while the projector catches up.
+        no-op. A deadline already closed is not offered again while the projector catches up;
+        but the index cannot tell one asking from the next: if the question was answered and
+        asked again with the same id and deadline, the closing sent named the earlier asking and
+        the fold ignored it. So a session still indexed at a closed deadline is read again, once
+        every `_RECHECK_CLOSED_S`, and a later asking found there is prepared like a new one.
         """
-        self._closed = {sid: ms for sid, ms in self._closed.items() if sid in deadlines}
+        now_ms = _epoch_ms(self._clock())
+        self._closed = {sid: c for sid, c in self._closed.items() if sid in deadlines}
         for sid in [sid for sid in self._prepared if sid not in deadlines]:
             # Gone from the index within the horizon: answered (or closed) meanwhile.
             del self._prepared[sid]
             self._deadlines.pop(sid, None)
-        fresh = [
-            sid
-            for sid, (ms, _) in deadlines.items()
-            if self._closed.get(sid) != ms and self._deadlines.get(sid, (None,))[0] != ms
-        ]
+        fresh: list[str] = []
+        recheck_ms = now_ms + round(_RECHECK_CLOSED_S * 1000)
+        for sid, (ms, _) in deadlines.items():
+            if self._deadlines.get(sid, (None,))[0] == ms:
+                continue  # scheduled already
+            closed = self._closed.get(sid)
+            if closed is not None and closed[0] == ms:
+                if closed[2] > now_ms:
+                    continue  # closed a moment ago: the projector is catching up
+                self._closed[sid] = (ms, closed[1], recheck_ms)
+            fresh.append(sid)
         earliest: int | None = None
         fresh.sort(key=lambda sid: deadlines[sid][0])
         for at in range(0, len(fresh), self.prepare_chunk):
@@ -188,6 +202,9 @@ class Scheduler:
                     continue
                 if ceil_ms(deadline) != ms:
                     continue  # the index is behind the state; the next poll sees the new one
+                closed = self._closed.get(sid)
+                if closed is not None and closed[:2] == (ms, question.seq):
+                    continue  # this asking's closing was sent and is not folded yet
                 self._prepared[sid] = (deadline, question.id, question.seq)
                 self._schedule(sid, ms, partition)
                 earliest = ms if earliest is None else min(earliest, ms)
@@ -300,7 +317,10 @@ class Scheduler:
         # these deadlines again (their sessions still show the question open until folded).
         if len(self._closed) > 100_000:  # only ever a guard against waste: forget freely
             self._closed.clear()
-        self._closed.update((e.session_id, ceil_ms(d)) for e, d, _ in closings)
+        recheck_ms = now_ms + round(_RECHECK_CLOSED_S * 1000)
+        self._closed.update(
+            (e.session_id, (ceil_ms(d), e.payload["asked_seq"], recheck_ms)) for e, d, _ in closings
+        )
         if len(self._compacted) > 100_000:
             self._compacted.clear()
         self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
@@ -397,7 +417,8 @@ class Scheduler:
         await asyncio.sleep(self._retry_s)
         for event, deadline, partition in closings:
             sid, ms = event.session_id, ceil_ms(deadline)
-            if self._closed.get(sid) == ms:
+            sent = self._closed.get(sid)
+            if sent is not None and sent[:2] == (ms, event.payload["asked_seq"]):
                 del self._closed[sid]
             if sid not in self._deadlines:  # a deadline learned meanwhile is the newer one
                 self._schedule(sid, ms, partition)

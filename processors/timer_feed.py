@@ -24,6 +24,7 @@ from typing import Protocol, TypeVar
 from processors import timer as wire  # its MAX_FRAME read at each send (tests shrink it)
 from processors.scheduler import DueIndex, States
 from processors.timer import Assign, Clear, Closing, Message, Offer
+from schemas.errors import CorruptProjectionError
 from session_model.projection import Folded, SessionUpdate
 from session_model.session import Session
 
@@ -96,7 +97,7 @@ class TimerFeed:
         self.chunk = chunk
         self.owned: set[int] = set()
         self.offered: dict[str, Closing] = {}
-        self.unreadable = 0  # sessions a load skipped: their state could not be read
+        self.unreadable = 0  # sessions a load skipped: their state could not be decoded
         self._observed: set[str] | None = None  # sessions a batch told about since `assign`
         self._loading: asyncio.Task[None] | None = None
 
@@ -206,23 +207,34 @@ class TimerFeed:
     async def _read(
         self, chunk: Sequence[str], partitions: frozenset[int]
     ) -> dict[str, Folded | None]:
-        """The chunk's states (None: unknown); one that cannot be read is left out, counted."""
+        """The chunk's states (None: unknown); one that cannot be decoded is left out, counted.
+
+        Redis away (or slow) fails the read of the chunk, which the caller tries again; one
+        session that cannot be decoded fails it too, and then the chunk is read one by one, each
+        read tried again on the same terms until only what cannot be decoded is left out.
+        """
         try:
             got = await self._states(chunk)
-        except Exception:
-            # One session that cannot be decoded fails the read of all. Redis away fails the index
-            # read too (the caller tries again later); if Redis answers, read them one by one.
-            await self._due_index(partitions)
+        except CorruptProjectionError:
+            pass
         else:
             return {sid: got.get(sid) for sid in chunk}
         states: dict[str, Folded | None] = {}
         for sid in chunk:
-            try:
-                states[sid] = (await self._states([sid])).get(sid)
-            except Exception as e:
-                self.unreadable += 1
-                log.error("could not read %s, its deadline is not offered: %s", sid, e)
+            read_one = functools.partial(self._read_one, sid)
+            readable, folded = await self._retrying(f"reading {sid}", partitions, read_one)
+            if readable:
+                states[sid] = folded
         return states
+
+    async def _read_one(self, sid: str) -> tuple[bool, Folded | None]:
+        """Whether the session's state can be decoded, and the state (None: unknown)."""
+        try:
+            return True, (await self._states([sid])).get(sid)
+        except CorruptProjectionError as e:
+            self.unreadable += 1
+            log.error("could not read %s, its deadline is not offered: %s", sid, e)
+            return False, None
 
     async def _retrying(
         self, what: str, partitions: frozenset[int], call: Callable[[], Awaitable[T]]

@@ -23,7 +23,7 @@ Built for memory (an idle session must cost under 537 bytes of Redis, `docs/PERF
   raw newline (JSON escapes it), so entries can be stored one per line.
 
 Every format here is part of the stored layout: change one and bump `STATE_VERSION`, so that a
-projection of another layout is refused (`ProjectionError`) rather than misread.
+projection of another layout is refused (`CorruptProjectionError`) rather than misread.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from projections.layout import STATE_INLINE
-from schemas.errors import ProjectionError
+from schemas.errors import CorruptProjectionError
 from session_model.dedupe import EMPTY as NO_IDS
 from session_model.dedupe import RecentIds
 from session_model.modes import Mode
@@ -335,7 +335,7 @@ def summary_from_stored(stored: bytes, session_id: str) -> str:
             return _inflated(stored).decode()
         return stored.decode()
     except (ValueError, UnicodeDecodeError) as e:
-        raise ProjectionError(f"{session_id}: the stored summary cannot be read: {e}") from e
+        raise CorruptProjectionError(f"{session_id}: the stored summary cannot be read: {e}") from e
 
 
 # -- state -----------------------------------------------------------------------------------------
@@ -466,14 +466,14 @@ def session_to_blob(s: Session) -> bytes:
 
 
 def check_version(blob: bytes, session_id: str) -> None:
-    """Raise `ProjectionError` unless `blob` is a state of this layout."""
+    """Raise `CorruptProjectionError` unless `blob` is a state of this layout."""
     if not blob:
-        raise ProjectionError(
+        raise CorruptProjectionError(
             f"{session_id}: no state of layout {STATE_VERSION} is stored (written by an older "
             "version?); drop the projections and rebuild them with `replay`"
         )
     if blob[0] != STATE_VERSION:
-        raise ProjectionError(
+        raise CorruptProjectionError(
             f"{session_id}: the stored state has layout {blob[0]}, this version reads layout "
             f"{STATE_VERSION}; drop the projections and rebuild them with `replay`"
         )
@@ -508,7 +508,7 @@ def session_from_blob(
             presence >>= 1
         return Session(**kwargs)  # the fields left out take their defaults
     except (orjson.JSONDecodeError, TypeError, ValueError, IndexError, StopIteration) as e:
-        raise ProjectionError(f"{session_id}: the stored state cannot be read: {e}") from e
+        raise CorruptProjectionError(f"{session_id}: the stored state cannot be read: {e}") from e
 
 
 # -- history ---------------------------------------------------------------------------------------
@@ -544,7 +544,9 @@ def decisions_from_json(session_id: str, entries: Iterable[bytes | str]) -> tupl
     try:
         return tuple(_decision_from(orjson.loads(raw)) for raw in entries)
     except (orjson.JSONDecodeError, TypeError, ValueError, IndexError) as e:
-        raise ProjectionError(f"{session_id}: the stored decisions cannot be read: {e}") from e
+        raise CorruptProjectionError(
+            f"{session_id}: the stored decisions cannot be read: {e}"
+        ) from e
 
 
 def fact_to_json(fact: HistoryRecord) -> tuple[int, bytes]:
@@ -561,7 +563,7 @@ def history_from_json(session_id: str, seq: int, lists: Iterable[Iterable[bytes 
             for decode, entries in zip(_FROM_JSON, lists, strict=True)
         ]
     except (orjson.JSONDecodeError, TypeError, ValueError, IndexError) as e:
-        raise ProjectionError(f"{session_id}: the stored history cannot be read: {e}") from e
+        raise CorruptProjectionError(f"{session_id}: the stored history cannot be read: {e}") from e
     return History(session_id, seq, *records)
 
 
@@ -649,7 +651,7 @@ def unpack_event_ids(blob: bytes) -> list[str]:
             out.append(blob[i : i + size].decode())
             i += size
     except (ValueError, UnicodeDecodeError) as e:
-        raise ProjectionError(f"the stored event ids cannot be read at byte {i}: {e}") from e
+        raise CorruptProjectionError(f"the stored event ids cannot be read at byte {i}: {e}") from e
     return out
 
 
@@ -849,4 +851,6 @@ def entry_from_json(raw: bytes | str, session_id: str) -> TimelineEntry:
         entry = _rebuild(ops, iter(_pad(values, leaves)))
         return {"session": session_id, "kind": kind, "seq": seq, **entry}
     except (orjson.JSONDecodeError, TypeError, ValueError, IndexError, StopIteration) as e:
-        raise ProjectionError(f"{session_id}: a stored timeline entry cannot be read: {e}") from e
+        raise CorruptProjectionError(
+            f"{session_id}: a stored timeline entry cannot be read: {e}"
+        ) from e

@@ -147,6 +147,11 @@ class ProjectionError(BackendError):
     code = "projection_unavailable"
 
 
+class CorruptProjectionError(ProjectionError):
+    """A stored projection cannot be decoded: reading it again gives the same bytes (Redis was
+    reached; a rebuild with `replay` is what mends it)."""
+
+
 class ReplicationLagError(ProjectionError):
     """A projection write was not acknowledged by as many Redis replicas as the settings ask for
     (`MILPA_REDIS_WAIT_REPLICAS`): the caller does not move its Kafka offsets past it."""

@@ -20,7 +20,7 @@ from schemas.errors import ProjectionError
 from session_model.compaction import Compactor
 from session_model.deadlines import format_instant
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
-from tests.unit.builders import ask, started, turn
+from tests.unit.builders import answer, ask, started, turn
 
 DEADLINE = datetime(2026, 1, 1, 12, 0, 0, 500000, tzinfo=UTC)
 
@@ -620,3 +620,37 @@ def test_the_same_with_a_send_that_fails_slowly_and_no_pause(
     sent = _reasked_while_the_failed_closing_waits(_SlowFailing())
     assert (ev.ANSWER_WINDOW_CLOSED, "q1") in sent
     assert (ev.ANSWER_WINDOW_CLOSED, "q2") not in sent
+
+
+def test_a_closing_that_named_an_asking_answered_and_asked_again_does_not_stop_the_new_one() -> (
+    None
+):
+    """Standalone: between two polls q1 is answered and asked again with the same id and the same
+    deadline (the index never drops the session). The closing prepared for the first asking is a
+    no-op once folded; the second asking is still closed at its deadline."""
+    events = [started(), ask("q1", expires_at=format_instant(DEADLINE))]
+    first = _update(events)
+    again = [*events, answer("q1"), ask("q1", expires_at=format_instant(DEADLINE))]
+    reasked = _update(again)
+    assert first.state.question is not None and reasked.state.question is not None
+    old_seq, new_seq = first.state.question.seq, reasked.state.question.seq
+    assert old_seq != new_seq
+    states = {"s1": Folded(first.state, first.mark)}
+    clock, sink = Clock(DEADLINE - timedelta(seconds=1)), Sink()
+    scheduler, _ = _counting(states, clock, sink)
+    index = {"s1": (ceil_ms(DEADLINE), 0)}
+    _polled(scheduler, index)  # prepared for the first asking
+    states["s1"] = Folded(reasked.state, reasked.mark)  # answered and asked again
+    _polled(scheduler, index)  # the same deadline in the index: nothing read
+    clock.now = DEADLINE + timedelta(milliseconds=5)
+    asyncio.run(scheduler.tick())
+    [stale] = sink.events
+    assert stale.payload["asked_seq"] == old_seq
+    folded = _update([*again, stale])  # the projector folds it: a no-op, q1 is still open
+    assert folded.state.question is not None and folded.state.question.seq == new_seq
+    states["s1"] = Folded(folded.state, folded.mark)
+    for _ in range(3):  # the index still lists the session at the same deadline
+        clock.now += timedelta(seconds=scheduler_module._RECHECK_CLOSED_S)
+        _polled(scheduler, index)
+        asyncio.run(scheduler.tick())
+    assert [e.payload["asked_seq"] for e in sink.events] == [old_seq, new_seq]

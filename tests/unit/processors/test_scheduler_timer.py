@@ -22,7 +22,7 @@ from processors.timer_link import combined
 from processors.timer_process import TimerConfig, TimerCounters, TimerService
 from schemas import events as ev
 from schemas.codec import EventCodec
-from schemas.errors import CodecError, ProjectionError
+from schemas.errors import CodecError, CorruptProjectionError, ProjectionError
 from schemas.events import Event
 from session_model.deadlines import format_instant
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
@@ -270,7 +270,7 @@ def test_a_session_that_cannot_be_read_is_skipped_and_the_rest_of_the_load_offer
 
     async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
         if "s0" in ids:
-            raise ProjectionError("s0: the stored state cannot be read")
+            raise CorruptProjectionError("s0: the stored state cannot be read")
         return await read(ids)
 
     feed._states = lookup
@@ -282,6 +282,42 @@ def test_a_session_that_cannot_be_read_is_skipped_and_the_rest_of_the_load_offer
     asyncio.run(scenario())
     offered = [c.session_id for m in pipe.sent if isinstance(m, Offer) for c in m.closings]
     assert offered == ["s1", "s2"] and feed.unreadable == 1
+
+
+def test_a_read_that_fails_while_redis_is_away_is_tried_again_not_skipped() -> None:
+    """Only a state that cannot be decoded is skipped: a read that fails because Redis is away
+    (the chunk's, then one session's while the chunk is read one by one) is tried again."""
+    updates = [_asked(f"s{i}", DEADLINE + timedelta(seconds=i), partition=1) for i in range(3)]
+    states = {u.session_id: Folded(u.state, u.mark) for u in updates}
+    feed, pipe, reads = _feed(states, {u.session_id: (i, 1) for i, u in enumerate(updates)})
+    read = feed._states
+    away = ["the chunk", "s1"]  # what fails once with Redis away, in this order
+
+    async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
+        if away and ((away[0] == "the chunk" and len(ids) > 1) or list(ids) == [away[0]]):
+            away.pop(0)
+            raise ProjectionError("reading the states failed: Connection reset by peer")
+        if "s0" in ids:
+            raise CorruptProjectionError("s0: the stored state cannot be read")
+        return await read(ids)
+
+    feed._states = lookup
+    index, index_reads = feed._due_index, []
+
+    async def counted(parts: Iterable[int]) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+        index_reads.append(parts)
+        return await index(parts)
+
+    feed._due_index = counted
+
+    async def scenario() -> None:
+        await feed.assign({1})
+        await asyncio.wait_for(feed.loaded(), 10)
+
+    asyncio.run(scenario())
+    offered = [c.session_id for m in pipe.sent if isinstance(m, Offer) for c in m.closings]
+    assert away == [] and offered == ["s1", "s2"] and feed.unreadable == 1
+    assert reads == [["s1"], ["s2"]] and len(index_reads) == 1  # (not read to see if Redis is up)
 
 
 def test_a_big_replay_goes_in_frames_the_timer_can_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,8 +21,10 @@ from projections.codec import (
     NOT_IN_STATE,
     STATE_VERSION,
     STORED_FIELDS,
+    decisions_from_json,
     entry_from_json,
     entry_to_json,
+    history_from_json,
     pack_event_ids,
     session_from_blob,
     session_to_blob,
@@ -33,7 +35,7 @@ from projections.codec import (
     unpack_event_ids,
 )
 from projections.layout import STATE_INLINE
-from schemas.errors import ProjectionError
+from schemas.errors import CorruptProjectionError, ProjectionError
 from session_model.fold import fold, step
 from session_model.modes import Mode
 from session_model.principal import Principal
@@ -255,23 +257,23 @@ def test_a_state_that_fits_in_chunks_is_never_deflated() -> None:
 def test_a_damaged_deflated_state_is_a_projection_error() -> None:
     blob = session_to_blob(_old(40))
     for damaged in (blob[:-3], blob[:2] + b"junk", blob[:10] + bytes([blob[10] ^ 1]) + blob[11:]):
-        with pytest.raises(ProjectionError, match="cannot be read"):
+        with pytest.raises(CorruptProjectionError, match="cannot be read"):
             session_from_blob(damaged, "s1", ())
 
 
 def test_a_state_of_another_layout_is_refused_with_a_clear_error() -> None:
-    with pytest.raises(ProjectionError, match="layout 123"):
+    with pytest.raises(CorruptProjectionError, match="layout 123"):
         session_from_blob(b'{"v":1,"id":"s1"}', "s1", ())
-    with pytest.raises(ProjectionError, match="layout 9"):
+    with pytest.raises(CorruptProjectionError, match="layout 9"):
         session_from_blob(bytes([9]) + b"[0]", "s1", ())
-    with pytest.raises(ProjectionError, match="no state of layout"):
+    with pytest.raises(CorruptProjectionError, match="no state of layout"):
         session_from_blob(b"", "s1", ())
 
 
 def test_a_damaged_state_is_a_projection_error() -> None:
     blob = session_to_blob(_everything())
     for damaged in (blob[:-5], bytes([STATE_VERSION]) + b"[3]", bytes([STATE_VERSION]) + b"{}"):
-        with pytest.raises(ProjectionError):
+        with pytest.raises(CorruptProjectionError):
             session_from_blob(damaged, "s1", ())
 
 
@@ -314,7 +316,7 @@ def test_any_summary_round_trips(summary: str) -> None:
 def test_a_damaged_summary_is_a_projection_error() -> None:
     stored = summary_to_stored("facts " * 100)
     for damaged in (stored[:-3], bytes([DEFLATED]) + b"junk", b"\xc3"):
-        with pytest.raises(ProjectionError, match="summary"):
+        with pytest.raises(CorruptProjectionError, match="summary"):
             summary_from_stored(damaged, "s1")
 
 
@@ -390,7 +392,7 @@ def test_ids_packed_apart_and_concatenated_read_as_one_stream() -> None:
     ],
 )
 def test_damaged_ids_are_a_projection_error(damaged: bytes) -> None:
-    with pytest.raises(ProjectionError):
+    with pytest.raises(CorruptProjectionError):
         unpack_event_ids(damaged)
 
 
@@ -548,5 +550,15 @@ def test_an_entry_of_another_session_keeps_its_session() -> None:
 
 @pytest.mark.parametrize("damaged", [b"[99,1]", b"[1]", b"[1,3,1,2,3,4,5,6,7,8,9]", b"nope", b"3"])
 def test_a_damaged_entry_is_a_projection_error(damaged: bytes) -> None:
-    with pytest.raises(ProjectionError):
+    with pytest.raises(CorruptProjectionError):
         entry_from_json(damaged, "s1")
+
+
+def test_stored_bytes_that_cannot_be_decoded_are_a_corrupt_projection_not_redis_away() -> None:
+    # Readers retry a `ProjectionError` (Redis away) and skip a `CorruptProjectionError`: a read
+    # again returns the same bytes. It is still a `ProjectionError` (one hierarchy).
+    assert issubclass(CorruptProjectionError, ProjectionError)
+    with pytest.raises(CorruptProjectionError, match="decisions"):
+        decisions_from_json("s1", [b"nope"])
+    with pytest.raises(CorruptProjectionError, match="history"):
+        history_from_json("s1", 3, [[b"nope"]])
