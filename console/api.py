@@ -1,7 +1,8 @@
 """The JSON API under `/api/v1`: the waiting questions, the fleet, sessions, the operator's acts.
 
-Read and write handlers are plain functions (FastAPI runs them in its thread pool: the store's
-calls block on Kafka and Redis); the live stream is the one coroutine. Errors are problem details
+Read handlers are plain functions (FastAPI runs them in its thread pool: the store's calls block
+on Redis); a write runs on the writes' own threads (`Runtime.write`: it blocks until Kafka
+acknowledges, and must not hold the pool every request shares). Errors are problem details
 (`console.problems`). A write answers 202 with the log position of what it appended.
 """
 
@@ -94,10 +95,14 @@ def timeline(
 
 
 @router.post("/sessions/{session_id}/answer", status_code=202)
-def answer(caller: ApiCaller, request: Request, session_id: str, body: AnswerRequest) -> Accepted:
+async def answer(
+    caller: ApiCaller, request: Request, session_id: str, body: AnswerRequest
+) -> Accepted:
     """Answer the open question as the caller (verified, signed with the console's key)."""
-    position = service.answer(
-        runtime(request),
+    rt = runtime(request)
+    act = functools.partial(
+        service.answer,
+        rt,
         caller,
         session_id,
         question_id=body.question_id,
@@ -105,34 +110,43 @@ def answer(caller: ApiCaller, request: Request, session_id: str, body: AnswerReq
         confirm=body.confirm,
         asked_seq=body.asked_seq,
     )
+    position = await rt.write(act)
     return Accepted(position=str(position))
 
 
 @router.post("/sessions/{session_id}/grant", status_code=202)
-def grant(caller: ApiCaller, request: Request, session_id: str, body: OperationRequest) -> Accepted:
+async def grant(
+    caller: ApiCaller, request: Request, session_id: str, body: OperationRequest
+) -> Accepted:
     """Grant an operation in the session (an operator's signed act)."""
-    position = service.grant(runtime(request), caller, session_id, body.operation)
+    rt = runtime(request)
+    position = await rt.write(service.grant, rt, caller, session_id, body.operation)
     return Accepted(position=str(position))
 
 
 @router.post("/sessions/{session_id}/revoke", status_code=202)
-def revoke(caller: ApiCaller, request: Request, session_id: str, body: RevokeRequest) -> Accepted:
+async def revoke(
+    caller: ApiCaller, request: Request, session_id: str, body: RevokeRequest
+) -> Accepted:
     """Revoke a granted operation."""
-    position = service.revoke(runtime(request), caller, session_id, body.operation)
+    rt = runtime(request)
+    position = await rt.write(service.revoke, rt, caller, session_id, body.operation)
     return Accepted(position=str(position))
 
 
 @router.post("/sessions/{session_id}/mode", status_code=202)
-def mode(caller: ApiCaller, request: Request, session_id: str, body: ModeRequest) -> Accepted:
+async def mode(caller: ApiCaller, request: Request, session_id: str, body: ModeRequest) -> Accepted:
     """Change the autonomy mode (a less strict one is signed)."""
-    position = service.set_mode(runtime(request), caller, session_id, body.mode.value)
+    rt = runtime(request)
+    position = await rt.write(service.set_mode, rt, caller, session_id, body.mode.value)
     return Accepted(position=str(position))
 
 
 @router.post("/sessions/{session_id}/end", status_code=202)
-def end(caller: ApiCaller, request: Request, session_id: str, body: EndRequest) -> Accepted:
+async def end(caller: ApiCaller, request: Request, session_id: str, body: EndRequest) -> Accepted:
     """End the session."""
-    position = service.end(runtime(request), caller, session_id, body.because)
+    rt = runtime(request)
+    position = await rt.write(service.end, rt, caller, session_id, body.because)
     return Accepted(position=str(position))
 
 

@@ -2,8 +2,8 @@
 
 Forms post to the page routes with the session's CSRF token in a hidden `csrf` field; a form is
 checked with the API's own limits (`console.inputs`), and each act redirects back (303) with a
-flash message saying what happened or what went wrong. The store's blocking calls run in the
-thread pool.
+flash message saying what happened or what went wrong. The store's blocking reads run in the
+thread pool, its writes on the writes' own threads (`Runtime.write`).
 """
 
 from __future__ import annotations
@@ -333,7 +333,7 @@ async def _act(
     to = session_path(session_id)
     try:
         body = form_input(model, form)
-        position = await run_in_threadpool(act, rt, body)
+        position = await rt.write(act, rt, body)
     except MilpaError as e:
         return back(request, to, "error", f"Not done ({e.code}): {detail_of(e)}")
     return back(request, to, "ok", f"{done(body)} (appended at {position}).")

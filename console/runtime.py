@@ -7,8 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar, TypeVarTuple, Unpack
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
@@ -28,6 +30,11 @@ from projections.analytics import PausesByHour, TimeToAnswer
 from session_model.ports import WaitingIndex
 
 HERE = Path(__file__).resolve().parent
+# Writes' own threads: each holds one until Kafka acknowledges (while down: its delivery time-out).
+WRITE_THREADS = 8
+
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 def _utc_now() -> datetime:
@@ -76,6 +83,12 @@ class Runtime:
     cookies: CookieSigner
     hub: Hub
     templates: Jinja2Templates
+    writes: CapacityLimiter = field(default_factory=lambda: CapacityLimiter(WRITE_THREADS))
+
+    async def write(self, act: Callable[[Unpack[Args]], T], *args: *Args) -> T:
+        """`act(*args)`, a write, on one of the writes' threads (waiting for one without holding
+        any: reads, sign-ins and streams keep the shared pool)."""
+        return await anyio.to_thread.run_sync(act, *args, limiter=self.writes)
 
 
 def runtime(request: Request) -> Runtime:
