@@ -128,6 +128,11 @@ class StatsCollector(Collector):
             "milpa_redis_retries", "Redis calls retried after a failure.", w.redis_retries
         )
         yield _counter(
+            "milpa_corrupt_state_reads",
+            "Reads retried because a stored state does not decode (see the log: replay --session).",
+            w.corrupt_reads,
+        )
+        yield _counter(
             "milpa_publish_retries",
             "Sends of decisions, question changes or dead letters retried after a failure.",
             w.publish_retries,

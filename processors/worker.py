@@ -25,7 +25,13 @@ from producers.decisions import decision_record
 from producers.questions import change_record
 from projections.redis_store import AsyncRedisProjectionStore
 from schemas.codec import EventCodec
-from schemas.errors import BackendError, LogError, ProducerStoppedError, ProjectionError
+from schemas.errors import (
+    BackendError,
+    CorruptProjectionError,
+    LogError,
+    ProducerStoppedError,
+    ProjectionError,
+)
 from session_model.cycle import Folding, ProjectionCycle, Read, ReadDecisions, Steps, Write
 from session_model.fold import Kind
 from session_model.intake import WRONG_PARTITION, Intake, Refusal
@@ -77,6 +83,7 @@ class WorkerStats:
     conflicts: int = 0
     redis_round_trips: int = 0
     redis_retries: int = 0
+    corrupt_reads: int = 0  # of the retries: a stored state that does not decode
     publish_retries: int = 0  # decisions, question changes and dead letters sent again
     outcomes: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
@@ -101,6 +108,14 @@ def _redis_retry(e: Exception, stats: WorkerStats) -> str | None:
     if not isinstance(e, ProjectionError):
         return None
     stats.redis_retries += 1
+    if isinstance(e, CorruptProjectionError):
+        # Folding on would build on a state nobody can read, skipping it would commit past its
+        # events: the worker waits, and says what ends the wait.
+        stats.corrupt_reads += 1
+        return (
+            f"a stored state cannot be read ({e}): rebuild that session with "
+            "`milpa-sessions replay --session <id> --force`"
+        )
     return f"redis unavailable ({e})"
 
 
