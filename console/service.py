@@ -1,7 +1,9 @@
 """What the API and the pages both do: the reads they show and the operator's acts (blocking).
 
-Every function here calls the store or the index synchronously (Kafka, Redis): handlers run them
-in the thread pool. Acts are logged with the principal who did them, never with a secret.
+Every function here calls the store or the index synchronously (Kafka, Redis): handlers run the
+reads in the shared thread pool and the acts on the writes' own threads (`Runtime.write`: a write
+waiting on Kafka holds none of the reads'). Acts are logged with the principal who did them,
+never with a secret.
 """
 
 from __future__ import annotations
