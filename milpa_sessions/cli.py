@@ -104,7 +104,9 @@ def worker(ctx: Ctx, loglevel: str) -> None:
 
     keys = wiring.trusted_keys(ctx.settings)
     wiring.wait_for_stack(ctx.settings)
-    wiring.check_rebuild_finished(ctx.settings)  # never fold onto a half-built projection
+    wiring.check_rebuild_finished(
+        ctx.settings, why="workers folding now would build on a half-built projection"
+    )
     wiring.checked_cutover(ctx.settings)  # the app folds with settings.cutover(): this one
     projector = create_app(ctx.settings, keys)
     # Everything allocated so far lives as long as the process: freeze it out of the collector,
@@ -139,6 +141,11 @@ def scheduler(ctx: Ctx, loglevel: str, poll_interval: float) -> None:
     from processors.scheduler_app import create_scheduler_app  # noqa: PLC0415
 
     wiring.wait_for_stack(ctx.settings)
+    wiring.check_rebuild_finished(
+        ctx.settings,
+        why="a scheduler now would read due-work indexes the rebuild has not refilled, "
+        "and miss the deadlines and compactions not in them",
+    )
     app = create_scheduler_app(ctx.settings, poll_interval=poll_interval)
     gc.collect()  # as in the worker: the start-up heap never needs scanning again
     gc.freeze()

@@ -67,9 +67,10 @@ def projection_store_for_rebuild(settings: StackSettings) -> RedisProjectionStor
     )
 
 
-def check_rebuild_finished(settings: StackSettings) -> None:
+def check_rebuild_finished(settings: StackSettings, *, why: str) -> None:
     """Raise `RebuildIncompleteError` if a rebuild cleared the projections and did not finish
-    (one GET): a worker must not start folding onto what it left."""
+    (one GET): neither a worker nor a scheduler may start on what it left; `why` says what
+    starting now would do."""
     store = projection_store(settings)
     try:
         found = store.incomplete_rebuild()
@@ -80,7 +81,7 @@ def check_rebuild_finished(settings: StackSettings) -> None:
         raise RebuildIncompleteError(
             f"a rebuild (`milpa-sessions {what}`) began at {began} and did not finish "
             f"({store.keys.rebuild_incomplete()} is set): run `milpa-sessions replay` again; "
-            "workers folding now would build on a half-built projection"
+            f"{why}"
         )
 
 

@@ -1,5 +1,6 @@
-"""`milpa-sessions worker` refuses to start while a rebuild that cleared the projections has not
-finished (it would fold new events onto a half-built projection); it starts once one has."""
+"""`milpa-sessions worker` and `scheduler` refuse to start while a rebuild that cleared the
+projections has not finished (the worker would fold new events onto a half-built projection, the
+scheduler read due-work indexes not yet refilled); each starts once the rebuild has."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import processors.app
+import processors.scheduler_app
 from milpa_sessions import wiring
 from milpa_sessions.cli import main
 from milpa_sessions.failures import EXIT_FAILED
@@ -35,27 +37,38 @@ def redis(monkeypatch: pytest.MonkeyPatch) -> DictRedis:
     def store(settings: StackSettings) -> RedisProjectionStore:
         return RedisProjectionStore(fake, settings.redis_keys(), follow=False)  # type: ignore[arg-type]
 
-    def create_app(*args: Any) -> None:
+    def create_app(*args: Any, **kwargs: Any) -> None:
         raise _StartedError
 
     monkeypatch.setattr(wiring, "wait_for_stack", lambda settings: None)
     monkeypatch.setattr(wiring, "projection_store", store)
     monkeypatch.setattr(processors.app, "create_app", create_app)
+    monkeypatch.setattr(processors.scheduler_app, "create_scheduler_app", create_app)
     return fake
 
 
-def test_the_worker_refuses_to_start_on_a_half_built_projection(redis: DictRedis) -> None:
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        ("worker", "half-built projection"),
+        ("scheduler", "due-work indexes the rebuild has not refilled"),
+    ],
+)
+def test_a_folding_process_refuses_to_start_on_a_half_built_projection(
+    redis: DictRedis, command: str, why: str
+) -> None:
     redis.data["ms:rebuild-incomplete"] = "2026-03-01T10:00:00+00:00 replay --full"
-    result = CliRunner().invoke(main, ["worker"], env=ENV)
+    result = CliRunner().invoke(main, [command], env=ENV)
     assert result.exit_code == EXIT_FAILED, result.output
     line = " ".join(result.output.split())
     assert "RebuildIncompleteError" in line
     assert "`milpa-sessions replay --full`) began at 2026-03-01T10:00:00+00:00" in line
     assert "ms:rebuild-incomplete is set" in line
     assert "run `milpa-sessions replay` again" in line
-    assert "half-built projection" in line
+    assert why in line
 
 
-def test_the_worker_starts_once_the_rebuild_finished(redis: DictRedis) -> None:
-    result = CliRunner().invoke(main, ["worker"], env=ENV)
+@pytest.mark.parametrize("command", ["worker", "scheduler"])
+def test_it_starts_once_the_rebuild_finished(redis: DictRedis, command: str) -> None:
+    result = CliRunner().invoke(main, [command], env=ENV)
     assert isinstance(result.exception, _StartedError), result.output
