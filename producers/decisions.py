@@ -5,7 +5,8 @@ redelivered batch, but the worker publishes again the decisions the sessions' st
 its records (`session_model.projection.redelivered_decisions`), since a worker may have stopped
 between the commit and the broker's acknowledgement. Each record carries its source event id and
 seq, and `DecisionSubscriber` drops any decision whose seq is not beyond the last one it yielded
-for that session.
+for that session, or that its group handed out before a restart or a rebalance (within its
+look-back: `producers.subscription`).
 """
 
 from __future__ import annotations

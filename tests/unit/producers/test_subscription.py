@@ -1,4 +1,5 @@
-"""What a subscription commits: only what it handed out (no broker: the consumer is faked)."""
+"""What a subscription commits (only what it handed out) and what it reads back before a partition's
+first record (what its group may have handed out already). No broker: the consumers are faked."""
 
 from __future__ import annotations
 
@@ -8,24 +9,73 @@ from typing import Any, ClassVar
 
 import pytest
 from kafka import TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 import producers.subscription as subscription_module
 from producers.subscription import Subscription
+from schemas.errors import LogError
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
 
 
 class FakeConsumer:
-    """Hands out the polls it was given, and records each commit's offsets."""
+    """In a group: hands out the polls it was given, and records each commit's offsets and each
+    seek. Without a group (reading back): reads `log` from where it was sought, two records of a
+    partition per poll."""
 
     polls: ClassVar[list[dict[TopicPartition, list[Any]]]] = []
+    log: ClassVar[dict[TopicPartition, list[Any]]] = {}
+    readers: ClassVar[int] = 0
+    failing: ClassVar[bool] = False
 
-    def __init__(self, *topics: str, **options: Any) -> None:
+    def __init__(self, **options: Any) -> None:
+        self.grouped = options["group_id"] is not None
         self.commits: list[dict[TopicPartition, int]] = []
+        self.sought: dict[TopicPartition, int] = {}
+        self.paused: set[TopicPartition] = set()
         self.owned = {TP0, TP1}
+        self.listener: Any = None
+        if not self.grouped:
+            FakeConsumer.readers += 1
+
+    def subscribe(self, topics: list[str], listener: Any) -> None:
+        self.listener = listener
 
     def poll(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
-        return self.polls.pop(0) if self.polls else {}
+        if self.grouped:
+            return self.polls.pop(0) if self.polls else {}
+        out = {}
+        for tp in self.owned - self.paused:
+            at = self.sought.get(tp, 0)
+            records = [r for r in self.log.get(tp, []) if r.offset >= at][:2]
+            if records:
+                out[tp] = records
+                self.sought[tp] = records[-1].offset + 1
+        return out
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.owned = set(partitions)
+
+    def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, Any]:
+        if self.failing:
+            raise KafkaTimeoutError("no leader")
+        found = {}
+        for tp, since in times.items():
+            later = [r.offset for r in self.log.get(tp, []) if r.timestamp >= since]
+            found[tp] = SimpleNamespace(offset=later[0]) if later else None
+        return found
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.sought[tp] = offset
+
+    def position(self, tp: TopicPartition) -> int:
+        return self.sought[tp]
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.paused.update(partitions)
+
+    def close(self) -> None:
+        pass
 
     def assignment(self) -> set[TopicPartition]:
         return self.owned
@@ -47,8 +97,8 @@ class Texts(Subscription[str]):
         return session, (int(seq),)
 
 
-def record(offset: int, value: bytes) -> Any:
-    return SimpleNamespace(offset=offset, value=value)
+def record(offset: int, value: bytes, timestamp: int = 1_000_000) -> Any:
+    return SimpleNamespace(offset=offset, value=value, timestamp=timestamp)
 
 
 @pytest.fixture
@@ -60,6 +110,7 @@ def sub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Texts]:
             TP1: [record(5, b"bad"), record(6, b"b:1")],
         }
     ]
+    FakeConsumer.log, FakeConsumer.readers, FakeConsumer.failing = {}, 0, False
     yield Texts("127.0.0.1:9", "t", "g")
     FakeConsumer.polls = []
 
@@ -107,3 +158,80 @@ def test_an_iteration_ended_early_leaves_the_rest_of_its_poll_to_the_next(sub: T
     assert sub.poll() == ["a:2", "b:1"]  # from what the iteration left, not a new poll
     sub.commit()
     assert commits(sub)[1] == {TP0: 13, TP1: 7}
+
+
+# -- reading back --------------------------------------------------------------------------------
+
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def restarted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A partition whose `a:1` and `a:2` this group handed out before (offsets 10 and 11, an hour
+    in), committed at 12; a worker then published `a:2` again (12) and `a:3` (13)."""
+    monkeypatch.setattr(subscription_module, "KafkaConsumer", FakeConsumer)
+    FakeConsumer.log = {
+        TP0: [
+            record(9, b"z:7", HOUR_MS - 900_001),  # before the look-back: not read
+            record(10, b"a:1", HOUR_MS),
+            record(11, b"a:2", HOUR_MS + 1),
+            record(12, b"a:2", HOUR_MS + 5_000),
+            record(13, b"a:3", HOUR_MS + 5_000),
+        ]
+    }
+    FakeConsumer.polls = [{TP0: FakeConsumer.log[TP0][3:]}]
+    FakeConsumer.readers, FakeConsumer.failing = 0, False
+    yield
+    FakeConsumer.polls, FakeConsumer.log = [], {}
+
+
+@pytest.mark.usefixtures("restarted")
+def test_a_copy_of_what_the_group_handed_out_before_a_restart_is_a_repeat() -> None:
+    sub = Texts("127.0.0.1:9", "t", "g")
+    assert sub.poll() == ["a:3"]
+    assert sub.read_back == 2  # a:1 and a:2 (offsets 10, 11), not the record before the window
+    assert FakeConsumer.readers == 1
+
+
+@pytest.mark.usefixtures("restarted")
+def test_without_a_look_back_the_copy_is_handed_out_again() -> None:
+    sub = Texts("127.0.0.1:9", "t", "g", lookback_s=0)
+    assert sub.poll() == ["a:2", "a:3"]
+    assert sub.read_back == 0
+    assert FakeConsumer.readers == 0
+
+
+@pytest.mark.usefixtures("restarted")
+def test_an_original_published_before_the_look_back_is_not_recognised() -> None:
+    """The guarantee is bounded: a copy published more than `lookback_s` after its original."""
+    sub = Texts("127.0.0.1:9", "t", "g", lookback_s=4)
+    assert sub.poll() == ["a:2", "a:3"]
+    assert sub.read_back == 0
+
+
+@pytest.mark.usefixtures("restarted")
+def test_a_partition_is_read_back_once_and_again_after_it_was_revoked() -> None:
+    sub = Texts("127.0.0.1:9", "t", "g")
+    sub.poll()
+    FakeConsumer.polls = [{TP0: [record(14, b"a:4", HOUR_MS + 6_000)]}]
+    assert sub.poll() == ["a:4"]
+    assert FakeConsumer.readers == 1  # already read back
+    consumer: FakeConsumer = sub._consumer  # type: ignore[assignment]
+    consumer.listener.on_partitions_revoked([TP0])
+    FakeConsumer.log[TP0].append(record(14, b"a:4", HOUR_MS + 6_000))
+    FakeConsumer.polls = [{TP0: [record(15, b"a:4", HOUR_MS + 9_000)]}]
+    assert sub.poll() == []  # another member may have handed out 14: read back again
+    assert FakeConsumer.readers == 2
+
+
+@pytest.mark.usefixtures("restarted")
+def test_a_failed_read_back_hands_out_nothing_and_the_poll_is_read_again() -> None:
+    FakeConsumer.failing = True
+    sub = Texts("127.0.0.1:9", "t", "g")
+    with pytest.raises(LogError, match="reading t back failed"):
+        sub.poll()
+    consumer: FakeConsumer = sub._consumer  # type: ignore[assignment]
+    assert consumer.sought == {TP0: 12}  # the group's consumer goes back to the poll's first
+    FakeConsumer.failing = False
+    FakeConsumer.polls = [{TP0: FakeConsumer.log[TP0][3:]}]
+    assert sub.poll() == ["a:3"]
