@@ -306,12 +306,10 @@ class Scheduler:
                 closing = self._closing(folded.state, now, partition)
                 if closing is not None:
                     closings.append((*closing, partition))
-        compactions = [
-            event
+        candidates = [
+            folded.state
             for sid in compact
-            if (folded := states.get(sid)) is not None
-            and not self._awaiting_fold(folded.state)
-            and (event := self._compaction(folded.state, now)) is not None
+            if (folded := states.get(sid)) is not None and not self._awaiting_fold(folded.state)
         ]
         # Marked before the send: a poll that runs while the acks are awaited must not prepare
         # these deadlines again (their sessions still show the question open until folded).
@@ -321,19 +319,37 @@ class Scheduler:
         self._closed.update(
             (e.session_id, (ceil_ms(d), e.payload["asked_seq"], recheck_ms)) for e, d, _ in closings
         )
-        if len(self._compacted) > 100_000:
-            self._compacted.clear()
-        self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
-        if not closings and not compactions:
-            return  # answered, re-asked or not quite due: nothing to send
-        # Everything due goes out together, and the next tick does not wait for these acks: a
-        # deadline that comes due while they are awaited would otherwise be late by a broker
-        # round trip (the producer keeps per-partition order across requests).
-        sending = asyncio.ensure_future(self._emit(closings, compactions, compact))
-        self._sending.add(sending)
-        sending.add_done_callback(self._sending.discard)
+        # The closings go out first, and the next tick does not wait for their acks: a deadline
+        # that comes due while they are awaited would otherwise be late by a broker round trip
+        # (the producer keeps per-partition order across requests).
+        if closings:
+            self._start_emit(closings, (), {})
+        if candidates:
+            # Summaries are written off the loop: many sessions due at once, or a summarizer that
+            # takes its time, must not hold up what the loop runs meanwhile (the worker's fold).
+            compactions = await asyncio.to_thread(self._compactions, candidates, now)
+            if len(self._compacted) > 100_000:
+                self._compacted.clear()
+            self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
+            if compactions:
+                self._start_emit((), compactions, compact)
         if len(self._sending) >= self.max_unacknowledged_ticks:
             await asyncio.wait(self._sending, return_when=asyncio.FIRST_COMPLETED)
+
+    def _start_emit(
+        self,
+        closings: Sequence[tuple[Event, datetime, int]],
+        compactions: Sequence[Event],
+        compact_partitions: Mapping[str, int],
+    ) -> None:
+        """Send these without waiting for their acks (`drain` waits for them)."""
+        sending = asyncio.ensure_future(self._emit(closings, compactions, compact_partitions))
+        self._sending.add(sending)
+        sending.add_done_callback(self._sending.discard)
+
+    def _compactions(self, sessions: Sequence[Session], now: datetime) -> list[Event]:
+        """The `compacted` events due of these sessions (in a worker thread: pure)."""
+        return [event for s in sessions if (event := self._compaction(s, now)) is not None]
 
     async def drain(self) -> None:
         """Wait until every tick sent so far was acknowledged (or failed and was rescheduled)."""

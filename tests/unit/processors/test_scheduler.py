@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -383,6 +384,51 @@ def test_polled_compaction_work_is_emitted() -> None:
     _polled(scheduler, {}, {"s1": 0})  # still in the index until the compaction is folded
     asyncio.run(scheduler.tick())
     assert [e.type for e in sink.events] == [ev.COMPACTED]
+
+
+class HeldSummarizer:
+    """Writes a summary only once released, from whichever thread it was called on."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.threads: list[int] = []
+
+    def summarize(self, session: object, through: int) -> str:
+        self.threads.append(threading.get_ident())
+        assert self.release.wait(10), "never released"
+        return "summary"
+
+
+def test_a_summary_being_written_holds_back_neither_a_closing_nor_the_loop() -> None:
+    """Summaries are written on a thread: a slow summarizer (say, a model) delays its own
+    compaction, not the closing due in the same tick, nor what else the loop runs (the fold)."""
+    summarizer = HeldSummarizer()
+
+    async def scenario() -> tuple[list[str], int, list[str]]:
+        compacting = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
+        asked = _asked("s2", "q2", DEADLINE)
+        states = {u.session_id: Folded(u.state, u.mark) for u in (compacting, asked)}
+        sink = Sink()
+        scheduler = _scheduler(states, Clock(DEADLINE + timedelta(seconds=1)), sink)
+        scheduler.compactor = Compactor(max_turns=6, keep_recent=2, summarizer=summarizer)
+        scheduler.observe([compacting, asked])
+        tick = asyncio.create_task(scheduler.tick())
+        loop_turns = 0
+        while not summarizer.threads:
+            await asyncio.sleep(0.001)
+        for _ in range(20):  # the loop runs on while the summary is written
+            await asyncio.sleep(0.001)
+            loop_turns += 1
+        sent_meanwhile = [e.type for e in sink.events]
+        summarizer.release.set()
+        await tick
+        return sent_meanwhile, loop_turns, [e.type for e in sink.events]
+
+    sent_meanwhile, loop_turns, sent = asyncio.run(scenario())
+    assert sent_meanwhile == [ev.ANSWER_WINDOW_CLOSED]
+    assert loop_turns == 20
+    assert sent == [ev.ANSWER_WINDOW_CLOSED, ev.COMPACTED]
+    assert summarizer.threads and threading.get_ident() not in summarizer.threads
 
 
 # -- sending: the loop does not wait for acks; a failed send is retried -------------------------
