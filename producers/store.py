@@ -597,17 +597,28 @@ class SessionStore:
 
         The streams live in different partitions, so the pair is not atomic; deterministic event
         ids make a re-run after an interruption complete the transfer without duplicating a card.
+        A re-run sends the target no card it already holds from this source: the target may have
+        moved it on since, and the source's card may have moved too (a new version, a new id),
+        so sending it again would undo the target's progress. The source's record then names
+        the version the target holds.
         """
         if from_ == to:
             raise InvalidCall("cannot transfer todos to the same session")
         source = self.load(from_)
         if source.ended:
             raise SessionEndedError(f"session {from_!r} has ended; its open work stays on record")
-        self._live(to)
+        target = self._live(to)
         cards = source.open_todos()
         if not cards:
             return 0
+        held = {
+            t.id: t.inherited_from.version
+            for t in (target.todos if target is not None else ())
+            if t.inherited_from is not None and t.inherited_from.session == from_
+        }
         for card in cards:
+            if card.id in held:
+                continue
             payload: dict[str, Any] = {
                 "id": card.id,
                 "text": card.text,
@@ -621,8 +632,9 @@ class SessionStore:
             }
             key = f"transfer:{from_}:{to}:{card.id}:{card.version}"
             self.append(self.event(to, ev.TODO_CHANGED, payload, event_id=_stable_id(key)))
-        moved = [{"id": c.id, "version": c.version} for c in cards]
-        key = f"transferred:{from_}:{to}:" + ",".join(f"{c.id}@{c.version}" for c in cards)
+        versions = [(c.id, held.get(c.id, c.version)) for c in cards]
+        moved = [{"id": card_id, "version": version} for card_id, version in versions]
+        key = f"transferred:{from_}:{to}:" + ",".join(f"{i}@{v}" for i, v in versions)
         record = {"to": to, "todos": moved}
         self.append(self.event(from_, ev.TODOS_TRANSFERRED, record, event_id=_stable_id(key)))
         return len(cards)

@@ -509,6 +509,42 @@ def test_rerunning_an_interrupted_transfer_completes_it_without_duplicates(monke
     assert len(transferred) == 1
 
 
+def test_a_rerun_after_both_cards_moved_on_keeps_the_targets_progress(monkeypatch):
+    """Interrupted after the target got its cards; then the source edits one (a new version, so
+    the re-run's event would have a new id) and the target finishes it. The re-run must not send
+    the source's card again: it would move the target's card back to pending."""
+    store = _store()
+    _source_with_cards(store)
+    real_append = store.append
+
+    def crash_before_source(event):
+        if event.type == ev.TODOS_TRANSFERRED:
+            raise ConnectionError("partition leader lost")
+        return real_append(event)
+
+    monkeypatch.setattr(store, "append", crash_before_source)
+    with pytest.raises(ConnectionError):
+        store.transfer_open_todos("src", "dst")
+    monkeypatch.setattr(store, "append", real_append)
+    store.set_todo("src", "a", "A, reworded")  # v2 at the source
+    store.set_todo("dst", "a", "A", "done")  # the target finished it meanwhile
+    before = len(store.log.records)
+
+    assert store.transfer_open_todos("src", "dst") == 2
+    written = [(r.event.session_id, r.event.type) for r in store.log.records[before:]]
+    assert written == [("src", ev.TODOS_TRANSFERRED)]  # nothing sent to the target again
+    dst = store.load("dst")
+    assert [(t.id, t.text, t.status, t.version, t.inherited_from) for t in dst.todos] == [
+        ("a", "A", "done", 2, InheritedFrom("src", 1, "planned")),
+        ("b", "B", "blocked", 1, InheritedFrom("src", 2, "discovered")),
+    ]
+    assert [dict(t) for t in store.log.records[-1].event.payload["todos"]] == [
+        {"id": "a", "version": 1},  # the version the target holds
+        {"id": "b", "version": 2},
+    ]
+    assert store.open_todos("src") == ()
+
+
 def test_transferred_card_appears_in_open_work_with_target():
     store = _store()
     _source_with_cards(store)
