@@ -58,6 +58,7 @@ _RETRY_MAX_S = 5.0
 # Standalone: a session still indexed at a deadline whose closing was sent this long ago has its
 # state read again (the closing may have named an asking since answered and asked again).
 _RECHECK_CLOSED_S = 1.0
+REARM_S = 1.0  # the longest sleep before the wall clock is read again (see `_sleep`)
 
 
 @dataclass
@@ -248,7 +249,11 @@ class Scheduler:
     async def _sleep(self) -> None:
         """Until the next deadline, or until woken by an earlier one or by compaction work."""
         nxt = self.next_deadline_ms()
-        timeout = None if nxt is None else max(nxt - _epoch_ms(self._clock()), 0) / 1000
+        # At most `REARM_S` between reads of the wall clock the deadlines are instants of (the
+        # sleep is monotonic): a clock stepped forward must not leave closings late by the step.
+        timeout = (
+            None if nxt is None else min(max(nxt - _epoch_ms(self._clock()), 0) / 1000, REARM_S)
+        )
         self._wake.clear()
         if self._compact or (timeout is not None and timeout <= 0):
             return

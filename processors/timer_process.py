@@ -37,6 +37,11 @@ from session_model.scheduled import window_closed
 
 log = logging.getLogger(__name__)
 
+# The longest the timer sleeps before it reads the clock again. Deadlines are wall-clock instants
+# and the loop's sleep is monotonic: a clock stepped forward (NTP, a resumed VM) would otherwise
+# leave every closing late by the step. A step back only delays a wake-up that finds nothing due.
+REARM_S = 1.0
+
 Counters = ctypes.Array[ctypes.c_double]
 
 
@@ -175,7 +180,7 @@ class TimerService:
             self._timer = None
         self._armed_us = nxt
         if nxt is not None:
-            delay = max(nxt - self._clock(), 0) / 1e6
+            delay = min(max(nxt - self._clock(), 0) / 1e6, REARM_S)
             self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
 
     def _fire(self) -> None:

@@ -142,6 +142,31 @@ def test_observing_an_earlier_deadline_wakes_the_sleeping_loop() -> None:
     assert asyncio.run(scenario()) >= 1
 
 
+def test_a_wall_clock_stepped_forward_does_not_leave_a_closing_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop sleeps at most `REARM_S` before it reads the wall clock again: a clock stepped
+    past a deadline an hour away closes it then, not an hour later."""
+    monkeypatch.setattr(scheduler_module, "REARM_S", 0.02)
+
+    async def scenario() -> list[str]:
+        asked = _update([started(), ask("q1", expires_at=format_instant(DEADLINE))])
+        clock, sink = Clock(DEADLINE - timedelta(hours=1)), Sink()
+        scheduler = _scheduler({"s1": Folded(asked.state, asked.mark)}, clock, sink)
+        scheduler.observe([asked])
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.05)
+        clock.now = DEADLINE + timedelta(milliseconds=1)  # stepped, nobody wakes the loop
+        for _ in range(100):
+            if sink.events:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return [e.type for e in sink.events]
+
+    assert asyncio.run(scenario()) == [ev.ANSWER_WINDOW_CLOSED]
+
+
 def test_a_compaction_is_not_sent_again_while_the_projector_has_not_folded_it() -> None:
     events = [started(), *[turn("user", f"t{i}") for i in range(10)]]
     u = _update(events)

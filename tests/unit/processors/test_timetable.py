@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from processors import timer as timer_module
+from processors import timer_process
 from processors.timer import Closing, Timetable
 from processors.timer_process import TimerConfig, TimerCounters, TimerService
 
@@ -131,6 +132,49 @@ def _in_flight_after_a_send(fails: int) -> tuple[dict[str, int], int]:
 def test_the_timer_service_tells_the_timetable_what_was_sent_for_good() -> None:
     assert _in_flight_after_a_send(fails=0) == ({}, 0)
     assert _in_flight_after_a_send(fails=1) == ({}, 1)  # refused: scheduled again instead
+
+
+class Sent:
+    """A broker that takes everything at once."""
+
+    def __init__(self) -> None:
+        self.records: list[object] = []
+
+    async def publish(self, key: bytes | None, value: bytes, headers: Sequence[object]) -> None:
+        await self.publish_many([(key, value, headers)])
+
+    async def publish_many(self, records: Sequence[object]) -> None:
+        self.records.extend(records)
+
+
+def test_a_wall_clock_stepped_forward_does_not_leave_a_closing_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The timer sleeps on the loop's monotonic clock towards a wall-clock deadline: it reads the
+    wall clock again at least every `REARM_S`, so a step forward past the deadline closes it
+    then, not an hour later."""
+    monkeypatch.setattr(timer_process, "REARM_S", 0.02)
+    wall = [D - 3_600_000_000]  # the deadline is an hour away
+
+    async def scenario() -> int:
+        config = TimerConfig(None, "t")  # type: ignore[arg-type]
+        counters = TimerCounters((ctypes.c_double * TimerCounters.size())())
+        broker = Sent()
+        service = TimerService(config, -1, counters, sink=broker, clock=lambda: wall[0])
+        service.table.offer(_closing())
+        service._arm()
+        await asyncio.sleep(0.05)
+        wall[0] = D + 1  # NTP steps the clock an hour forward
+        for _ in range(100):
+            if broker.records:
+                break
+            await asyncio.sleep(0.01)
+        if service._timer is not None:
+            service._timer.cancel()
+        await asyncio.gather(*service._sending)
+        return len(broker.records)
+
+    assert asyncio.run(scenario()) == 1
 
 
 # -- the timetable behaves like a naive one ------------------------------------------------------
