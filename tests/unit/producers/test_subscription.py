@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import pytest
 from kafka import TopicPartition
-from kafka.errors import KafkaTimeoutError
+from kafka.errors import CommitFailedError, KafkaTimeoutError
 
 import producers.subscription as subscription_module
 from producers.subscription import Subscription
@@ -34,12 +34,11 @@ class FakeConsumer:
         self.sought: dict[TopicPartition, int] = {}
         self.paused: set[TopicPartition] = set()
         self.owned = {TP0, TP1}
-        self.listener: Any = None
         if not self.grouped:
             FakeConsumer.readers += 1
 
-    def subscribe(self, topics: list[str], listener: Any) -> None:
-        self.listener = listener
+    def subscribe(self, topics: list[str]) -> None:
+        pass
 
     def poll(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
         if self.grouped:
@@ -56,7 +55,9 @@ class FakeConsumer:
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.owned = set(partitions)
 
-    def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, Any]:
+    def offsets_for_times(
+        self, times: dict[TopicPartition, int], timeout_ms: int
+    ) -> dict[TopicPartition, Any]:
         if self.failing:
             raise KafkaTimeoutError("no leader")
         found = {}
@@ -68,7 +69,7 @@ class FakeConsumer:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.sought[tp] = offset
 
-    def position(self, tp: TopicPartition) -> int:
+    def position(self, tp: TopicPartition, timeout_ms: int) -> int:
         return self.sought[tp]
 
     def pause(self, *partitions: TopicPartition) -> None:
@@ -210,18 +211,49 @@ def test_an_original_published_before_the_look_back_is_not_recognised() -> None:
 
 
 @pytest.mark.usefixtures("restarted")
-def test_a_partition_is_read_back_once_and_again_after_it_was_revoked() -> None:
+def test_a_partition_that_comes_back_where_this_process_left_it_is_not_read_again() -> None:
+    """A rebalance that gives the partition back at the offset this process reached, or before
+    it (its commit was behind), leaves nothing unseen before it: no reader is made."""
     sub = Texts("127.0.0.1:9", "t", "g")
     sub.poll()
-    FakeConsumer.polls = [{TP0: [record(14, b"a:4", HOUR_MS + 6_000)]}]
+    FakeConsumer.polls = [
+        {TP0: [record(14, b"a:4", HOUR_MS + 6_000)]},
+        {TP0: [record(13, b"a:3", HOUR_MS + 5_000), record(14, b"a:4", HOUR_MS + 6_000)]},
+    ]
     assert sub.poll() == ["a:4"]
-    assert FakeConsumer.readers == 1  # already read back
-    consumer: FakeConsumer = sub._consumer  # type: ignore[assignment]
-    consumer.listener.on_partitions_revoked([TP0])
-    FakeConsumer.log[TP0].append(record(14, b"a:4", HOUR_MS + 6_000))
-    FakeConsumer.polls = [{TP0: [record(15, b"a:4", HOUR_MS + 9_000)]}]
-    assert sub.poll() == []  # another member may have handed out 14: read back again
+    assert sub.poll() == []  # back from 13 (the group's commit), seen and handed out here
+    assert FakeConsumer.readers == 1  # the first poll's, only
+
+
+@pytest.mark.usefixtures("restarted")
+def test_a_partition_that_comes_back_further_on_is_read_from_where_this_process_left_it() -> None:
+    """Another member handed out 14 and committed 15 meanwhile; the worker republished 14."""
+    sub = Texts("127.0.0.1:9", "t", "g")
+    sub.poll()  # read through 13
+    read_before = sub.read_back
+    FakeConsumer.log[TP0] += [
+        record(14, b"a:4", HOUR_MS + 6_000),
+        record(15, b"a:4", HOUR_MS + 7_000),
+    ]
+    FakeConsumer.polls = [{TP0: FakeConsumer.log[TP0][-1:]}]
+    assert sub.poll() == []
+    assert sub.read_back - read_before == 1  # offset 14 alone, not the look-back's hour again
     assert FakeConsumer.readers == 2
+
+
+def test_a_refused_commit_drops_what_was_not_handed_out(sub: Texts) -> None:
+    """The member lost its partitions: their new owner hands the rest out, not this one too."""
+    items = iter(sub)
+    assert next(items) == "a:1"
+    consumer: FakeConsumer = sub._consumer  # type: ignore[assignment]
+
+    def refused(offsets: object) -> None:
+        raise CommitFailedError("the group rebalanced")
+
+    consumer.commit = refused  # type: ignore[method-assign]
+    with pytest.raises(LogError, match="committing t offsets failed"):
+        sub.commit()
+    assert sub.poll() == []  # a:2 and b:1 were not handed out here, and are not now
 
 
 @pytest.mark.usefixtures("restarted")
@@ -235,3 +267,14 @@ def test_a_failed_read_back_hands_out_nothing_and_the_poll_is_read_again() -> No
     FakeConsumer.failing = False
     FakeConsumer.polls = [{TP0: FakeConsumer.log[TP0][3:]}]
     assert sub.poll() == ["a:3"]
+
+
+@pytest.mark.usefixtures("restarted")
+def test_records_without_a_timestamp_are_not_read_back_and_it_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    FakeConsumer.polls = [{TP0: [record(12, b"a:2", -1), record(13, b"a:3", -1)]}]
+    sub = Texts("127.0.0.1:9", "t", "g")
+    assert sub.poll() == ["a:2", "a:3"]
+    assert FakeConsumer.readers == 0
+    assert "t[0] has records without a timestamp: it is not read back" in caplog.text
