@@ -119,6 +119,7 @@ class Scheduler:
         self._compact_retry_s = 0.0  # the same for compactions (they never hold closings back)
         self._read_retry_s = 0.0  # the same for due work whose states could not be read
         self._later: set[asyncio.Future[None]] = set()  # due work waiting to be put back
+        self._summarizing: asyncio.Future[None] | None = None  # summaries being written
 
     # -- fed by the projector --------------------------------------------------------------------
 
@@ -215,7 +216,9 @@ class Scheduler:
 
     def _wake_if_earlier(self, earliest: int | None) -> None:
         sleeping = self._sleeping_until
-        if self._compact or (earliest is not None and (sleeping is None or earliest < sleeping)):
+        if self._compact_ready() or (
+            earliest is not None and (sleeping is None or earliest < sleeping)
+        ):
             self._wake.set()
 
     def _schedule(self, sid: str, ms: int, partition: int) -> None:
@@ -255,7 +258,7 @@ class Scheduler:
             None if nxt is None else min(max(nxt - _epoch_ms(self._clock()), 0) / 1000, REARM_S)
         )
         self._wake.clear()
-        if self._compact or (timeout is not None and timeout <= 0):
+        if self._compact_ready() or (timeout is not None and timeout <= 0):
             return
         self._sleeping_until = nxt
         with contextlib.suppress(TimeoutError):
@@ -276,8 +279,10 @@ class Scheduler:
         while (nxt := self.next_deadline_ms()) is not None and nxt <= now_ms:
             _, sid = heapq.heappop(self._heap)
             due.append((sid, *self._deadlines.pop(sid)))
-        compact = dict(self._compact)
-        self._compact.clear()
+        compact: dict[str, int] = {}
+        if self._compact_ready():  # (else they wait for the summaries being written)
+            compact = dict(self._compact)
+            self._compact.clear()
         if not due and not compact:
             return
         closings: list[tuple[Event, datetime, int]] = []
@@ -330,14 +335,8 @@ class Scheduler:
         if closings:
             self._start_emit(closings, (), {})
         if candidates:
-            # Summaries are written off the loop: many sessions due at once, or a summarizer that
-            # takes its time, must not hold up what the loop runs meanwhile (the worker's fold).
-            compactions = await asyncio.to_thread(self._compactions, candidates, now)
-            if len(self._compacted) > 100_000:
-                self._compacted.clear()
-            self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
-            if compactions:
-                self._start_emit((), compactions, compact)
+            self._summarizing = asyncio.ensure_future(self._summarize(candidates, compact, now))
+            self._track(self._summarizing)
         if len(self._sending) >= self.max_unacknowledged_ticks:
             await asyncio.wait(self._sending, return_when=asyncio.FIRST_COMPLETED)
 
@@ -348,9 +347,51 @@ class Scheduler:
         compact_partitions: Mapping[str, int],
     ) -> None:
         """Send these without waiting for their acks (`drain` waits for them)."""
-        sending = asyncio.ensure_future(self._emit(closings, compactions, compact_partitions))
+        self._track(asyncio.ensure_future(self._emit(closings, compactions, compact_partitions)))
+
+    def _track(self, sending: asyncio.Future[None]) -> None:
         self._sending.add(sending)
         sending.add_done_callback(self._sending.discard)
+
+    def _compact_ready(self) -> bool:
+        """Whether compaction work waits and no summaries are being written (one batch at a
+        time: the next waits in `_compact` meanwhile)."""
+        return bool(self._compact) and self._summarizing is None
+
+    async def _summarize(
+        self, sessions: Sequence[Session], partitions: Mapping[str, int], now: datetime
+    ) -> None:
+        """Write these sessions' summaries on a thread, then send them (not awaiting the acks).
+
+        Off the loop and out of the tick: many sessions due at once, or a summarizer that takes
+        its time (a model), must hold up neither the closings falling due meanwhile nor what
+        else the loop runs (the worker's fold). A summarizer that raises puts the work back
+        after the compactions' backoff; it never ends the loop.
+        """
+        try:
+            compactions = await asyncio.to_thread(self._compactions, sessions, now)
+        except Exception as e:  # a summarizer's failure is the summaries', not the scheduler's
+            self._compact_retry_s = pause = _backoff(self._compact_retry_s)
+            log.error(
+                "could not write %d summar(ies), retrying in %.2fs: %r", len(sessions), pause, e
+            )
+            waiting = {s.id: partitions[s.id] for s in sessions}
+            self._after(pause, lambda: self._put_back_compactions(waiting))
+            return
+        finally:
+            self._summarizing = None
+            if self._compact:
+                self._wake.set()  # what came due meanwhile
+        if len(self._compacted) > 100_000:
+            self._compacted.clear()
+        self._compacted.update((e.session_id, e.payload["through"]) for e in compactions)
+        if compactions:
+            self._start_emit((), compactions, partitions)
+
+    def _put_back_compactions(self, partitions: Mapping[str, int]) -> None:
+        for sid, partition in partitions.items():
+            if not self.owned or partition in self.owned:  # (it may have moved meanwhile)
+                self._compact.setdefault(sid, partition)
 
     def _compactions(self, sessions: Sequence[Session], now: datetime) -> list[Event]:
         """The `compacted` events due of these sessions (in a worker thread: pure)."""

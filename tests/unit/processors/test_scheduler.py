@@ -424,36 +424,89 @@ class HeldSummarizer:
         return "summary"
 
 
-def test_a_summary_being_written_holds_back_neither_a_closing_nor_the_loop() -> None:
-    """Summaries are written on a thread: a slow summarizer (say, a model) delays its own
-    compaction, not the closing due in the same tick, nor what else the loop runs (the fold)."""
+def test_a_summary_being_written_holds_back_no_closing_that_falls_due_meanwhile() -> None:
+    """Summaries are written on a thread and out of the tick: a slow summarizer (say, a model)
+    delays its own compaction, not a closing due in the same tick nor one falling due while it
+    writes; and the loop is not blocked (the summarizer is released from the loop itself)."""
     summarizer = HeldSummarizer()
 
-    async def scenario() -> tuple[list[str], int, list[str]]:
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
         compacting = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
-        asked = _asked("s2", "q2", DEADLINE)
-        states = {u.session_id: Folded(u.state, u.mark) for u in (compacting, asked)}
-        sink = Sink()
-        scheduler = _scheduler(states, Clock(DEADLINE + timedelta(seconds=1)), sink)
+        first = _asked("s2", "q2", DEADLINE)
+        later = _asked("s3", "q3", DEADLINE + timedelta(seconds=5))
+        states = {u.session_id: Folded(u.state, u.mark) for u in (compacting, first, later)}
+        sink, clock = Sink(), Clock(DEADLINE + timedelta(seconds=1))
+        scheduler = _scheduler(states, clock, sink)
         scheduler.compactor = Compactor(max_turns=6, keep_recent=2, summarizer=summarizer)
-        scheduler.observe([compacting, asked])
-        tick = asyncio.create_task(scheduler.tick())
-        loop_turns = 0
+        scheduler.observe([compacting, first, later])
+        task = asyncio.create_task(scheduler.run())
         while not summarizer.threads:
             await asyncio.sleep(0.001)
-        for _ in range(20):  # the loop runs on while the summary is written
-            await asyncio.sleep(0.001)
-            loop_turns += 1
-        sent_meanwhile = [e.type for e in sink.events]
+        in_the_same_tick = [e.session_id for e in sink.events]
+        clock.now = DEADLINE + timedelta(seconds=6)  # s3's deadline passes while it writes
+        scheduler._wake.set()  # (the clock is fake: nudge the sleeping loop)
+        for _ in range(200):
+            if len(sink.events) == 2:
+                break
+            await asyncio.sleep(0.005)
+        while_writing = [e.session_id for e in sink.events]
         summarizer.release.set()
-        await tick
-        return sent_meanwhile, loop_turns, [e.type for e in sink.events]
+        for _ in range(200):
+            if len(sink.events) == 3:
+                break
+            await asyncio.sleep(0.005)
+        task.cancel()
+        return in_the_same_tick, while_writing, [e.type for e in sink.events]
 
-    sent_meanwhile, loop_turns, sent = asyncio.run(scenario())
-    assert sent_meanwhile == [ev.ANSWER_WINDOW_CLOSED]
-    assert loop_turns == 20
-    assert sent == [ev.ANSWER_WINDOW_CLOSED, ev.COMPACTED]
+    in_the_same_tick, while_writing, sent = asyncio.run(scenario())
+    assert in_the_same_tick == ["s2"]
+    assert while_writing == ["s2", "s3"]
+    assert sent == [ev.ANSWER_WINDOW_CLOSED, ev.ANSWER_WINDOW_CLOSED, ev.COMPACTED]
     assert summarizer.threads and threading.get_ident() not in summarizer.threads
+
+
+class FailingOnce:
+    """Fails its first summary, then writes them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def summarize(self, session: object, through: int) -> str:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("the model is down")
+        return "summary"
+
+
+def test_a_summarizer_that_raises_neither_ends_the_loop_nor_loses_the_compaction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> list[str]:
+        compacting = _update([started(), *[turn("user", f"t{i}") for i in range(10)]])
+        asked = _asked("s2", "q2", DEADLINE + timedelta(seconds=5))
+        states = {u.session_id: Folded(u.state, u.mark) for u in (compacting, asked)}
+        sink, clock = Sink(), Clock(DEADLINE)
+        scheduler = _scheduler(states, clock, sink)
+        scheduler.compactor = Compactor(max_turns=6, keep_recent=2, summarizer=FailingOnce())
+        scheduler.observe([compacting, asked])
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.02)
+        clock.now = DEADLINE + timedelta(seconds=6)
+        scheduler._wake.set()
+        for _ in range(200):  # retried after the backoff's first pause (0.05 s)
+            if len(sink.events) == 2:
+                break
+            await asyncio.sleep(0.005)
+        alive = not task.done()
+        task.cancel()
+        assert alive
+        return sorted(e.type for e in sink.events)
+
+    assert asyncio.run(scenario()) == sorted([ev.ANSWER_WINDOW_CLOSED, ev.COMPACTED])
+    assert (
+        "could not write 1 summar(ies), retrying in 0.05s: RuntimeError('the model is down')"
+        in (caplog.text)
+    )
 
 
 # -- sending: the loop does not wait for acks; a failed send is retried -------------------------
@@ -628,7 +681,8 @@ def test_a_failed_compaction_is_not_put_back_once_its_partition_moved_away() -> 
         scheduler.owned = {0}
         scheduler.observe([long])
         await scheduler._send_due()
-        await asyncio.gather(*scheduler._sending)  # refused; to be put back after 0.05 s ...
+        while scheduler._sending:  # written, then refused; to be put back after 0.05 s ...
+            await asyncio.gather(*scheduler._sending)
         assert scheduler._later
         scheduler.owned = {1}  # ... but partition 0 went to another worker meanwhile
         await asyncio.gather(*scheduler._later)
