@@ -597,24 +597,28 @@ class SessionStore:
 
         The streams live in different partitions, so the pair is not atomic; deterministic event
         ids make a re-run after an interruption complete the transfer without duplicating a card.
-        A re-run sends the target no card it already holds from this source: the target may have
-        moved it on since, and the source's card may have moved too (a new version, a new id),
-        so sending it again would undo the target's progress. The source's record then names
-        the version the target holds.
+        A re-run sends the target no card it already holds from this source that it moved on
+        since (or that the source did not change): the source's card may have moved too (a new
+        version, so a new id), and sending it would undo the target's progress. The source's
+        record then names the version the target got. A card the target holds untouched while
+        the source changed it is sent again, as the source has it now.
         """
         if from_ == to:
             raise InvalidCall("cannot transfer todos to the same session")
         source = self.load(from_)
         if source.ended:
             raise SessionEndedError(f"session {from_!r} has ended; its open work stays on record")
-        target = self._live(to)
+        target = self._live(to) or self.load(to)  # read even with checks off: see above
         cards = source.open_todos()
         if not cards:
             return 0
-        held = {
+        kept = {c.id: c.version for c in cards}
+        held = {  # card id -> the source's version the target got, for cards it keeps as they are
             t.id: t.inherited_from.version
-            for t in (target.todos if target is not None else ())
-            if t.inherited_from is not None and t.inherited_from.session == from_
+            for t in target.todos
+            if t.inherited_from is not None
+            and t.inherited_from.session == from_
+            and (t.version > 1 or t.inherited_from.version == kept.get(t.id))
         }
         for card in cards:
             if card.id in held:

@@ -509,11 +509,8 @@ def test_rerunning_an_interrupted_transfer_completes_it_without_duplicates(monke
     assert len(transferred) == 1
 
 
-def test_a_rerun_after_both_cards_moved_on_keeps_the_targets_progress(monkeypatch):
-    """Interrupted after the target got its cards; then the source edits one (a new version, so
-    the re-run's event would have a new id) and the target finishes it. The re-run must not send
-    the source's card again: it would move the target's card back to pending."""
-    store = _store()
+def _interrupted_transfer(store, monkeypatch):
+    """A transfer that wrote the target's cards and died before the source's record."""
     _source_with_cards(store)
     real_append = store.append
 
@@ -526,6 +523,17 @@ def test_a_rerun_after_both_cards_moved_on_keeps_the_targets_progress(monkeypatc
     with pytest.raises(ConnectionError):
         store.transfer_open_todos("src", "dst")
     monkeypatch.setattr(store, "append", real_append)
+
+
+@pytest.mark.parametrize("checks", [True, False])
+def test_a_rerun_after_both_cards_moved_on_keeps_the_targets_progress(monkeypatch, checks):
+    """Interrupted after the target got its cards; then the source edits one (a new version, so
+    the re-run's event would have a new id) and the target finishes it. The re-run must not send
+    the source's card again: it would move the target's card back to pending. (With checks off
+    too: the target is read all the same.)"""
+    store = _store()
+    store.checks = checks
+    _interrupted_transfer(store, monkeypatch)
     store.set_todo("src", "a", "A, reworded")  # v2 at the source
     store.set_todo("dst", "a", "A", "done")  # the target finished it meanwhile
     before = len(store.log.records)
@@ -543,6 +551,26 @@ def test_a_rerun_after_both_cards_moved_on_keeps_the_targets_progress(monkeypatc
         {"id": "b", "version": 2},
     ]
     assert store.open_todos("src") == ()
+
+
+def test_a_rerun_brings_the_target_a_source_edit_to_a_card_it_did_not_touch(monkeypatch):
+    store = _store()
+    _interrupted_transfer(store, monkeypatch)
+    store.set_todo("src", "a", "A, reworded", "blocked")  # v2 at the source; dst's a untouched
+    before = len(store.log.records)
+
+    assert store.transfer_open_todos("src", "dst") == 2
+    written = [(r.event.session_id, r.event.type) for r in store.log.records[before:]]
+    assert written == [("dst", ev.TODO_CHANGED), ("src", ev.TODOS_TRANSFERRED)]  # a, then record
+    dst = store.load("dst")
+    assert [(t.id, t.text, t.status) for t in dst.todos] == [
+        ("a", "A, reworded", "blocked"),
+        ("b", "B", "blocked"),
+    ]
+    assert [dict(t) for t in store.log.records[-1].event.payload["todos"]] == [
+        {"id": "a", "version": 2},
+        {"id": "b", "version": 2},
+    ]
 
 
 def test_transferred_card_appears_in_open_work_with_target():
