@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from schemas import events as ev
 from schemas.events import Event
@@ -199,9 +199,10 @@ def step(state: Session, event: Event, keys: Trust = _NO_AUTHORITY) -> Step:
         except _Reject as rejected:
             rejection = _rejection(event, seq, rejected.code, rejected.by)
             changes = _rejected(state, rejection)
-            if event_type == _ANSWERED and _signed_answer(event, auth.keys):
+            if _signed_although_refused(state, event, auth):
                 # Remembered as a signed act although refused: the same record sent again once
-                # its id left the dedupe window must not be applied to a later asking.
+                # its id left the dedupe window must not be applied later (to a later asking, or
+                # a grant after its revocation), at a time its operator did not choose.
                 changes.update(_signed(state, event))
             outcome = Outcome(_REJECTED, seq, rejection=rejection)
     changes["seq"] = seq
@@ -251,20 +252,44 @@ def _authorized(e: Event, auth: Authority) -> bool:
     return auth.legacy or signed_by_operator(e, auth)
 
 
+_SIGNED_ACTS: Final = frozenset({ev.PERMISSION_GRANTED, ev.MODE_CHANGED})
+
+
+def _signed_although_refused(s: Session, e: Event, auth: Authority) -> bool:
+    """Whether a refused event carries a trusted signature (an answer's, or a grant's or a mode
+    change's authority): an ended session applies nothing again, so there it is not checked."""
+    if e.type == _ANSWERED:
+        return _signed_answer(e, auth.keys)
+    if e.type not in _SIGNED_ACTS or s.ended_because is not None or "authority" not in e.payload:
+        return False
+    try:
+        return signed_by_operator(e, auth)
+    except _UNFOLDABLE:  # a payload its handler would have refused as `invalid`
+        return False
+
+
 def _signed(s: Session, e: Event) -> Changes:
     """The event's id among those a signature authorised (never to be applied again)."""
     return {"signed_ids": s.signed_ids | {e.event_id}}
 
 
 def _closing_or_ended(s: Session, e: Event, auth: Authority) -> _Handler:
-    """A closing of the open window is applied even at the end; else an ended session refuses."""
+    """A closing before the end closes the window; at the end, one of a question already
+    resolved is a no-op (it lost the race), never applied: an ended session changes no more.
+    Else an ended session refuses."""
     p = e.payload
-    if e.type == _CLOSED and (s.ended_because is None or _already_decided(s, p.get("question_id"))):
+    if e.type == _CLOSED and s.ended_because is None:
         return _window_closed
+    if e.type == _CLOSED and _already_decided(s, p.get("question_id")):
+        return _lost_the_race
     if e.type == _ANSWERED and (late := s.late_for(p.get("question_id"), p.get("asked_seq"))):
         by, _ = _principal(e, late.id, auth.keys)
         raise _Reject("late_answer", by=by)
     raise _Reject("session_ended")
+
+
+def _lost_the_race(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Changes, Outcome]:
+    return {}, _plain(_NOOP, seq)
 
 
 def _already_decided(s: Session, question_id: object) -> bool:

@@ -490,10 +490,20 @@ def _json_object(text: str | None) -> dict[str, Any]:
         # is (a worker's and a rebuild's differ): the fold must decide alike in both.
         return {}
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError):  # (a repeated key too)
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: `{"target": "staging", "target": "prod"}`
+    reads as staging to a person and as prod to `json.loads` (the last wins), so it names
+    nothing."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("a key is repeated")
+    return found
 
 
 def _nests_deeper(text: str, limit: int) -> bool:

@@ -390,6 +390,26 @@ def test_window_closed_for_an_answered_question_after_the_end_is_a_noop() -> Non
     assert len(result.state.decisions) == 1
 
 
+def test_a_closing_of_a_re_asked_question_after_the_end_changes_nothing() -> None:
+    """q1 answered, asked again, then the session ended by hand with it open: a closing naming
+    q1 (no asking) is a no-op. Applied, it would add a decision to an ended session and write
+    over the operator's reason for ending it."""
+    state = fold_all(
+        [
+            started(),
+            ask("q1", "Deploy?"),
+            answer("q1", "no"),
+            ask("q1", "Deploy now?"),
+            ended("stopped: misbehaving"),
+        ]
+    )
+    result = step(state, window_closed("q1"))
+    assert result.outcome.kind is Kind.NOOP
+    assert result.state.ended_because == "stopped: misbehaving"
+    assert [d.answer for d in result.state.decisions] == ["no"]
+    assert result.state.rejections == ()
+
+
 # -- a late answer never raises trust ---------------------------------------------------------
 
 

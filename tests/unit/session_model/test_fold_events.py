@@ -852,6 +852,16 @@ def test_yes_to_question_with_other_reason_confirms_nothing():
     assert s.confirmed("deploy", "prod") is False
 
 
+def test_a_why_that_names_a_key_twice_confirms_nothing():
+    """A person reads the first `target` (staging); `json.loads` keeps the last (prod)."""
+    why = '{"operation": "deploy", "target": "staging"' + " " * 200 + ', "target": "prod"}'
+    q = ask("q1", "deploy on staging?", ("yes", "no"), why=why, reason="target_not_named")
+    s = fold_all([started(), q, answer("q1", "yes")])
+    assert s.decisions[-1].answer == "yes"
+    assert s.confirmed("deploy", "prod") is False
+    assert s.confirmed("deploy", "staging") is False
+
+
 def test_yes_to_a_target_question_whose_why_nests_past_the_parser_s_depth_confirms_nothing():
     # json.loads raises RecursionError there, not ValueError: it must not escape the fold.
     deep = "[" * 5000 + "]" * 5000

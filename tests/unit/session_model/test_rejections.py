@@ -42,15 +42,18 @@ def _codes(session):
     return [r.code for r in session.rejections]
 
 
-def _unchanged_but_bookkeeping(after: Session, before: Session) -> bool:
-    """True when `after` equals `before` except for seq, seen ids and the rejection record."""
+def _unchanged_but_bookkeeping(after: Session, before: Session, event_id: str = "") -> bool:
+    """True when `after` equals `before` except for seq, seen ids, the rejection record and, for
+    a refused event whose signature verified (`event_id`), the signed ids remembering it."""
     return (
-        replace(
+        after.signed_ids <= before.signed_ids | {event_id}
+        and replace(
             after,
             seq=before.seq,
             event_ids=before.event_ids,
             rejections=before.rejections,
             rejected=before.rejected,
+            signed_ids=before.signed_ids,
         )
         == before
     )
@@ -65,7 +68,7 @@ def _assert_rejected_without_effect(prefix, event, code):
     assert outcome.rejection.code == code
     assert after.seq == before.seq + 1
     assert _codes(after) == [*_codes(before), code]
-    assert _unchanged_but_bookkeeping(after, before)
+    assert _unchanged_but_bookkeeping(after, before, event.event_id)
     return after
 
 

@@ -8,6 +8,8 @@ stricter mode undone, a refusal of a re-asked question turned into a verified ye
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from schemas import events as ev
 from schemas.events import Event
 from session_model.dedupe import HORIZON
@@ -104,3 +106,32 @@ def test_an_unauthorised_grant_is_not_remembered_as_signed() -> None:
     unsigned = make_event(ev.PERMISSION_GRANTED, {"operation": "deploy"}, signed=False)
     s = fold("s1", [started(), unsigned], TRUSTED_OPERATOR)
     assert s.signed_ids == frozenset() and s.permissions == ()
+
+
+def test_a_signed_grant_refused_then_sent_again_after_a_revocation_grants_nothing() -> None:
+    """Refused once (`seq_conflict`: its writer's read was stale), its signature still verified:
+    a copy sent once its id left the dedupe window must not grant at a time nobody chose, here
+    after the operator revoked the grant they made instead."""
+    refused = make_event(ev.PERMISSION_GRANTED, {"operation": "deploy"}, expected_seq=99)
+    regrant = make_event(ev.PERMISSION_GRANTED, {"operation": "deploy"}, signed=True)
+    revoke = make_event(ev.PERMISSION_REVOKED, {"operation": "deploy"})
+    events = [started(), refused, regrant, revoke, *_turns(PAST_THE_WINDOW)]
+    before = fold("s1", events, TRUSTED_OPERATOR)
+    assert [r.code for r in before.rejections] == ["seq_conflict"]
+    assert refused.event_id not in before.event_ids and refused.event_id in before.signed_ids
+    again = step(before, replace(refused, expected_seq=None), TRUSTED_OPERATOR)
+    assert again.outcome.kind is Kind.DUPLICATE
+    assert again.state.permissions == ()
+
+
+def test_a_refused_event_with_a_forged_signature_is_not_remembered() -> None:
+    """Only a signature that verifies is remembered: an agent cannot fill `signed_ids`."""
+    forged = make_event(
+        ev.PERMISSION_GRANTED,
+        {"operation": "deploy", "authority": {"key_id": "operator-test", "signature": "AAAA"}},
+        expected_seq=99,
+        signed=False,  # (as written: not signed over by the builder)
+    )
+    after = fold("s1", [started(), forged], TRUSTED_OPERATOR)
+    assert [r.code for r in after.rejections] == ["seq_conflict"]
+    assert forged.event_id not in after.signed_ids
