@@ -6,8 +6,10 @@ import contextlib
 import logging
 import re
 import secrets
+import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
@@ -121,11 +123,33 @@ def reason_class(reason: object) -> str:
     return "reason-other"
 
 
+def path_segment(value: object) -> str:
+    """`value` as one URL path segment: every `/` escaped too (Jinja's `urlencode` keeps it, so a
+    session id `x/../y` would link to session `y`)."""
+    return quote(str(value), safe="")
+
+
+def visible(value: object) -> str:
+    """`value` with every character that shows nothing, or moves what follows (format and
+    control characters: bidirectional overrides, zero-width ones), written out as `<U+XXXX>`:
+    what an operator signs must read as the bytes signed (`\u202e` shows `gnp.exe` for
+    `exe.png`)."""
+    return "".join(
+        f"<U+{ord(c):04X}>" if unicodedata.category(c) in _INVISIBLE and c != "\n" else c
+        for c in str(value)
+    )
+
+
+_INVISIBLE = frozenset({"Cf", "Cc", "Co", "Cs", "Cn", "Zl", "Zp"})
+
+
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["instant"] = short_instant
     templates.env.filters["pattern_literal"] = pattern_literal
     templates.env.filters["reason_class"] = reason_class
+    templates.env.filters["segment"] = path_segment
+    templates.env.filters["visible"] = visible
     templates.env.globals["APPROVAL"] = APPROVAL
     return templates
 

@@ -13,6 +13,7 @@ from urllib.parse import quote
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import RedirectResponse, Response
 
 from console.auth import SESSION_COOKIE, Identity, bearer_token, csrf_matches, operator_principal
@@ -64,7 +65,22 @@ async def read_form(request: Request) -> FormData:
     # Starlette parses a request's form once and hands every later read that first parse: every
     # read goes through here, so whichever comes first (this guard's or a handler's) sets the
     # limits. No console form has a file, and a file part would be spooled to disk.
-    return await request.form(max_files=0, max_fields=FORM_FIELDS)
+    form = await request.form(max_files=0, max_fields=FORM_FIELDS)
+    for value in form.values():
+        # A part whose declared charset decodes to a lone surrogate (`charset=unicode_escape`,
+        # `\ud800`) is no text: every later `.encode()` of it (the CSRF check, a hash, a
+        # template) would raise, a 500 with a traceback logged for each such request.
+        if isinstance(value, str) and not _encodable(value):
+            raise StarletteHTTPException(400, "a form field is not valid text (UTF-8)")
+    return form
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def presented_csrf(request: Request) -> str | None:

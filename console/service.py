@@ -156,7 +156,9 @@ def answer(
 
     `asked_seq`: the asking the caller was shown (the question's `seq`); an answer to a question
     asked again since, under the same id, is refused rather than applied (and signed) to what
-    the caller never saw. Without it, the asking checked here is the one answered.
+    the caller never saw. Without it, the asking checked here is the one answered, except for
+    an answer that signs something (a call's approval, a grant): those must name their asking,
+    since the agent may have asked again, with other arguments, after the caller read it.
     """
     store = rt.deps.store
     session = store.load(session_id)
@@ -174,6 +176,7 @@ def answer(
                 f"{question_id!r} was asked again since it was shown: read it again before "
                 "answering"
             )
+        shown = asked_seq
         asked_seq = question.seq  # the store answers this asking or nothing
         if question.relaxed_by(answer):
             _may_relax(caller, f"answer {answer!r} to {question_id!r}")
@@ -189,6 +192,13 @@ def answer(
             options = ", ".join(map(repr, question.options))
             raise InvalidAnswerError(f"{answer!r} is not an option of {question_id!r}: {options}")
         granting = granted_by_yes(question, answer)
+        signs = question.reason == SIGNATURE or (granting is not None and store.signer is not None)
+        if signs and shown is None:
+            raise ConfirmationRequiredError(
+                f"this answer signs what {question_id!r} asks now: send `asked_seq` (the "
+                f"question's `seq` where you read it; now {question.seq}), so that nothing "
+                "asked again since is signed"
+            )
         if granting is not None and store.signer is not None:
             # «Allow X in this session?» — yes: the grant first (the operator's signed act the
             # agent then relies on), then the answer; both only once the store's own read of

@@ -242,6 +242,10 @@ class SessionStore:
         _nonempty(session_id, "session id")
         if CONTROL_CHARACTER.search(session_id):
             raise InvalidCall(f"session id {session_id[:64]!r} holds a control character")
+        if "/" in session_id or not session_id.strip("."):
+            # A URL path segment of its own (the console's pages and API): `/` would split it,
+            # and `.` or `..` is taken away by every browser before the request is sent.
+            raise InvalidCall(f"session id {session_id[:64]!r}: no `/`, and not only dots")
         parsed = parse_mode(mode)
         if parsed is None:
             raise InvalidCall(f"unknown mode {mode!r}")

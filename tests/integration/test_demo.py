@@ -109,6 +109,7 @@ def test_the_console_demo_keeps_the_fleet_waiting_for_a_person(
                 "question_id": q["question_id"],
                 "answer": "approved" if signature else q["options"][0],  # type: ignore[index]
                 "confirm": str(q["question_id"]).removeprefix("sign:") if signature else None,
+                "asked_seq": q["seq"],
             }
             done = client.post(
                 f"/api/v1/sessions/{sid}/answer", json=body, headers={"X-CSRF-Token": csrf[1]}

@@ -157,9 +157,11 @@ def test_an_operators_answer_is_a_verified_decision_as_operator_name(
     operator: TestClient, store: SessionStore
 ) -> None:
     seed(store)
+    asked = store.load("s-a").question
+    assert asked is not None
     response = operator.post(
         "/api/v1/sessions/s-a/answer",
-        json={"question_id": "perm:rm", "answer": "yes"},
+        json={"question_id": "perm:rm", "answer": "yes", "asked_seq": asked.seq},
         headers={"X-CSRF-Token": page_csrf(operator)},
     )
     assert response.status_code == 202
@@ -262,9 +264,10 @@ def test_a_yes_to_a_permission_question_asked_again_after_the_consoles_read_gran
     )
     _first_read_stale(store, "s-a", shown)
     before = _records(store)
+    assert shown.question is not None
     response = operator.post(
         "/api/v1/sessions/s-a/answer",
-        json={"question_id": "perm:rm", "answer": "yes"},
+        json={"question_id": "perm:rm", "answer": "yes", "asked_seq": shown.question.seq},
         headers={"X-CSRF-Token": page_csrf(operator)},
     )
     assert response.status_code == 409
@@ -283,9 +286,10 @@ def test_a_yes_that_turns_late_between_the_consoles_read_and_the_stores_grants_n
     assert store.expire_if_due("s-l", NOW + timedelta(seconds=5))
     _first_read_stale(store, "s-l", shown)
     before = _records(store)
+    assert shown.question is not None
     response = operator.post(
         "/api/v1/sessions/s-l/answer",
-        json={"question_id": "perm:rm", "answer": "yes"},
+        json={"question_id": "perm:rm", "answer": "yes", "asked_seq": shown.question.seq},
         headers={"X-CSRF-Token": page_csrf(operator)},
     )
     assert response.status_code == 409 and response.json()["code"] == "late_answer"
@@ -353,7 +357,9 @@ def test_a_signature_question_needs_the_operation_typed_back(
     api: TestClient, store: SessionStore
 ) -> None:
     before = _records(store)
-    body = {"question_id": "sign:deploy", "answer": "approved"}
+    asked = store.load("s-b").question
+    assert asked is not None
+    body = {"question_id": "sign:deploy", "answer": "approved", "asked_seq": asked.seq}
     for confirm in (None, "yes", "Deploy"):
         response = api.post("/api/v1/sessions/s-b/answer", json={**body, "confirm": confirm})
         assert response.status_code == 422
@@ -364,6 +370,26 @@ def test_a_signature_question_needs_the_operation_typed_back(
     session = store.load("s-b")
     assert session.decisions[-1].affirmative  # the approval was accepted by the fold
     assert [(a.operation, a.consumed_at) for a in session.approvals] == [("deploy", None)]
+
+
+@pytest.mark.parametrize(
+    ("session_id", "body"),
+    [
+        ("s-b", {"question_id": "sign:deploy", "answer": "approved", "confirm": "deploy"}),
+        ("s-a", {"question_id": "perm:rm", "answer": "yes"}),
+    ],
+)
+def test_an_answer_that_signs_must_name_the_asking_it_was_read_from(
+    api: TestClient, store: SessionStore, session_id: str, body: dict[str, str]
+) -> None:
+    """The agent may ask again, with other arguments, after the caller read the question: what
+    would be signed is what is asked now, so the caller names the asking it read."""
+    before = _records(store)
+    response = api.post(f"/api/v1/sessions/{session_id}/answer", json=body)
+    assert response.status_code == 422
+    assert response.json()["code"] == "confirmation_required"
+    assert "send `asked_seq`" in response.json()["detail"]
+    assert _records(store) == before
 
 
 def test_a_body_missing_fields_is_422_invalid_request(api: TestClient) -> None:

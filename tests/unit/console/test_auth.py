@@ -118,6 +118,32 @@ def test_a_sign_in_with_a_non_ascii_form_token_is_refused_not_a_server_error(
     assert SESSION_COOKIE not in client.cookies
 
 
+@pytest.mark.parametrize("field", ["csrf", "username", "password", "next"])
+def test_a_form_field_that_decodes_to_a_lone_surrogate_is_a_400_not_a_500(
+    client: TestClient, field: str
+) -> None:
+    """A multipart part may name its charset: `unicode_escape` turns `\\ud800` into a lone
+    surrogate, which no later `.encode()` takes."""
+    form = client.get("/login")
+    fields = {"username": "alice", "password": PASSWORD, "csrf": login_csrf(form.text)}
+    fields[field] = "\\ud800"
+    body = (
+        "".join(
+            f'--X\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+            for name, value in fields.items()
+        )
+        + "--X--\r\n"
+    )
+    response = client.post(
+        "/login",
+        content=body.encode(),
+        headers={"content-type": "multipart/form-data; boundary=X; charset=unicode_escape"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 400
+    assert SESSION_COOKIE not in client.cookies
+
+
 def test_sign_in_never_redirects_off_site(client: TestClient) -> None:
     form = client.get("/login")
     response = client.post(
@@ -196,7 +222,7 @@ def test_a_cookie_write_without_the_csrf_token_is_refused_403_and_appends_nothin
 ) -> None:
     seed(store)
     before = _records(store)
-    body = {"question_id": "perm:rm", "answer": "yes"}
+    body = {"question_id": "perm:rm", "answer": "yes", "asked_seq": 2}
     response = operator.post("/api/v1/sessions/s-a/answer", json=body)
     assert response.status_code == 403
     assert response.json()["code"] == "csrf_failed"

@@ -151,7 +151,12 @@ def test_answering_from_the_page_redirects_back_with_a_flash_and_shows_the_decis
     assert '<button type="submit" name="answer" value="yes" class="answer-option primary">' in page
     response = operator.post(
         "/sessions/s-a/answer",
-        data={"csrf": page_csrf(operator), "question_id": "perm:rm", "answer": "yes"},
+        data={
+            "csrf": page_csrf(operator),
+            "question_id": "perm:rm",
+            "answer": "yes",
+            "asked_seq": "2",  # (as the page's form sends it)
+        },
         follow_redirects=False,
     )
     assert response.status_code == 303
@@ -173,7 +178,7 @@ def test_signing_from_the_page_needs_the_typed_confirmation(
 ) -> None:
     seed(store)
     csrf = page_csrf(operator)
-    form = {"csrf": csrf, "question_id": "sign:deploy", "answer": "approved"}
+    form = {"csrf": csrf, "question_id": "sign:deploy", "answer": "approved", "asked_seq": "5"}
     refused = operator.post("/sessions/s-b/answer", data=form).text  # redirected back
     assert 'class="flash error"' in refused and "confirmation_required" in refused
     assert store.load("s-b").question is not None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from console.app import path_segment, visible
 from console.charts import HEIGHT, pauses_chart, tta_chart
 from console.settings import WebConsoleSettings
 from schemas.errors import ConfigurationError
@@ -76,3 +77,16 @@ def test_a_shared_palette_gives_a_reason_one_colour_in_both_charts() -> None:
     tta = tta_chart([{"reason": "style", "bucket": "le_1s", "count": 1}], palette=palette)
     assert [b.css for b in tta.bars] == ["c2"]
     assert tta.legend == (("c2", "style"),)
+
+
+def test_a_session_id_in_a_link_is_one_path_segment() -> None:
+    """Jinja's `urlencode` keeps `/`: `x/../victim` would have linked to session `victim`."""
+    assert path_segment("x/../victim") == "x%2F..%2Fvictim"
+    assert path_segment("s 1?a#b") == "s%201%3Fa%23b"
+
+
+def test_what_an_operator_signs_shows_its_invisible_characters() -> None:
+    """A right-to-left override shows `{"path":"/srv/exe.png"}` for `.../gnp.exe`."""
+    assert visible('{"path":"/srv/\u202egnp.exe"}') == '{"path":"/srv/<U+202E>gnp.exe"}'
+    assert visible("a\u200bb\tc\nd") == "a<U+200B>b<U+0009>c\nd"
+    assert visible("plain: é ü 日本") == "plain: é ü 日本"

@@ -32,7 +32,7 @@ from tests.unit.builders import OPERATOR
 # A closing tag with no opening one raises MarkupError; a pair of tags hides its own text;
 # `:x:` is an emoji code.
 MARKUP = "[/x] [bold]hidden[/bold] :x:"
-SID = "s[/x]1"
+SID = "s[bold]1[x]"  # (no `/`: `SessionStore.start` refuses it in an id)
 
 
 class Screen:

@@ -508,8 +508,8 @@ def test_transfer_rerun_after_interruption_completes_without_duplicates() -> Non
         store.append(e)
     assert store.transfer_open_todos("src", "dst") == 2
     rerun = [r.event for r in store.log.records[n + len(target_half) :]]
-    # The re-run writes the same deterministic ids, so the target's fold ignores them.
-    assert [e.event_id for e in rerun if e.session_id == "dst"] == [e.event_id for e in target_half]
+    # The target holds both cards as the source has them: the re-run sends it nothing again.
+    assert [e.session_id for e in rerun] == ["src"]
     dst = store.load("dst")
     assert [(t.id, t.version) for t in dst.todos] == [("t2", 1), ("t3", 1)]
     assert dst.seq == 3  # started + two cards; the duplicates take no seq
@@ -522,6 +522,22 @@ def test_a_session_id_with_a_control_character_is_refused_before_anything_is_app
     with pytest.raises(InvalidCall, match="control character"):
         store.start("\x00checkpoint:0", "goal")
     assert store.log.records == []
+
+
+@pytest.mark.parametrize("session_id", ["job/1", "x/../victim", ".", ".."])
+def test_a_session_id_no_url_path_segment_can_carry_is_refused(session_id: str) -> None:
+    """The console names a session by one path segment: `/` would split it, and browsers take
+    `.` and `..` away before sending the request."""
+    store = _store()
+    with pytest.raises(InvalidCall, match="no `/`, and not only dots"):
+        store.start(session_id, "goal")
+    assert store.log.records == []
+
+
+def test_a_session_id_with_dots_among_other_characters_is_fine() -> None:
+    store = _store()
+    store.start("release.v1..2", "goal")
+    assert store.load("release.v1..2").started
 
 
 def test_transfer_to_the_same_session_is_invalid() -> None:
