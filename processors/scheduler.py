@@ -120,19 +120,60 @@ class Scheduler:
         self._read_retry_s = 0.0  # the same for due work whose states could not be read
         self._later: set[asyncio.Future[None]] = set()  # due work waiting to be put back
         self._summarizing: asyncio.Future[None] | None = None  # summaries being written
+        self._loading: asyncio.Future[None] | None = None  # the last assignment's index read
 
     # -- fed by the projector --------------------------------------------------------------------
 
     async def assign(self, partitions: Iterable[int]) -> None:
-        """Take over exactly these partitions: reload their due work from the indexes."""
+        """Take over exactly these partitions: reload their due work from the indexes, in the
+        background (`loaded` waits for it).
+
+        Never raises: it runs in the consumer's rebalance, where an exception ends the worker,
+        and with Redis away every member's rebalance would (each exit starts another). The load
+        retries until Redis answers, or until the next assignment replaces it.
+        """
         self.owned = set(partitions)
-        deadlines, due = await self._due_index(self.owned)
         self._deadlines = {}
         self._heap = []
         self._compact = {}
+        await self._stop_loading()
+        self._loading = asyncio.ensure_future(self._load(frozenset(self.owned)))
+
+    async def loaded(self) -> None:
+        """Wait until the last assignment's due work was read from the indexes."""
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+
+    async def _stop_loading(self) -> None:
+        loading, self._loading = self._loading, None
+        if loading is not None and not loading.done():
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+
+    async def _load(self, owned: frozenset[int]) -> None:
+        pause = 0.0
+        while True:
+            try:
+                deadlines, due = await self._due_index(owned)
+                break
+            except ProjectionError as e:
+                if not pause:
+                    log.error(
+                        "could not read the due work of partitions %s, retrying: %s",
+                        sorted(owned),
+                        e,
+                    )
+                pause = _backoff(pause)
+                await asyncio.sleep(pause)
+        if pause:
+            log.info("read the due work of partitions %s", sorted(owned))
+        # What a batch committed meanwhile (`observe`) is at least as new as the index read.
         for sid, (ms, partition) in deadlines.items() if self.closes else ():
-            self._schedule(sid, ms, partition)
-        self._compact = dict(due)
+            if sid not in self._deadlines:
+                self._schedule(sid, ms, partition)
+        for sid, partition in due.items():
+            self._compact.setdefault(sid, partition)
         self._wake.set()
 
     def observe(self, updates: Sequence[SessionUpdate]) -> None:
@@ -248,6 +289,8 @@ class Scheduler:
         finally:
             for sending in [*self._sending, *self._later]:
                 sending.cancel()  # queued records are flushed when the app stops the producer
+            if self._loading is not None:
+                self._loading.cancel()
 
     async def _sleep(self) -> None:
         """Until the next deadline, or until woken by an earlier one or by compaction work."""

@@ -228,6 +228,7 @@ def test_two_schedulers_closing_the_same_question_make_one_effective_closing(
         replicas = [Scheduler(states, store.due_work, r, Compactor()) for r in recorders]
         for replica in replicas:
             await replica.assign(range(settings.partitions))
+            await replica.loaded()
         await asyncio.gather(*(replica.tick() for replica in replicas))
         await client.aclose()
         return sum(len(r.sent) for r in recorders)

@@ -268,6 +268,37 @@ def _through_failed_reads(fails: int) -> tuple[bool, list[str]]:
     return asyncio.run(scenario())
 
 
+def test_an_assignment_with_redis_away_neither_raises_nor_loses_the_indexed_deadlines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The assignment runs in the consumer's rebalance, where an exception ends the worker (and
+    each exit rebalances the others): its index read is retried in the background instead."""
+    asked = _asked("s1", "q1", DEADLINE)
+    reads = {"failures": 2}
+
+    async def index(partitions: Iterable[int]) -> tuple[dict, dict]:
+        if reads["failures"]:
+            reads["failures"] -= 1
+            raise ProjectionError("Redis is away")
+        return {"s1": (ceil_ms(DEADLINE), 0)}, {}
+
+    async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
+        return {"s1": Folded(asked.state, asked.mark)} if "s1" in ids else {}
+
+    async def scenario() -> list[str]:
+        sink = Sink()
+        clock = Clock(DEADLINE + timedelta(seconds=1))
+        scheduler = Scheduler(lookup, index, sink, Compactor(), clock=clock)  # type: ignore[arg-type]
+        await scheduler.assign([0])  # returns at once, whatever Redis does
+        await scheduler.loaded()
+        await scheduler.tick()
+        return [e.session_id for e in sink.events]
+
+    assert asyncio.run(scenario()) == ["s1"]
+    assert reads["failures"] == 0
+    assert caplog.text.count("could not read the due work of partitions [0], retrying") == 1
+
+
 def test_a_failed_state_read_neither_ends_the_loop_nor_loses_the_due_work() -> None:
     running, sent = _through_failed_reads(fails=1)
     assert running
