@@ -100,6 +100,12 @@ class Committed:
     # Sessions whose projection expired (retention): their updates wrote nothing and are not in
     # `updates`; their records are handled (they stay in the log for `replay --session`).
     expired: tuple[str, ...] = ()
+    # Sessions whose records a conflict's re-fold found all applied already (a commit whose
+    # reply was lost and that was sent again, or another writer's): their stored state, as an
+    # update with no steps, for those told what a batch committed (its deadlines, its due
+    # compaction), which would otherwise never hear of it. Not in `updates`: nothing to count
+    # or publish from them (`again` and `reasked` carry that).
+    settled: tuple[SessionUpdate, ...] = ()
 
 
 @dataclass
@@ -276,6 +282,7 @@ class ProjectionCycle:
         reasked: list[QuestionChange] = []
         foreign: list[Record] = []
         conflicts = redelivered = rounds = 0
+        settled: set[str] = set()
         stale, self._stale = self._stale, {}
         suspect = (
             {
@@ -328,10 +335,17 @@ class ProjectionCycle:
             )  # counted again by the re-fold
             refolded = yield from self._fold(records)
             records, updates = refolded.records, refolded.updates
+            settled.update(conflicted - {u.session_id for u in updates})
             again.extend(refolded.again)
             reasked.extend(refolded.reasked)
             foreign.extend(refolded.foreign)
             redelivered += refolded.redelivered
+        written = {u.session_id for u in done}
+        as_stored: list[SessionUpdate] = []
+        for sid in sorted(settled - written):
+            folded = self.cache.get(sid)
+            if folded is not None and folded.mark is not None:
+                as_stored.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
         self._trim()
         return Committed(
             tuple(done),
@@ -341,6 +355,7 @@ class ProjectionCycle:
             redelivered,
             tuple(reasked),
             tuple(expired),
+            tuple(as_stored),
         )
 
     def _note_stale(self, updates: Iterable[SessionUpdate]) -> None:

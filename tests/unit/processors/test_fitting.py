@@ -149,7 +149,7 @@ def test_a_dead_letter_with_the_longest_reason_still_fits_a_produce_request() ->
     worker = ProjectionWorker(None, BatchFolder(), sink, _SizedSink())  # type: ignore[arg-type]
     raw = RawRecord(b"s-1", b"\x00" * 1_048_400, 0, 7, "sessions.events")
     detail = "\U0001f600" * 10_000  # 4 bytes a character in UTF-8
-    asyncio.run(worker._dead_letter(raw, Refusal("key_mismatch", detail)))
+    asyncio.run(worker._dead_letter([(raw, Refusal("key_mismatch", detail))]))
     ((key, _, headers),) = sink.published
     assert key == b"s-1"
     found = dict(headers)

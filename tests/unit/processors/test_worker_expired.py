@@ -98,3 +98,40 @@ def test_a_reused_id_of_an_expired_session_publishes_no_decision_change_or_deadl
     assert changed == {"y"}
     assert worker.stats.decisions == 1
     assert store.load("x") is None and store.expired("x") is not None
+
+
+class _RepliesLost(_AsyncStore):
+    """Applies each commit, then loses the first reply: the client sends it again."""
+
+    def __init__(self, inner: InMemoryProjectionStore) -> None:
+        super().__init__(inner)
+        self.lost = False
+
+    async def commit(self, updates: Sequence[SessionUpdate]) -> Any:
+        result = self.inner.commit(updates)
+        if not self.lost:
+            self.lost = True
+            return self.inner.commit(updates)  # the retry: it finds its own write (a conflict)
+        return result
+
+
+def test_a_commit_whose_reply_was_lost_still_tells_the_listeners_its_deadlines() -> None:
+    """Sent again after it was applied, the commit conflicts with itself; the re-fold finds every
+    record applied. The timer must still hear of the question asked, or it never closes."""
+    store = _RepliesLost(InMemoryProjectionStore())
+    worker = ProjectionWorker(
+        store,  # type: ignore[arg-type]
+        BatchFolder(),
+        _Sink(),
+        _Sink(),
+        questions=_Sink(),
+    )
+    heard: list[tuple[str, Any]] = []
+    worker.listeners.append(lambda updates: heard.extend((u.session_id, u.state) for u in updates))
+    events = [started(session_id="z"), ask("q1", expires_at="2999-01-01T00:00:00Z", session_id="z")]
+
+    committed = asyncio.run(worker.process([_raw(e, i) for i, e in enumerate(events)]))
+
+    assert committed == ()  # nothing this worker wrote, as far as its commit can tell
+    assert [sid for sid, _ in heard] == ["z"]
+    assert heard[0][1].question is not None and heard[0][1].question.id == "q1"
