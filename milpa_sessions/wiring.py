@@ -80,7 +80,7 @@ def check_rebuild_finished(settings: StackSettings, *, why: str) -> None:
         began, what = found
         raise RebuildIncompleteError(
             f"a rebuild (`milpa-sessions {what}`) began at {began} and did not finish "
-            f"({store.keys.rebuild_incomplete()} is set): run `milpa-sessions replay` again; "
+            f"({store.keys.rebuild_incomplete()} is set): run `milpa-sessions {what}` again; "
             f"{why}"
         )
 
@@ -101,12 +101,17 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int], trust: s
         return 0  # nothing was applied (an empty topic): nothing to cover, no broker to ask
     # A missing topic fails here at once (LogError), not after the writer's start-up timeout.
     end_offsets(settings.kafka_access(), settings.snapshots_topic)
+    # Where a session's keys live depends on the events topic's partition count: the topic's, as
+    # the rebuild and the workers use it, whatever MILPA_PARTITIONS says (a setting that
+    # disagrees would read empty indexes and checkpoint partitions with nothing snapshotted).
+    _, partitions = end_offsets(settings.kafka_access(), settings.events_topic)
+    keys = dataclasses.replace(settings.redis_keys(), partitions=partitions)
 
     async def run() -> int:
         client = settings.redis_async()
         store = AsyncRedisProjectionStore(
             client,
-            settings.redis_keys(),
+            keys,
             settings.compactor_max_turns,
             track=True,
             durability=settings.durability(),

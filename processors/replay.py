@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import logging
@@ -215,10 +216,16 @@ def replay(
     # generation of its own that readers and workers are moved to only once it is whole: neither
     # leaves the fleet's projection half built.
     marked = session_id is None and clear
+    session_mark: str | None = None
     if marked:
         store.begin_rebuild("replay" if snapshots_topic else "replay --full", datetime.now(UTC))
         store.clear()
     elif session_id is not None:
+        # Its batches are committed as they are folded: one that dies in between leaves the
+        # session half built, marked as a whole rebuild's projections are (workers refuse to
+        # start until the same command has run to its end).
+        what = f"replay --session {session_id}"  # (the command folds one session whole)
+        session_mark = store.begin_session_rebuild(what, datetime.now(UTC))
         store.drop(session_id)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover)
     intake = Intake(codec, partitions)
@@ -231,6 +238,8 @@ def replay(
         report = _in_processes(job, shares, total, progress, fork_guard)
     if marked:
         store.end_rebuild()
+    elif session_mark is not None:
+        store.end_rebuild(session_mark)
     return dataclasses.replace(
         report,
         ignored=dict(plan.ignored),
@@ -416,9 +425,13 @@ def _in_processes(
     """
     context = multiprocessing.get_context("fork")
     messages: Any = context.Queue()
+    parent = os.getpid()
     children = [
         context.Process(
-            target=_child, args=(job, share, i, messages), name=f"replay-{i}", daemon=True
+            target=_child,
+            args=(job, share, i, messages, parent),
+            name=f"replay-{i}",
+            daemon=True,
         )
         for i, share in enumerate(shares)
     ]
@@ -469,8 +482,9 @@ def _in_processes(
         messages.close()
 
 
-def _child(job: _Job, ends: dict[int, int], index: int, messages: Any) -> None:
+def _child(job: _Job, ends: dict[int, int], index: int, messages: Any, parent: int) -> None:
     """A rebuild process: its partitions, reported through `messages`."""
+    _die_with(parent)
     # The parent's signal handlers are not this process's: `terminate()` must just end it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
@@ -486,6 +500,27 @@ def _child(job: _Job, ends: dict[int, int], index: int, messages: Any) -> None:
     finally:
         messages.close()
         messages.join_thread()  # the messages are sent before the process ends
+
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when `parent` ends, however it ends.
+
+    Why: a rebuild whose parent was killed (kill -9, the OOM killer) would otherwise fold on in
+    its orphaned children, committing into the projection that the next `replay`, run by an
+    operator who sees no rebuild running, clears and rebuilds: their late commits would land on
+    its half-built states. `daemon=True` covers only a parent that exits normally. Linux only
+    (`prctl`); where it is missing the children end with their partitions, as before.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the request was made
+        os._exit(1)
 
 
 @contextlib.contextmanager

@@ -241,3 +241,42 @@ def test_a_worker_refuses_a_half_built_projection_until_a_replay_ends(
         assert session is not None and session.seq == before.seq + 1
     finally:  # the fixture's clear leaves the mark (as a rebuild's does)
         projections.end_rebuild()
+
+
+def test_a_session_rebuild_that_died_is_flagged_until_the_same_command_ends(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    """`replay --session X` commits X batch by batch: one that died half way leaves X half
+    built, so it leaves the mark a whole rebuild leaves, naming itself; it never takes away a
+    whole rebuild's."""
+    worker = start_worker()
+    agent = SessionStore(kafka_log, projections, producer="agent-1", read_timeout=60)
+    agent.start("hb-2", "outlive a session rebuild that died")
+    agent.record_turn("hb-2", "user", "hello")
+    before = agent.load("hb-2")
+    worker.stop()
+    # What a `replay --session hb-2` that died after its drop leaves.
+    assert projections.begin_session_rebuild("replay --session hb-2", datetime.now(UTC))
+    projections.drop("hb-2")
+    try:
+        refused = run_cli(settings, "worker")
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        said = " ".join(refused.stderr.split())
+        assert "run `milpa-sessions replay --session hb-2` again" in said, said
+
+        done = run_cli(settings, "replay", "--session", "hb-2", "--force")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert projections.incomplete_rebuild() is None
+        assert agent.load("hb-2") == before
+
+        # A whole rebuild's mark stands through a session's rebuild.
+        projections.begin_rebuild("replay --full", datetime.now(UTC))
+        done = run_cli(settings, "replay", "--session", "hb-2", "--force")
+        assert done.returncode == 0, done.stdout + done.stderr
+        found = projections.incomplete_rebuild()
+        assert found is not None and found[1] == "replay --full"
+    finally:
+        projections.end_rebuild()

@@ -64,7 +64,7 @@ def test_a_folding_process_refuses_to_start_on_a_half_built_projection(
     assert "RebuildIncompleteError" in line
     assert "`milpa-sessions replay --full`) began at 2026-03-01T10:00:00+00:00" in line
     assert "ms:rebuild-incomplete is set" in line
-    assert "run `milpa-sessions replay` again" in line
+    assert "run `milpa-sessions replay --full` again" in line
     assert why in line
 
 
