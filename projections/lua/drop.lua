@@ -9,13 +9,19 @@
 -- Without now ("", a rebuild follows): drop it and forget its retention entry and tombstone;
 -- returns how many keys were unlinked. With now (the retention sweep): only if its retention
 -- deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`; returns 1 if
--- it was dropped, else 0 (restored meanwhile, or expired by another sweep already).
+-- it was dropped, else 0 (restored meanwhile, expired by another sweep already, or its last
+-- state not in a snapshot yet: then its deadline moves a minute on).
 local sid, rprefix, now = ARGV[1], ARGV[2], ARGV[3]
 if now ~= '' then
   local due = redis.call('ZSCORE', KEYS[14], sid)
   if not due or tonumber(due) > tonumber(now) then return 0 end
-  -- Not before its last state is in a snapshot: a rebuild from snapshots would miss it.
-  if redis.call('ZSCORE', KEYS[16], sid) then return 0 end
+  -- Not before its last state is in a snapshot: a rebuild from snapshots would miss it. Looked
+  -- at again in a minute: the sweep reads the earliest due first, and sessions waiting for a
+  -- snapshot (or too large for one) must not keep it from those due after them.
+  if redis.call('ZSCORE', KEYS[16], sid) then
+    redis.call('ZADD', KEYS[14], 'XX', tonumber(now) + 60000, sid)
+    return 0
+  end
 end
 local got = redis.call('HMGET', KEYS[1], 'f', 'mark')
 local was = got[1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -33,7 +34,7 @@ from session_model.fold import fold
 from session_model.partitioning import partition_for
 from session_model.signing import TrustedKeys
 from tests.contract_projection import _project
-from tests.contract_retention import RETENTION, TTL, PartitionedLog, RetentionContract
+from tests.contract_retention import PARTITIONS, RETENTION, TTL, PartitionedLog, RetentionContract
 from tests.contract_waiting import ask
 from tests.integration.conftest import with_keys
 from tests.integration.expected import assert_projection_matches, expected_projections
@@ -77,8 +78,34 @@ def test_an_ended_session_is_not_expired_before_a_snapshot_round_took_its_last_s
     assert store.expire_due(later) == []
     assert store.load("done") is not None
     store.client.zrem(index, "done")  # what a round's `snapped` does once its snapshot is acked
-    assert store.expire_due(later) == ["done"]
+    assert store.expire_due(later) == []  # looked at again a minute later, not at each sweep
+    assert store.expire_due(later + timedelta(minutes=1)) == ["done"]
     assert store.load("done") is None and store.expired("done") is not None
+
+
+def test_a_session_waiting_for_its_snapshot_does_not_hold_back_those_due_after_it(
+    projection_store: RedisProjectionStore,
+) -> None:
+    """The sweep reads the earliest due sessions first, a few at a time: one that may not go yet
+    (its last state not in a snapshot, or too large for one) must not stall the rest."""
+    store = dataclasses.replace(projection_store, track=True)
+    ids = (f"s{n}" for n in itertools.count())
+    one, other = next(ids), ""
+    while partition_for(other := next(ids), PARTITIONS) != partition_for(one, PARTITIONS):
+        pass  # two sessions of one partition: the sweep reads `limit` per partition
+    log = PartitionedLog()
+    log.started(one)
+    first = log.ended(one)
+    log.started(other)
+    second = log.ended(other)
+    store.retention = RETENTION
+    _project(store, log.records)
+    # The second one's snapshot was taken; the first one's was not.
+    store.client.zrem(store.keys.unsnapshotted(second.position.partition), other)
+    later = second.event.occurred_at + timedelta(days=1)
+    assert store.expire_due(later, limit=1) == []  # the first, earliest due, may not go yet
+    assert store.expire_due(later, limit=1) == [other]
+    assert store.load(one) is not None and first.position.partition == second.position.partition
 
 
 def test_an_expired_session_leaves_no_deadline_or_compaction_entry_behind(
