@@ -8,6 +8,7 @@ worker killed while snapshotting and a corrupt or foreign snapshot.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import time
@@ -214,8 +215,10 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
     assert fleet_wide(projections) == incremental
 
     # What `replay` does after a full rebuild: snapshot everything it applied. The next rebuild
-    # then reads no event at all, and still equals the fold.
-    taken = wiring.take_snapshots(settings, report.applied_through(), report.trust)
+    # then reads no event at all, and still equals the fold. (With MILPA_PARTITIONS saying 3:
+    # where the sessions' keys are depends on the topic's count, 6, as the rebuild used it.)
+    misset = dataclasses.replace(settings, partitions=3)
+    taken = wiring.take_snapshots(misset, report.applied_through(), report.trust)
     assert taken == len(sids)
     assert checkpoints(settings) == report.applied_through()
     projections.clear()

@@ -157,8 +157,6 @@ def test_running_a_dead_session_rebuild_again_takes_its_mark_away(
 ) -> None:
     monkeypatch.setattr(replay_module._Job, "run", lambda job, ends, progress: ReplayReport(0, 0))
     monkeypatch.setattr(RedisProjectionStore, "drop", lambda self, sid: None)
-    assert store.begin_session_rebuild(
-        "replay --session a", datetime(2026, 3, 1, tzinfo=UTC)
-    )
+    assert store.begin_session_rebuild("replay --session a", datetime(2026, 3, 1, tzinfo=UTC))
     replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, session_id="a")
     assert store.incomplete_rebuild() is None
