@@ -216,16 +216,10 @@ def replay(
     # generation of its own that readers and workers are moved to only once it is whole: neither
     # leaves the fleet's projection half built.
     marked = session_id is None and clear
-    session_mark: str | None = None
     if marked:
         store.begin_rebuild("replay" if snapshots_topic else "replay --full", datetime.now(UTC))
         store.clear()
     elif session_id is not None:
-        # Its batches are committed as they are folded: one that dies in between leaves the
-        # session half built, marked as a whole rebuild's projections are (workers refuse to
-        # start until the same command has run to its end).
-        what = f"replay --session {session_id}"  # (the command folds one session whole)
-        session_mark = store.begin_session_rebuild(what, datetime.now(UTC))
         store.drop(session_id)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover)
     intake = Intake(codec, partitions)
@@ -238,8 +232,6 @@ def replay(
         report = _in_processes(job, shares, total, progress, fork_guard)
     if marked:
         store.end_rebuild()
-    elif session_mark is not None:
-        store.end_rebuild(session_mark)
     return dataclasses.replace(
         report,
         ignored=dict(plan.ignored),

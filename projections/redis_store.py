@@ -326,37 +326,9 @@ class RedisProjectionStore:
         command = ("SET", self.keys.rebuild_incomplete(), f"{at.isoformat()} {what}")
         self._write(command, "marking the rebuild under way failed")
 
-    def begin_session_rebuild(self, what: str, at: datetime) -> str | None:
-        """Mark one session's rebuild under way as `begin_rebuild` does, unless a mark is there
-        already: the mark to take away at its end (`end_rebuild`), or None. A mark left by the
-        same command (which died) is taken over: running it again is its remedy. Another one (a
-        whole rebuild's) stands until that one ends."""
-        mark = f"{at.isoformat()} {what}"
-        request = requests.Request(
-            [("SET", self.keys.rebuild_incomplete(), mark, "NX")],
-            lambda replies: replies[0] is not None,
-            "marking the rebuild under way failed",
-            writes=True,
-        )
-        if execute(self.client, request, self.durability):
-            return mark
-        found = self.incomplete_rebuild()
-        if found is not None and found[1] == what:
-            return f"{found[0]} {found[1]}"
-        return None
-
-    def end_rebuild(self, mark: str | None = None) -> None:
-        """Take the mark of `begin_rebuild` away: the projections are whole again. With `mark`
-        (`begin_session_rebuild`'s), only if it is still that one."""
-        key = self.keys.rebuild_incomplete()
-        if mark is not None:
-            found = execute(
-                self.client,
-                requests.Request([("GET", key)], lambda r: r[0], "reading the rebuild mark failed"),
-            )
-            if found is None or text(found) != mark:
-                return
-        self._write(("DEL", key), "unmarking the rebuild failed")
+    def end_rebuild(self) -> None:
+        """Take the mark of `begin_rebuild` away: the projections are whole again."""
+        self._write(("DEL", self.keys.rebuild_incomplete()), "unmarking the rebuild failed")
 
     def incomplete_rebuild(self) -> tuple[str, str] | None:
         """(when it began, what) of a rebuild that cleared these projections and has not

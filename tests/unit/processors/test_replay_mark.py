@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,8 +20,7 @@ from session_model.signing import TrustedKeys
 
 
 class DictRedis:
-    """The few commands the rebuild's bookkeeping sends (GET, SET [NX], DEL, EXISTS, SCAN,
-    UNLINK)."""
+    """The few commands the rebuild's bookkeeping sends (GET, SET, DEL, EXISTS, SCAN, UNLINK)."""
 
     def __init__(self) -> None:
         self.data: dict[str, str] = {}
@@ -48,8 +46,6 @@ class DictRedis:
             for name, key, *args in self.commands:
                 if name == "GET":
                     replies.append(data.get(key))
-                elif name == "SET" and args[1:] == ["NX"] and key in data:
-                    replies.append(None)  # (NX: there already)
                 elif name == "SET":
                     data[key] = args[0]
                     replies.append(True)
@@ -112,51 +108,17 @@ def test_a_rebuild_that_ends_takes_the_mark_away_even_one_run_over_it(
     assert store.incomplete_rebuild() is None
 
 
-def test_a_live_rebuild_sets_no_mark(
-    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kind", ["session", "live"])
+def test_one_sessions_rebuild_and_a_live_one_set_no_mark(
+    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     def run(job: Any, ends: Any, progress: Any) -> ReplayReport:
         assert _mark(store) is None
         raise LogError("reading failed")
 
     monkeypatch.setattr(replay_module._Job, "run", run)
+    monkeypatch.setattr(RedisProjectionStore, "drop", lambda self, sid: None)
+    options: dict[str, Any] = {"session_id": "a"} if kind == "session" else {"clear": False}
     with pytest.raises(LogError):
-        replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, clear=False)
+        replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, **options)
     assert _mark(store) is None
-
-
-def test_one_sessions_rebuild_that_dies_leaves_a_mark_naming_itself(
-    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its batches are committed as they are folded: one that died left the session half built."""
-
-    def run(job: Any, ends: Any, progress: Any) -> ReplayReport:
-        raise LogError("reading failed")
-
-    monkeypatch.setattr(replay_module._Job, "run", run)
-    monkeypatch.setattr(RedisProjectionStore, "drop", lambda self, sid: None)
-    with pytest.raises(LogError):
-        replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, session_id="a")
-    found = store.incomplete_rebuild()
-    assert found is not None and found[1] == "replay --session a"
-
-
-def test_one_sessions_rebuild_leaves_a_whole_rebuilds_mark_as_it_found_it(
-    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(replay_module._Job, "run", lambda job, ends, progress: ReplayReport(0, 0))
-    monkeypatch.setattr(RedisProjectionStore, "drop", lambda self, sid: None)
-    store.begin_rebuild("replay --full", datetime(2026, 3, 1, tzinfo=UTC))
-    replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, session_id="a")
-    found = store.incomplete_rebuild()
-    assert found is not None and found[1] == "replay --full"
-
-
-def test_running_a_dead_session_rebuild_again_takes_its_mark_away(
-    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(replay_module._Job, "run", lambda job, ends, progress: ReplayReport(0, 0))
-    monkeypatch.setattr(RedisProjectionStore, "drop", lambda self, sid: None)
-    assert store.begin_session_rebuild("replay --session a", datetime(2026, 3, 1, tzinfo=UTC))
-    replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, session_id="a")
-    assert store.incomplete_rebuild() is None
