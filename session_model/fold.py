@@ -278,10 +278,15 @@ def _closing_or_ended(s: Session, e: Event, auth: Authority) -> _Handler:
     resolved is a no-op (it lost the race), never applied: an ended session changes no more.
     Else an ended session refuses."""
     p = e.payload
+    qid = p.get("question_id")
     if e.type == _CLOSED and s.ended_because is None:
         return _window_closed
     if e.type == _CLOSED and _already_decided(s, p.get("question_id")):
-        return _lost_the_race
+        # A closing of a question resolved before: it lost the race. One naming the asking still
+        # open when the session ended is refused below, as any closing of an open one is.
+        question, asked = s.question, p.get("asked_seq")
+        if question is None or type(asked) is not int or not question.named_by(qid, asked):
+            return _lost_the_race
     if e.type == _ANSWERED and (late := s.late_for(p.get("question_id"), p.get("asked_seq"))):
         by, _ = _principal(e, late.id, auth.keys)
         raise _Reject("late_answer", by=by)

@@ -410,6 +410,27 @@ def test_a_closing_of_a_re_asked_question_after_the_end_changes_nothing() -> Non
     assert result.state.rejections == ()
 
 
+def test_a_closing_naming_the_asking_open_at_the_end_is_refused_as_after_any_end() -> None:
+    """The same closing of the same still-open asking is refused whether or not an earlier
+    asking of that id was answered: only a closing that lost the race is a no-op."""
+    asked_again = fold_all(
+        [
+            started(),
+            ask("q1", "Deploy?"),
+            answer("q1", "no"),
+            ask("q1", "Deploy now?"),  # seq 4
+            ended("stopped by hand"),
+        ]
+    )
+    result = step(asked_again, window_closed("q1", asked_seq=4))
+    assert result.outcome.kind is Kind.REJECTED
+    assert result.outcome.rejection is not None
+    assert result.outcome.rejection.code == "session_ended"
+    assert result.state.ended_because == "stopped by hand"
+    named_earlier = step(asked_again, window_closed("q1", asked_seq=2))
+    assert named_earlier.outcome.kind is Kind.NOOP  # the answered asking: it lost the race
+
+
 # -- a late answer never raises trust ---------------------------------------------------------
 
 
