@@ -121,6 +121,7 @@ class Scheduler:
         self._later: set[asyncio.Future[None]] = set()  # due work waiting to be put back
         self._summarizing: asyncio.Future[None] | None = None  # summaries being written
         self._loading: asyncio.Future[None] | None = None  # the last assignment's index read
+        self._observed: set[str] | None = None  # sessions `observe` saw while it reads
 
     # -- fed by the projector --------------------------------------------------------------------
 
@@ -137,6 +138,7 @@ class Scheduler:
         self._heap = []
         self._compact = {}
         await self._stop_loading()
+        self._observed = set()
         self._loading = asyncio.ensure_future(self._load(frozenset(self.owned)))
 
     async def loaded(self) -> None:
@@ -157,10 +159,10 @@ class Scheduler:
             try:
                 deadlines, due = await self._due_index(owned)
                 break
-            except ProjectionError as e:
+            except Exception as e:  # whatever the read raised: the due work must be read
                 if not pause:
                     log.error(
-                        "could not read the due work of partitions %s, retrying: %s",
+                        "could not read the due work of partitions %s, retrying: %r",
                         sorted(owned),
                         e,
                     )
@@ -168,21 +170,27 @@ class Scheduler:
                 await asyncio.sleep(pause)
         if pause:
             log.info("read the due work of partitions %s", sorted(owned))
-        # What a batch committed meanwhile (`observe`) is at least as new as the index read.
+        # What a batch committed meanwhile (`observe`) is at least as new as the index read: a
+        # deadline it set or cleared, compaction it found due or not, stands.
+        observed, self._observed = self._observed, None
         for sid, (ms, partition) in deadlines.items() if self.closes else ():
-            if sid not in self._deadlines:
+            if observed is None or sid not in observed:
                 self._schedule(sid, ms, partition)
         for sid, partition in due.items():
-            self._compact.setdefault(sid, partition)
+            if observed is None or sid not in observed:
+                self._compact.setdefault(sid, partition)
         self._wake.set()
 
     def observe(self, updates: Sequence[SessionUpdate]) -> None:
         """Learn new deadlines and compaction work from a committed batch; wake if earlier."""
         earliest: int | None = None
+        observed = self._observed
         for u in updates:
             partition = _partition_of(u)
             if self.owned and partition not in self.owned:
                 continue
+            if observed is not None:
+                observed.add(u.session_id)
             question = u.state.question if self.closes else None
             deadline = question.deadline() if question is not None else None
             if deadline is None:

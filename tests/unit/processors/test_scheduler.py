@@ -299,6 +299,40 @@ def test_an_assignment_with_redis_away_neither_raises_nor_loses_the_indexed_dead
     assert caplog.text.count("could not read the due work of partitions [0], retrying") == 1
 
 
+def test_an_answer_committed_while_the_assignment_reads_the_index_is_not_undone() -> None:
+    """The index read began before the answer's commit: the deadline it returns is stale."""
+    asked = _asked("s1", "q1", DEADLINE)
+    answered = _update(
+        [
+            started(session_id="s1"),
+            ask("q1", expires_at=format_instant(DEADLINE), session_id="s1"),
+            answer("q1", "yes", session_id="s1"),
+        ]
+    )
+    release = asyncio.Event()
+
+    async def index(partitions: Iterable[int]) -> tuple[dict, dict]:
+        await release.wait()
+        return {"s1": (ceil_ms(DEADLINE), 0)}, {}
+
+    async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
+        return {"s1": Folded(asked.state, asked.mark)} if "s1" in ids else {}
+
+    async def scenario() -> list[str]:
+        sink = Sink()
+        clock = Clock(DEADLINE + timedelta(seconds=1))
+        scheduler = Scheduler(lookup, index, sink, Compactor(), clock=clock)  # type: ignore[arg-type]
+        await scheduler.assign([0])
+        scheduler.observe([answered])  # committed while the index is read
+        release.set()
+        await scheduler.loaded()
+        await scheduler.tick()
+        return [e.session_id for e in sink.events]
+
+    assert asyncio.run(scenario()) == []
+    assert answered.state.question is None
+
+
 def test_a_failed_state_read_neither_ends_the_loop_nor_loses_the_due_work() -> None:
     running, sent = _through_failed_reads(fails=1)
     assert running
