@@ -192,7 +192,12 @@ def answer(
             options = ", ".join(map(repr, question.options))
             raise InvalidAnswerError(f"{answer!r} is not an option of {question_id!r}: {options}")
         granting = granted_by_yes(question, answer)
-        signs = question.reason == SIGNATURE or (granting is not None and store.signer is not None)
+        # What signs (a call's approval, a grant), or confirms a target (`Session.confirmed`).
+        signs = (
+            question.reason == SIGNATURE
+            or (granting is not None and store.signer is not None)
+            or (question.reason == "target_not_named" and question.options[:1] == (answer,))
+        )
         if signs and shown is None:
             raise ConfirmationRequiredError(
                 f"this answer signs what {question_id!r} asks now: send `asked_seq` (the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -390,6 +391,28 @@ def test_an_answer_that_signs_must_name_the_asking_it_was_read_from(
     assert response.json()["code"] == "confirmation_required"
     assert "send `asked_seq`" in response.json()["detail"]
     assert _records(store) == before
+
+
+def test_a_yes_that_confirms_a_target_must_name_the_asking_too(
+    api: TestClient, store: SessionStore
+) -> None:
+    """«Deploy to staging?» read, then asked again under the same id naming prod: a yes without
+    the asking would confirm prod (`Session.confirmed`)."""
+    store.start("s-t", "ship")
+    why = '{"operation": "deploy", "target": "prod"}'
+    target = Question("target:deploy", "Deploy there?", ("yes", "no"), why, at(600))
+    store.ask("s-t", replace(target, reason="target_not_named"))
+    before = _records(store)
+    body = {"question_id": "target:deploy", "answer": "yes"}
+    response = api.post("/api/v1/sessions/s-t/answer", json=body)
+    assert response.status_code == 422
+    assert response.json()["code"] == "confirmation_required"
+    assert _records(store) == before
+    asked = store.load("s-t").question
+    assert asked is not None
+    response = api.post("/api/v1/sessions/s-t/answer", json={**body, "asked_seq": asked.seq})
+    assert response.status_code == 202
+    assert store.load("s-t").confirmed("deploy", "prod")
 
 
 def test_a_body_missing_fields_is_422_invalid_request(api: TestClient) -> None:
