@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -268,19 +268,13 @@ def _through_failed_reads(fails: int) -> tuple[bool, list[str]]:
     return asyncio.run(scenario())
 
 
-def test_an_assignment_with_redis_away_neither_raises_nor_loses_the_indexed_deadlines(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """The assignment runs in the consumer's rebalance, where an exception ends the worker (and
-    each exit rebalances the others): its index read is retried in the background instead."""
+def _closed_after_assigning(
+    index: Callable[[Iterable[int]], Awaitable[tuple[dict, dict]]],
+    meanwhile: Callable[[Scheduler], None] = lambda scheduler: None,
+) -> list[str]:
+    """What a scheduler assigned partition 0 closes, its due work read by `index`: `s1` asked
+    q1, due a second ago. `meanwhile` runs between the assignment and its load's end."""
     asked = _asked("s1", "q1", DEADLINE)
-    reads = {"failures": 2}
-
-    async def index(partitions: Iterable[int]) -> tuple[dict, dict]:
-        if reads["failures"]:
-            reads["failures"] -= 1
-            raise ProjectionError("Redis is away")
-        return {"s1": (ceil_ms(DEADLINE), 0)}, {}
 
     async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
         return {"s1": Folded(asked.state, asked.mark)} if "s1" in ids else {}
@@ -290,18 +284,34 @@ def test_an_assignment_with_redis_away_neither_raises_nor_loses_the_indexed_dead
         clock = Clock(DEADLINE + timedelta(seconds=1))
         scheduler = Scheduler(lookup, index, sink, Compactor(), clock=clock)  # type: ignore[arg-type]
         await scheduler.assign([0])  # returns at once, whatever Redis does
+        meanwhile(scheduler)
         await scheduler.loaded()
         await scheduler.tick()
         return [e.session_id for e in sink.events]
 
-    assert asyncio.run(scenario()) == ["s1"]
+    return asyncio.run(scenario())
+
+
+def test_an_assignment_with_redis_away_neither_raises_nor_loses_the_indexed_deadlines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The assignment runs in the consumer's rebalance, where an exception ends the worker (and
+    each exit rebalances the others): its index read is retried in the background instead."""
+    reads = {"failures": 2}
+
+    async def index(partitions: Iterable[int]) -> tuple[dict, dict]:
+        if reads["failures"]:
+            reads["failures"] -= 1
+            raise ProjectionError("Redis is away")
+        return {"s1": (ceil_ms(DEADLINE), 0)}, {}
+
+    assert _closed_after_assigning(index) == ["s1"]
     assert reads["failures"] == 0
     assert caplog.text.count("could not read the due work of partitions [0], retrying") == 1
 
 
 def test_an_answer_committed_while_the_assignment_reads_the_index_is_not_undone() -> None:
     """The index read began before the answer's commit: the deadline it returns is stale."""
-    asked = _asked("s1", "q1", DEADLINE)
     answered = _update(
         [
             started(session_id="s1"),
@@ -309,28 +319,18 @@ def test_an_answer_committed_while_the_assignment_reads_the_index_is_not_undone(
             answer("q1", "yes", session_id="s1"),
         ]
     )
+    assert answered.state.question is None
     release = asyncio.Event()
 
     async def index(partitions: Iterable[int]) -> tuple[dict, dict]:
         await release.wait()
         return {"s1": (ceil_ms(DEADLINE), 0)}, {}
 
-    async def lookup(ids: Sequence[str]) -> dict[str, Folded]:
-        return {"s1": Folded(asked.state, asked.mark)} if "s1" in ids else {}
-
-    async def scenario() -> list[str]:
-        sink = Sink()
-        clock = Clock(DEADLINE + timedelta(seconds=1))
-        scheduler = Scheduler(lookup, index, sink, Compactor(), clock=clock)  # type: ignore[arg-type]
-        await scheduler.assign([0])
-        scheduler.observe([answered])  # committed while the index is read
+    def answer_committed(scheduler: Scheduler) -> None:
+        scheduler.observe([answered])
         release.set()
-        await scheduler.loaded()
-        await scheduler.tick()
-        return [e.session_id for e in sink.events]
 
-    assert asyncio.run(scenario()) == []
-    assert answered.state.question is None
+    assert _closed_after_assigning(index, answer_committed) == []
 
 
 def test_a_failed_state_read_neither_ends_the_loop_nor_loses_the_due_work() -> None:

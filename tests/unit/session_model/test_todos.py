@@ -477,38 +477,6 @@ def test_only_cards_open_now_are_moved_by_a_second_transfer():
     assert [t.id for t in store.load("dst").todos] == ["a", "b", "d"]
 
 
-def test_rerunning_an_interrupted_transfer_completes_it_without_duplicates(monkeypatch):
-    store = _store()
-    _source_with_cards(store)
-    real_append = store.append
-
-    def crash_before_source(event):
-        if event.type == ev.TODOS_TRANSFERRED:
-            raise ConnectionError("partition leader lost")
-        return real_append(event)
-
-    monkeypatch.setattr(store, "append", crash_before_source)
-    with pytest.raises(ConnectionError):
-        store.transfer_open_todos("src", "dst")
-    monkeypatch.setattr(store, "append", real_append)
-
-    interrupted_dst = store.load("dst")
-    assert [t.id for t in interrupted_dst.todos] == ["a", "b"]
-    assert [t.id for t in store.open_todos("src")] == ["a", "b"]  # source not yet told
-
-    assert store.transfer_open_todos("src", "dst") == 2
-    dst = store.load("dst")
-    assert [(t.id, t.version, t.inherited_from) for t in dst.todos] == [
-        ("a", 1, InheritedFrom("src", 1, "planned")),
-        ("b", 1, InheritedFrom("src", 2, "discovered")),
-    ]
-    assert dst.seq == interrupted_dst.seq  # the re-sent target events were duplicates
-    assert dst.rejections == ()
-    assert store.open_todos("src") == ()
-    transferred = [r for r in store.log.records if r.event.type == ev.TODOS_TRANSFERRED]
-    assert len(transferred) == 1
-
-
 def _interrupted_transfer(store, monkeypatch):
     """A transfer that wrote the target's cards and died before the source's record."""
     _source_with_cards(store)
@@ -523,6 +491,27 @@ def _interrupted_transfer(store, monkeypatch):
     with pytest.raises(ConnectionError):
         store.transfer_open_todos("src", "dst")
     monkeypatch.setattr(store, "append", real_append)
+
+
+def test_rerunning_an_interrupted_transfer_completes_it_without_duplicates(monkeypatch):
+    store = _store()
+    _interrupted_transfer(store, monkeypatch)
+
+    interrupted_dst = store.load("dst")
+    assert [t.id for t in interrupted_dst.todos] == ["a", "b"]
+    assert [t.id for t in store.open_todos("src")] == ["a", "b"]  # source not yet told
+
+    assert store.transfer_open_todos("src", "dst") == 2
+    dst = store.load("dst")
+    assert [(t.id, t.version, t.inherited_from) for t in dst.todos] == [
+        ("a", 1, InheritedFrom("src", 1, "planned")),
+        ("b", 1, InheritedFrom("src", 2, "discovered")),
+    ]
+    assert dst.seq == interrupted_dst.seq  # nothing sent to the target again
+    assert dst.rejections == ()
+    assert store.open_todos("src") == ()
+    transferred = [r for r in store.log.records if r.event.type == ev.TODOS_TRANSFERRED]
+    assert len(transferred) == 1
 
 
 @pytest.mark.parametrize("checks", [True, False])
