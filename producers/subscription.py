@@ -40,6 +40,10 @@ T = TypeVar("T")
 
 LOOKBACK_S: Final = 900.0  # how far before a partition's first unseen record to read back
 LOOKBACK_TIMEOUT_S: Final = 60.0  # how long reading back may take before the poll fails
+# How old the partition metadata may get. kafka-python loses a metadata update asked for while
+# another is in flight (a subscribe during its bootstrap): without the topic's partitions, the
+# group's leader assigns nothing, until the next refresh. Its default is 5 minutes.
+METADATA_MAX_AGE_MS: Final = 5_000
 
 
 class Subscription(ABC, Generic[T]):
@@ -85,8 +89,11 @@ class Subscription(ABC, Generic[T]):
                 group_id=group_id,
                 auto_offset_reset="earliest" if from_beginning else "latest",
                 enable_auto_commit=False,
+                metadata_max_age_ms=METADATA_MAX_AGE_MS,
             )
             self._consumer.subscribe([topic])
+            # Know the partitions before the first join (see METADATA_MAX_AGE_MS).
+            self._consumer.partitions_for_topic(topic)
         except KafkaError as e:
             raise LogError(f"cannot subscribe to {topic}: {e}") from e
 

@@ -30,6 +30,8 @@ class FakeConsumer:
 
     def __init__(self, **options: Any) -> None:
         self.grouped = options["group_id"] is not None
+        self.options = options
+        self.calls: list[str] = []
         self.commits: list[dict[TopicPartition, int]] = []
         self.sought: dict[TopicPartition, int] = {}
         self.paused: set[TopicPartition] = set()
@@ -38,7 +40,11 @@ class FakeConsumer:
             FakeConsumer.readers += 1
 
     def subscribe(self, topics: list[str]) -> None:
-        pass
+        self.calls.append(f"subscribe {topics[0]}")
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        self.calls.append(f"partitions {topic}")
+        return {0, 1}
 
     def poll(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
         if self.grouped:
@@ -119,6 +125,14 @@ def sub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Texts]:
 def commits(sub: Texts) -> list[dict[TopicPartition, int]]:
     consumer: FakeConsumer = sub._consumer  # type: ignore[assignment]
     return consumer.commits
+
+
+def test_the_partitions_are_known_before_the_first_join_and_refreshed_often(sub: Texts) -> None:
+    # kafka-python drops an update asked for during its bootstrap's: the leader would assign
+    # nothing until the next refresh (5 minutes by default).
+    consumer: FakeConsumer = sub._consumer  # type: ignore[assignment]
+    assert consumer.calls == ["subscribe t", "partitions t"]
+    assert consumer.options["metadata_max_age_ms"] <= 10_000
 
 
 def test_iterating_commits_up_to_the_item_handed_out_not_the_rest_of_the_poll(sub: Texts) -> None:
