@@ -140,6 +140,12 @@ class StatsCollector(Collector):
         yield _counter(
             "milpa_dead_lettered", "Records sent to the dead-letter topic.", w.dead_lettered
         )
+        yield _labelled(
+            "milpa_refused",
+            "Records dead-lettered, by refusal code (decoder_failed: a decoding bug, not input).",
+            "code",
+            w.refused,
+        )
         yield _counter("milpa_decisions_published", "Decisions published.", w.decisions)
         yield _counter(
             "milpa_decisions_republished",

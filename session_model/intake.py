@@ -20,6 +20,9 @@ from session_model.projection import Position, Record
 
 # The stable refusal codes (dead-letter header `milpa-refusal`, replay's report, metrics).
 UNDECODABLE: Final = "undecodable"
+# The decoder raised something other than a `CodecError`: a bug in this version's decoding, not a
+# malformed record; its own code so that a codec regression is not taken for bad input.
+DECODER_FAILED: Final = "decoder_failed"
 NO_VALUE: Final = "no_value"
 NO_SESSION_ID: Final = "no_session_id"
 BAD_SESSION_ID: Final = "bad_session_id"
@@ -27,6 +30,7 @@ KEY_MISMATCH: Final = "key_mismatch"
 WRONG_PARTITION: Final = "wrong_partition"
 CODES: Final = (
     UNDECODABLE,
+    DECODER_FAILED,
     NO_VALUE,
     NO_SESSION_ID,
     BAD_SESSION_ID,
@@ -72,7 +76,7 @@ class Intake:
         except Exception as e:
             # A reader never dies on one record (redelivered to every worker in turn, it would
             # stop the partition): refused, with what it raised.
-            return Refusal(UNDECODABLE, f"{type(e).__name__} while decoding: {e}")
+            return Refusal(DECODER_FAILED, f"{type(e).__name__} while decoding: {e}")
         sid = event.session_id
         if not sid:
             return Refusal(NO_SESSION_ID, "the event has an empty session_id")

@@ -344,6 +344,7 @@ def test_the_collector_reads_the_stats_when_scraped() -> None:
     w.outcomes.update({"applied": 6, "rejected": 1})
     w.pauses.update({"permission": 2, "unspecified": 1})
     w.rejections.update({"stale_question": 1})
+    w.refused.update({"decoder_failed": 2})
     w.batch_sizes.observe_many([3, 4])
     w.last_offsets.update({0: 9, 2: 1})
     s = SchedulerStats(closings=2)
@@ -357,6 +358,7 @@ def test_the_collector_reads_the_stats_when_scraped() -> None:
     assert got[("milpa_pauses_total", (("reason", "unspecified"),))] == 1
     assert got[("milpa_events_total", (("outcome", "applied"),))] == 6
     assert got[("milpa_rejections_total", (("code", "stale_question"),))] == 1
+    assert got[("milpa_refused_total", (("code", "decoder_failed"),))] == 2
     assert got[("milpa_principal_downgrades_total", ())] == 1
     assert got[("milpa_batch_size_count", ())] == 2
     assert got[("milpa_batch_size_sum", ())] == 7

@@ -172,7 +172,7 @@ def test_whatever_decoding_raises_is_a_refusal(monkeypatch: pytest.MonkeyPatch) 
     codec = EventCodec()
     monkeypatch.setattr(codec, "decode", broken)
     admitted = Intake(codec, 6).admit(b"s1", b"anything", _home("s1"), 7)
-    assert admitted == Refusal(intake.UNDECODABLE, "MemoryError while decoding: a decoder bug")
+    assert admitted == Refusal(intake.DECODER_FAILED, "MemoryError while decoding: a decoder bug")
 
 
 @pytest.mark.parametrize(
