@@ -35,6 +35,7 @@ from schemas.errors import (
     InvalidCall,
     MilpaError,
     SessionExpiredError,
+    SessionRestoringError,
     UnknownSessionError,
     WorkersRunningError,
 )
@@ -386,12 +387,23 @@ def _load(ctx: Ctx, store: SessionStore, session_id: str) -> Session:
         ) from e
 
 
+_LISTED = ("mode", "seq", "open_todos", "goal")  # the columns after the id and status
+
+
 @main.command("list")
 @pass_ctx
 def list_cmd(ctx: Ctx) -> None:
     """Every session with its status."""
     projections = wiring.projection_store(ctx.settings)
-    rows = [session_summary(s) for sid in projections.ids() if (s := projections.load(sid))]
+    rows: list[dict[str, Any]] = []
+    for sid in projections.ids():
+        try:
+            s = projections.load(sid)
+        except SessionRestoringError:  # half rebuilt: nothing of it is shown
+            rows.append({"id": sid, "status": "restoring"} | dict.fromkeys(_LISTED))
+            continue
+        if s is not None:
+            rows.append(session_summary(s))
 
     def render() -> None:
         table = Table("session", "status", "mode", "seq", "open todos", "goal")
@@ -400,10 +412,7 @@ def list_cmd(ctx: Ctx) -> None:
                 table,
                 r["id"],
                 r["status"],
-                r["mode"],
-                str(r["seq"]),
-                str(r["open_todos"]),
-                r["goal"],
+                *("-" if r[f] is None else str(r[f]) for f in _LISTED),
             )
         out.print(table)
 

@@ -221,6 +221,12 @@ class Keys:
         retention sweep dropped its projection (`replay --session` deletes it)."""
         return f"{self.tag(partition)}:expired"
 
+    def restoring(self, partition: int) -> str:
+        """Hash per partition: session id -> `<ISO instant>` a `replay --session` of it began;
+        set before it drops the session, deleted once its fold has ended. Reads of the session
+        fail while it is set (what is there is half rebuilt)."""
+        return f"{self.tag(partition)}:restoring"
+
     def retention_keys(self, partition: int) -> tuple[str, str]:
         """The retention index and the tombstones of a partition, in the order the commit and
         drop scripts take them (after a session's history lists)."""

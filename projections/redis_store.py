@@ -44,7 +44,7 @@ from projections.requests import (
     restore_call,
     text,
 )
-from schemas.errors import NotYetVisibleError, ProjectionError
+from schemas.errors import NotYetVisibleError, ProjectionError, SessionRestoringError
 from session_model.ports import CommitResult
 from session_model.projection import Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
@@ -189,10 +189,21 @@ class RedisProjectionStore:
     def load(
         self, session_id: str, at_least: Position | None = None, timeout: float = 5.0
     ) -> Session | None:
-        """The session; with `at_least`, wait (bounded) until the projection applied it."""
+        """The session; with `at_least`, wait (bounded) until the projection applied it.
+
+        `SessionRestoringError` while a `replay --session` of it is under way or died
+        (`begin_restore`): what is stored is half rebuilt.
+        """
         if at_least is not None:
             self._wait(session_id, at_least, timeout)
-        found = self.folded([session_id]).get(session_id)
+        self._fresh()
+        found, restoring = execute(self.client, requests.loaded(self.keys, session_id))
+        if restoring is not None:
+            raise SessionRestoringError(
+                f"session {session_id!r} is half rebuilt: a `replay --session` of it began at "
+                f"{restoring} and has not ended; wait for it to end, or run `milpa-sessions "
+                f"replay --session {session_id}` again"
+            )
         return found.state if found else None
 
     def _wait(self, session_id: str, at_least: Position, timeout: float) -> None:
@@ -319,6 +330,17 @@ class RedisProjectionStore:
     def rebuild_running(self) -> bool:
         """Whether a live rebuild holds the lease on these projections now."""
         return execute(self.client, requests.lease_held(self.keys))
+
+    def begin_restore(self, session_id: str, at: datetime) -> None:
+        """Mark one session half rebuilt, from before a `replay --session` drops it until
+        `end_restore` (`Keys.restoring`): `load` refuses it meanwhile."""
+        key = self.keys.restoring(self.keys.partition_of(session_id))
+        self._write(("HSET", key, session_id, at.isoformat()), f"marking {session_id} failed")
+
+    def end_restore(self, session_id: str) -> None:
+        """Take the mark of `begin_restore` away: the session is whole again."""
+        key = self.keys.restoring(self.keys.partition_of(session_id))
+        self._write(("HDEL", key, session_id), f"unmarking {session_id} failed")
 
     def begin_rebuild(self, what: str, at: datetime) -> None:
         """Mark these projections half built by `what` (e.g. "replay --full"), begun `at`, until

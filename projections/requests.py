@@ -361,6 +361,21 @@ def read(
     return Request(commands, parse, "reading projections failed")
 
 
+def loaded(keys: Keys, session_id: str) -> Request[tuple[Folded | None, str | None]]:
+    """The session's state and mark (as `read`), and when a restore of it began if one is under
+    way or died (`Keys.restoring`)."""
+    partition = keys.partition_of(session_id)
+    reading = read(keys, [session_id])
+    commands = [*reading.commands, ("HGET", keys.restoring(partition), session_id)]
+
+    def parse(replies: list[Any]) -> tuple[Folded | None, str | None]:
+        *folded, restoring = replies
+        found = reading.parse(folded).get(session_id)
+        return found, None if restoring is None else text(restoring)
+
+    return Request(commands, parse, f"reading {session_id} failed")
+
+
 def decisions(
     keys: Keys, session_ids: Sequence[str], latest: Sequence[int] | None = None
 ) -> Request[dict[str, tuple[Decision, ...]]]:

@@ -147,6 +147,13 @@ class ProjectionError(BackendError):
     code = "projection_unavailable"
 
 
+class SessionRestoringError(ProjectionError):
+    """A `replay --session` of the session is under way, or died: its projection is half rebuilt
+    until one runs to its end."""
+
+    code = "session_restoring"
+
+
 class CorruptProjectionError(ProjectionError):
     """A stored projection cannot be decoded: reading it again gives the same bytes (Redis was
     reached; a rebuild with `replay` is what mends it)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 from io import BytesIO
@@ -9,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from fastavro import parse_schema, schemaless_writer
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from milpa_sessions import wiring
+from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from processors.replay import replay
 from processors.worker import DEADLETTER_CUT, DEADLETTER_REASON, DEADLETTER_SOURCE
@@ -20,7 +23,9 @@ from producers.kafka_log import KafkaEventLog
 from projections.redis_store import RedisProjectionStore
 from schemas import events as ev
 from schemas.codec import ENVELOPE_SCHEMA, MARKER, EventCodec, SchemaRegistry, schema_fingerprint
+from schemas.errors import SessionRestoringError
 from schemas.events import Event
+from session_model.fold import fold
 from session_model.projection import Position
 from session_model.signing import TrustedKeys
 from tests.integration.expected import expected_projections
@@ -261,7 +266,7 @@ def _differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return out[:4]
 
 
-def _replay(settings: Settings, session_id: str | None = None) -> Any:
+def _replay(settings: Settings, session_id: str | None = None, **options: Any) -> Any:
     store = wiring.projection_store_for_rebuild(settings)  # the store the `replay` command uses
     try:
         return replay(
@@ -270,9 +275,41 @@ def _replay(settings: Settings, session_id: str | None = None) -> Any:
             store,
             TrustedKeys.none(),
             session_id=session_id,
+            **options,
         )
     finally:
         store.client.close()
+
+
+def test_a_session_restore_that_dies_leaves_the_session_refused_until_one_ends(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    sid = "half-built"
+    events = [_event(sid, 1, ev.STARTED, {"goal": "restore me", "mode": "ask"})]
+    events += [
+        _event(sid, n, ev.TURN, {"role": "user", "content": f"turn {n}"}) for n in range(2, 9)
+    ]
+    for event in events:
+        kafka_log.append(event)
+    _replay(settings, session_id=sid)
+    assert projections.load(sid) == fold(sid, events)
+
+    def killed(read: int, total: int) -> None:  # dies once the first batch is committed
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        _replay(settings, session_id=sid, batch_size=2, processes=1, progress=killed)
+    folded = projections.folded([sid])[sid]
+    assert 0 < folded.state.seq < len(events)  # what a reader would have taken for the session
+    with pytest.raises(SessionRestoringError, match="replay --session half-built"):
+        projections.load(sid)
+    result = CliRunner().invoke(main, ["show", sid], env=settings.to_env())
+    assert result.exit_code == 1 and "is half rebuilt" in result.output, result.output
+    result = CliRunner().invoke(main, ["--json", "list"], env=settings.to_env())
+    assert [r["status"] for r in json.loads(result.output) if r["id"] == sid] == ["restoring"]
+
+    _replay(settings, session_id=sid)  # run again, to its end
+    assert projections.load(sid) == fold(sid, events)
 
 
 def test_redis_flushed_then_replay_gives_identical_projections(

@@ -1,6 +1,7 @@
 """A rebuild that clears every projection marks them half built until its fold has ended: one that
 dies after the clear leaves the mark (workers refuse to start on it), one that ends takes it
-away, and one run over it (the remedy) proceeds. No broker: the log's ends and the fold are
+away, and one run over it (the remedy) proceeds. One session's rebuild marks that session alone
+(`Keys.restoring`) the same way. No broker: the log's ends and the fold are
 faked; Redis is a dict."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterator
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
@@ -20,10 +22,11 @@ from session_model.signing import TrustedKeys
 
 
 class DictRedis:
-    """The few commands the rebuild's bookkeeping sends (GET, SET, DEL, EXISTS, SCAN, UNLINK)."""
+    """The few commands the rebuild's bookkeeping sends (GET, SET, DEL, EXISTS, SCAN, UNLINK,
+    HSET, HDEL)."""
 
     def __init__(self) -> None:
-        self.data: dict[str, str] = {}
+        self.data: dict[str, Any] = {}
 
     def pipeline(self, transaction: bool = False) -> DictRedis._Pipe:
         return DictRedis._Pipe(self)
@@ -53,6 +56,13 @@ class DictRedis:
                     replies.append(int(data.pop(key, None) is not None))
                 elif name == "EXISTS":
                     replies.append(int(key in data))
+                elif name == "HSET":
+                    data.setdefault(key, {})[args[0]] = args[1]
+                    replies.append(1)
+                elif name == "HDEL":
+                    replies.append(int(data.get(key, {}).pop(args[0], None) is not None))
+                    if not data.get(key, True):
+                        del data[key]
                 else:
                     raise AssertionError(f"unexpected command {name}")
             return replies
@@ -121,4 +131,36 @@ def test_one_sessions_rebuild_and_a_live_one_set_no_mark(
     options: dict[str, Any] = {"session_id": "a"} if kind == "session" else {"clear": False}
     with pytest.raises(LogError):
         replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, **options)
+    assert _mark(store) is None
+
+
+@pytest.mark.parametrize("fails", [True, False])
+def test_one_sessions_rebuild_marks_that_session_until_its_fold_has_ended(
+    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    restoring = KEYS.restoring(KEYS.partition_of("a"))
+    dropped: list[str] = []
+
+    def drop(self: RedisProjectionStore, sid: str) -> None:
+        assert store.client.data[restoring] == {"a": ANY}  # type: ignore[union-attr]
+        dropped.append(sid)
+
+    def run(job: Any, ends: Any, progress: Any) -> ReplayReport:
+        assert dropped == ["a"]
+        if fails:
+            raise LogError("reading failed")
+        return ReplayReport(3, 1)
+
+    monkeypatch.setattr(replay_module._Job, "run", run)
+    monkeypatch.setattr(RedisProjectionStore, "drop", drop)
+    if fails:
+        with pytest.raises(LogError):
+            replay(
+                "127.0.0.1:9", "t.events", store, TrustedKeys.none(), session_id="a", processes=1
+            )
+        began = store.client.data[restoring]["a"]  # type: ignore[union-attr]
+        assert began.startswith("20")  # when it began (ISO 8601)
+    else:
+        replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), session_id="a", processes=1)
+        assert restoring not in store.client.data  # type: ignore[operator]
     assert _mark(store) is None
