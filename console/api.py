@@ -9,12 +9,14 @@ acknowledges, and must not hold the pool every request shares). Errors are probl
 from __future__ import annotations
 
 import functools
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from console import service
 from console.guards import ApiCaller, identify
@@ -26,7 +28,7 @@ from console.inputs import (
     OperationRequest,
     RevokeRequest,
 )
-from console.live import event_stream
+from console.live import TooManyStreamsError, event_stream
 from console.problems import Problem
 from console.runtime import runtime
 
@@ -156,17 +158,49 @@ async def end(caller: ApiCaller, request: Request, session_id: str, body: EndReq
     responses={200: {"content": {"text/event-stream": {}}}},
 )
 async def events(caller: ApiCaller, request: Request) -> StreamingResponse:
-    """Server-Sent Events: `question` (a question change), `resync` (reload), keepalives."""
+    """Server-Sent Events: `question` (a question change), `resync` (reload), keepalives.
+
+    A caller (an operator in every tab, or a service) holds at most
+    `console_streams_per_caller` of them at once: one more is a 429 `too_many_streams`.
+    """
+    rt = runtime(request)
     session = caller.session_id if caller.via == "cookie" else None
-    return StreamingResponse(
+    limit = rt.settings.console_streams_per_caller
+    try:
+        sub = rt.hub.subscribe(caller.principal.id, limit)
+    except TooManyStreamsError as e:
+        raise Problem(
+            429,
+            "too_many_streams",
+            f"{caller.name} already holds {limit} live streams: close one first",
+            headers={"Retry-After": "30"},
+        ) from e
+    return _HeldStream(
         event_stream(
-            runtime(request).hub,
+            rt.hub,
             request.is_disconnected,
             still_signed_in=functools.partial(_still_signed_in, request, session),
+            sub=sub,
         ),
+        release=functools.partial(rt.hub.unsubscribe, sub),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+class _HeldStream(StreamingResponse):
+    """A stream that detaches its subscriber however it ends, even never iterated (a client
+    gone before the first byte): its caller's count must not keep it."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None], **kw: Any):
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 async def _still_signed_in(request: Request, session: str | None) -> bool:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
@@ -40,12 +41,17 @@ CLOSED: Final = _Signal("closed")  # the hub is shutting down: end the stream
 Item = QuestionChange | _Signal
 
 
+class TooManyStreamsError(Exception):
+    """The caller already holds as many live streams as it may."""
+
+
 class Subscription:
     """One subscriber's bounded queue of changes and signals."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, owner: str | None = None) -> None:
         self.queue: asyncio.Queue[Item] = asyncio.Queue(maxsize=max(size, 2))
         self.dropped = 0  # changes lost because this subscriber fell behind
+        self.owner = owner  # who holds it (counted against `Hub.subscribe`'s limit)
 
     def offer(self, item: Item) -> None:
         """Queue an item; when full, drop everything queued and queue a resync instead."""
@@ -73,6 +79,7 @@ class Hub:
         self.queue_size = queue_size
         self.seen_sessions = seen_sessions
         self._subscribers: set[Subscription] = set()
+        self._held: Counter[str] = Counter()  # streams attached, per owner
         self._seen: dict[str, tuple[int, int]] = {}
         self.closed = False
 
@@ -81,18 +88,33 @@ class Hub:
         """How many subscribers are attached."""
         return len(self._subscribers)
 
-    def subscribe(self) -> Subscription:
-        """Attach a new subscriber (a closed hub hands out one that ends at once)."""
-        sub = Subscription(self.queue_size)
+    def held(self, owner: str) -> int:
+        """How many subscribers `owner` has attached."""
+        return self._held[owner]
+
+    def subscribe(self, owner: str | None = None, limit: int = 0) -> Subscription:
+        """Attach a new subscriber (a closed hub hands out one that ends at once);
+        `TooManyStreamsError` when `owner` already holds `limit` of them (0: no limit)."""
+        if owner is not None and limit > 0 and self._held[owner] >= limit:
+            raise TooManyStreamsError(f"{owner} holds {self._held[owner]} live streams already")
+        sub = Subscription(self.queue_size, owner)
         if self.closed:
             sub.offer(CLOSED)
         else:
             self._subscribers.add(sub)
+            if owner is not None:
+                self._held[owner] += 1
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
-        """Detach a subscriber."""
+        """Detach a subscriber (again: nothing)."""
+        if sub not in self._subscribers:
+            return
         self._subscribers.discard(sub)
+        if sub.owner is not None:
+            self._held[sub.owner] -= 1
+            if not self._held[sub.owner]:
+                del self._held[sub.owner]
 
     def publish(self, change: QuestionChange) -> bool:
         """Hand a change to every subscriber; False when it was seen already (a redelivery)."""
@@ -119,6 +141,7 @@ class Hub:
         for sub in tuple(self._subscribers):
             sub.offer(CLOSED)
         self._subscribers.clear()
+        self._held.clear()
 
 
 def sse(event: str, data: str) -> str:
@@ -147,8 +170,11 @@ async def event_stream(
     keepalive: float = KEEPALIVE_SECONDS,
     still_signed_in: Callable[[], Awaitable[bool]] = _always,
     recheck: float = SIGN_OUT_RECHECK_SECONDS,
+    *,
+    sub: Subscription | None = None,
 ) -> AsyncIterator[str]:
-    """The SSE text of one subscriber: `ready`, then `question` and `resync` events, keepalives.
+    """The SSE text of one subscriber (`sub`, attached to `hub` beforehand, or a new one):
+    `ready`, then `question` and `resync` events, keepalives.
 
     It ends when the client goes, the hub closes, or the caller signs out (`still_signed_in`,
     asked before anything is sent once `recheck` seconds passed since it last said yes, and by
@@ -169,7 +195,7 @@ async def event_stream(
         confirmed = loop.time()
         return True
 
-    sub = hub.subscribe()
+    sub = hub.subscribe() if sub is None else sub
     try:
         yield "retry: 3000\n" + sse("ready", "{}")
         sent = loop.time()

@@ -29,6 +29,9 @@ class WebConsoleSettings(WriterSettings):
     console_secret_file: Path | None = None
     console_cookie_secure: bool = False  # set behind TLS: the cookie is then sent over HTTPS only
     console_session_hours: float = 12.0  # a sign-in lasts this long
+    # Live streams (`/api/v1/events`) one caller may hold at once (an operator's tabs count
+    # together; each holds a queue and a task): past it a 429. 0: no limit.
+    console_streams_per_caller: int = 16
     console_login_delay: float = 0.5  # seconds a failed sign-in waits before it is answered
     # After this many failed sign-ins of one name within console_login_window_s seconds (counted
     # from the first), that name's sign-ins are refused unchecked until the window ends. Names

@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from console.api import _still_signed_in
 from console.auth import SESSION_COOKIE, hash_password
-from console.live import CLOSED, RESYNC, Hub, drain, event_stream, feeding, idle_wait
+from console.live import (
+    CLOSED,
+    RESYNC,
+    Hub,
+    TooManyStreamsError,
+    drain,
+    event_stream,
+    feeding,
+    idle_wait,
+)
 from console.settings import WebConsoleSettings
 from milpa_sessions.console_cli import write_user
 from producers.store import SessionStore
@@ -322,6 +334,24 @@ def test_the_apps_lifespan_runs_the_source(
 # -- the endpoint over ASGI ------------------------------------------------------------------------
 
 
+def _events_scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/api/v1/events",
+        "raw_path": b"/api/v1/events",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+        "state": {},
+    }
+
+
 async def _stream_one(app: FastAPI, headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
     """Call GET /api/v1/events, publish one change once subscribed, then disconnect."""
     hub = app.state.console.hub
@@ -340,22 +370,7 @@ async def _stream_one(app: FastAPI, headers: list[tuple[bytes, bytes]]) -> list[
         if message["type"] == "http.response.start" and message["status"] != 200:
             got.set()
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": "/api/v1/events",
-        "raw_path": b"/api/v1/events",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"host", b"testserver"), *headers],
-        "client": ("127.0.0.1", 5000),
-        "server": ("testserver", 80),
-        "state": {},
-    }
-    task = asyncio.create_task(app(scope, receive, send))
+    task = asyncio.create_task(app(_events_scope(headers), receive, send))
     for _ in range(500):
         if hub.subscribers or task.done():
             break
@@ -390,6 +405,86 @@ def test_the_events_endpoint_refuses_strangers(
     app = make_app(store, settings)
     sent = run(_stream_one(app, []))
     assert sent[0]["status"] == 401
+
+
+BEARER = [(b"authorization", f"Bearer {TOKEN}".encode())]
+DEPLOYER = "service:deployer"  # TOKEN's principal
+
+
+def test_a_caller_holds_at_most_its_limit_of_streams_and_gets_a_429_past_it(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    app = make_app(store, dataclasses.replace(settings, console_streams_per_caller=1))
+    hub: Hub = app.state.console.hub
+
+    async def scenario() -> None:
+        held = hub.subscribe("service:other", 1)  # another caller's stream does not count
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def ignore(message: dict[str, Any]) -> None:
+            pass
+
+        first = asyncio.create_task(app(_events_scope(BEARER), receive, ignore))
+        while hub.held(DEPLOYER) < 1:
+            await asyncio.sleep(0.01)
+        refused: list[dict[str, Any]] = []
+
+        async def collect(message: dict[str, Any]) -> None:
+            refused.append(message)
+
+        await app(_events_scope(BEARER), receive, collect)
+        assert refused[0]["status"] == 429
+        assert dict(refused[0]["headers"])[b"retry-after"] == b"30"
+        assert json.loads(refused[1]["body"])["code"] == "too_many_streams"
+        gone.set()
+        await asyncio.wait_for(first, 5)
+        hub.unsubscribe(held)
+        assert hub.subscribers == 0 and hub.held(DEPLOYER) == 0
+
+    run(scenario())
+
+
+def test_a_stream_whose_client_left_before_its_first_byte_is_released(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    app = make_app(store, dataclasses.replace(settings, console_streams_per_caller=1))
+    hub: Hub = app.state.console.hub
+
+    async def scenario() -> None:
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        async def gone(message: dict[str, Any]) -> None:
+            raise OSError("the client went")
+
+        for _ in range(2):  # the second is not refused: the first was released
+            with contextlib.suppress(OSError):
+                await app(_events_scope(BEARER), receive, gone)
+            assert hub.subscribers == 0 and hub.held(DEPLOYER) == 0
+
+    run(scenario())
+
+
+def test_the_hub_counts_each_owners_streams_against_its_limit() -> None:
+    hub = Hub()
+    a1, a2 = hub.subscribe("a", 2), hub.subscribe("a", 2)
+    with pytest.raises(TooManyStreamsError):
+        hub.subscribe("a", 2)
+    hub.subscribe("b", 2)
+    hub.subscribe("a")  # no limit given: none applies
+    assert hub.held("a") == 3
+    hub.unsubscribe(a1)
+    hub.unsubscribe(a1)  # twice: counted once
+    assert hub.held("a") == 2
+    hub.unsubscribe(a2)
+    assert hub.subscribe("a", 2) is not None
+    hub.close()
+    assert hub.held("a") == 0 and hub.subscribers == 0
 
 
 def _signed_in(app: FastAPI, cookie: str, session_id: str) -> bool:
