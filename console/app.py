@@ -53,13 +53,16 @@ _HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"same-origin"),
 )
+_HSTS = (b"strict-transport-security", b"max-age=31536000")
 
 
 class SecurityHeaders:
     """Adds a strict CSP and friends to every response; no caching except for static files."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, hsts: bool = False) -> None:
         self.app = app
+        # Behind TLS (`console_cookie_secure`): browsers are to come back over HTTPS only.
+        self.headers = _HEADERS + ((_HSTS,) if hsts else ())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, adding headers to the response's start."""
@@ -72,7 +75,7 @@ class SecurityHeaders:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 names = {name.lower() for name, _ in headers}
-                headers.extend(h for h in _HEADERS if h[0] not in names)
+                headers.extend(h for h in self.headers if h[0] not in names)
                 if not static and b"cache-control" not in names:
                     headers.append((b"cache-control", b"no-store"))
                 message = {**message, "headers": headers}
@@ -214,7 +217,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
     app.include_router(api.document)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=Path(HERE / "static")), name="static")
-    app.add_middleware(SecurityHeaders)
+    app.add_middleware(SecurityHeaders, hsts=settings.console_cookie_secure)
     return app
 
 

@@ -34,6 +34,16 @@ V = TypeVar("V")
 
 SESSION_COOKIE = "milpa_console"
 LOGIN_COOKIE = "milpa_console_login"
+HOST_PREFIX = "__Host-"
+
+
+def cookie_name(base: str, secure: bool) -> str:
+    """The name a cookie goes by: behind TLS (`console_cookie_secure`) with the `__Host-`
+    prefix, so that browsers take it only from this host over HTTPS, with no Domain and Path `/`
+    (a sibling subdomain or a plain-HTTP page cannot plant one)."""
+    return HOST_PREFIX + base if secure else base
+
+
 _HEX = frozenset("0123456789abcdef")
 
 

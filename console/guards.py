@@ -16,7 +16,14 @@ from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import RedirectResponse, Response
 
-from console.auth import SESSION_COOKIE, Identity, bearer_token, csrf_matches, operator_principal
+from console.auth import (
+    SESSION_COOKIE,
+    Identity,
+    bearer_token,
+    cookie_name,
+    csrf_matches,
+    operator_principal,
+)
 from console.inputs import FORM_FIELDS
 from console.problems import Problem
 from console.runtime import runtime
@@ -48,7 +55,8 @@ def identify(request: Request) -> Identity | None:
         token = bearer_token(authorization)
         return rt.tokens.caller(token) if token else None
     rt.users.refresh()  # a changed password or a removed operator ends the session now
-    session = rt.cookies.read(request.cookies.get(SESSION_COOKIE), rt.passwords.hash_of)
+    named = cookie_name(SESSION_COOKIE, rt.settings.console_cookie_secure)
+    session = rt.cookies.read(request.cookies.get(named), rt.passwords.hash_of)
     if session is None:
         return None
     return Identity(

@@ -22,7 +22,7 @@ from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
 from console import service
-from console.auth import LOGIN_COOKIE, SESSION_COOKIE, Identity, csrf_matches
+from console.auth import LOGIN_COOKIE, SESSION_COOKIE, Identity, cookie_name, csrf_matches
 from console.charts import pauses_chart, reason_classes, tta_chart
 from console.guards import PageCaller, identify, read_form, safe_next
 from console.inputs import (
@@ -61,7 +61,7 @@ def render(
 ) -> Response:
     """A page, with the flash message (read once) and what every page shows."""
     rt = runtime(request)
-    flash = rt.cookies.loads(request.cookies.get(FLASH_COOKIE), "flash", _FLASH_SECONDS)
+    flash = rt.cookies.loads(_cookie(request, FLASH_COOKIE), "flash", _FLASH_SECONDS)
     now = rt.deps.now()
     response = rt.templates.TemplateResponse(
         request,
@@ -77,8 +77,8 @@ def render(
         },
         status_code=status,
     )
-    if FLASH_COOKIE in request.cookies:
-        response.delete_cookie(FLASH_COOKIE, path="/")
+    if _cookie(request, FLASH_COOKIE) is not None:
+        _delete_cookie(request, response, FLASH_COOKIE)
     return response
 
 
@@ -95,15 +95,29 @@ def back(request: Request, to: str, kind: str, text: str) -> Response:
     return response
 
 
-def _set_cookie(request: Request, response: Response, name: str, value: str, age: float) -> None:
+def _cookie(request: Request, base: str) -> str | None:
+    """The request's cookie of that name (`cookie_name`)."""
+    return request.cookies.get(cookie_name(base, runtime(request).settings.console_cookie_secure))
+
+
+def _set_cookie(request: Request, response: Response, base: str, value: str, age: float) -> None:
+    secure = runtime(request).settings.console_cookie_secure
     response.set_cookie(
-        name,
+        cookie_name(base, secure),
         value,
         max_age=int(age),
         path="/",
         httponly=True,
         samesite="lax",
-        secure=runtime(request).settings.console_cookie_secure,
+        secure=secure,
+    )
+
+
+def _delete_cookie(request: Request, response: Response, base: str) -> None:
+    # (a `__Host-` cookie is deleted only by a Set-Cookie that is Secure too)
+    secure = runtime(request).settings.console_cookie_secure
+    response.delete_cookie(
+        cookie_name(base, secure), path="/", httponly=True, samesite="lax", secure=secure
     )
 
 
@@ -146,7 +160,7 @@ async def login(request: Request) -> Response:
     form = await read_form(request)
     username, password = _field(form, "username").strip(), _field(form, "password")
     next_path = safe_next(_field(form, "next"))
-    expected = rt.cookies.loads(request.cookies.get(LOGIN_COOKIE), "login", _LOGIN_FORM_SECONDS)
+    expected = rt.cookies.loads(_cookie(request, LOGIN_COOKIE), "login", _LOGIN_FORM_SECONDS)
     if not isinstance(expected, str) or not csrf_matches(expected, _field(form, "csrf")):
         return _login_page(request, next_path, "The sign-in form expired: please try again.", 400)
     if not username or not password or len(username) > MAX_USERNAME_CHARS:
@@ -193,7 +207,7 @@ async def login(request: Request) -> Response:
     value, _ = rt.cookies.issue(username, stored)
     response = RedirectResponse(next_path, status_code=303)
     _set_cookie(request, response, SESSION_COOKIE, value, rt.cookies.session_seconds)
-    response.delete_cookie(LOGIN_COOKIE, path="/")
+    _delete_cookie(request, response, LOGIN_COOKIE)
     return response
 
 
@@ -217,7 +231,7 @@ async def logout(request: Request, caller: PageCaller) -> Response:
     if caller.session_id is not None:
         await run_in_threadpool(runtime(request).cookies.revoke, caller.session_id)
     response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(SESSION_COOKIE, path="/")
+    _delete_cookie(request, response, SESSION_COOKIE)
     return response
 
 

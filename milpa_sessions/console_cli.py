@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import tempfile
@@ -13,6 +14,18 @@ from console.auth import hash_password
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
 from schemas.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` is a loopback name or address (only this machine reaches it)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @click.group(invoke_without_command=True)
@@ -32,9 +45,17 @@ def console(ctx: click.Context, host: str | None, port: int | None, loglevel: st
     logging.basicConfig(level=loglevel.upper(), format="%(levelname)s %(name)s: %(message)s")
     wiring.wait_for_stack(settings)
     app = create_app(wiring.console_deps(settings), settings)
+    listen = host or settings.console_host
+    if not settings.console_cookie_secure and not _loopback(listen):
+        log.warning(
+            "the console listens on %s over plain HTTP and MILPA_CONSOLE_COOKIE_SECURE is off: "
+            "passwords and sign-in cookies cross the network in clear; put TLS in front and "
+            "set it",
+            listen,
+        )
     uvicorn.run(
         app,
-        host=host or settings.console_host,
+        host=listen,
         port=port or settings.console_port,
         log_level=loglevel,
         proxy_headers=False,

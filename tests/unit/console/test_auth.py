@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from console import auth
 from console.auth import (
+    LOGIN_COOKIE,
     MISSING,
     SESSION_COOKIE,
     SETTLED_NS,
@@ -35,6 +36,7 @@ from console.auth import (
     token_digest,
 )
 from console.settings import WebConsoleSettings
+from milpa_sessions import console_cli
 from milpa_sessions.console_cli import write_user
 from producers.store import SessionStore
 from schemas.errors import ConfigurationError
@@ -166,6 +168,40 @@ def test_signing_out_revokes_the_cookie_even_if_it_is_sent_again(operator: TestC
     assert response.status_code == 303
     operator.cookies.set(SESSION_COOKIE, cookie)
     assert operator.get("/api/v1/questions").status_code == 401
+
+
+def test_behind_tls_the_cookies_are_host_prefixed_secure_and_hsts_is_sent(
+    store: SessionStore, settings: WebConsoleSettings, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 40)
+    settings = replace(settings, console_secret_file=secret)  # both apps accept its cookies
+    app = make_app(store, replace(settings, console_cookie_secure=True))
+    with TestClient(app, base_url="https://console.example") as client:
+        response = sign_in(client)
+        assert response.status_code == 303
+        assert response.headers["strict-transport-security"] == "max-age=31536000"
+        cookies = response.headers.get_list("set-cookie")
+        session = next(c for c in cookies if c.startswith(f"__Host-{SESSION_COOKIE}="))
+        assert "Secure" in session and "Path=/" in session and "Domain" not in session
+        deleted = next(c for c in cookies if c.startswith(f"__Host-{LOGIN_COOKIE}="))
+        assert "Max-Age=0" in deleted and "Secure" in deleted  # or a browser keeps it
+        value = client.cookies[f"__Host-{SESSION_COOKIE}"]
+        assert client.get("/api/v1/questions").status_code == 200
+        client.cookies.clear()
+        # The name without its prefix is not a session there (one planted over HTTP, or by a
+        # sibling subdomain, cannot be): nor the other way round below.
+        client.cookies.set(SESSION_COOKIE, value)
+        assert client.get("/api/v1/questions").status_code == 401
+    plain = make_app(store, settings)
+    with TestClient(plain) as client:
+        client.cookies.set(f"__Host-{SESSION_COOKIE}", value)
+        response = client.get("/api/v1/questions")
+        assert response.status_code == 401
+        assert "strict-transport-security" not in response.headers
+        client.cookies.clear()
+        client.cookies.set(SESSION_COOKIE, value)  # (the same value is a session under its name)
+        assert client.get("/api/v1/questions").status_code == 200
 
 
 def test_signing_out_needs_the_csrf_token(operator: TestClient) -> None:
@@ -654,3 +690,21 @@ def test_a_place_among_the_password_checks_is_given_at_once_or_not_at_all() -> N
             assert not third  # no wait: a flood must not hold the pool's threads
     with passwords.admitted() as again:
         assert again  # the places were given back
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.20", False),
+        ("console.example", False),
+    ],
+)
+def test_the_console_warns_of_plain_http_off_loopback_only(host: str, loopback: bool) -> None:
+    assert console_cli._loopback(host) is loopback
