@@ -57,6 +57,7 @@ from session_model.session import (
     Session,
     Todo,
     Turn,
+    latest_artifacts,
 )
 from session_model.timeline import TimelineEntry
 
@@ -422,7 +423,7 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
         "artifacts",
         False,
         lambda v: _calls(tuple(v.values())),
-        lambda v: {c.artifact: c for c in (CallFact(*c) for c in v)},
+        lambda v: latest_artifacts(CallFact(*c) for c in v),
     ),
     ("signed_ids", False, sorted, frozenset),
 )

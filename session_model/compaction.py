@@ -16,7 +16,9 @@ from session_model.canonical import canonical_json, text_digest
 from session_model.cutting import cut_text
 from session_model.session import Session
 
-FACTS_VERSION = 2
+# 3: `artifacts` lists the latest call of the artifacts called last (`RECENT_ARTIFACTS`), not of
+# every one.
+FACTS_VERSION = 3
 RESULT_BOUND = 500
 FACTS_HEADER = f"Operational facts (JSON, version {FACTS_VERSION}):"
 # A summary's bounds, in characters (4 bytes each at most): with the event around it, well inside
@@ -83,7 +85,8 @@ class SessionFacts:
         Version 2 is bounded, so that a summary of a session's third day is as short as one of
         its first hour: the calls, executions, verdicts and evidence since the previous summary
         (at most `RECENT_FACTS` of each), the recent decisions, and what the previous summaries
-        carried forward — the latest call of every artifact and the calls counted by tool. The
+        carried forward — the latest call of the `RECENT_ARTIFACTS` artifacts called last and the
+        calls counted by tool. The
         complete record stays in the session's history (`SessionStore.facts`) and the log.
         """
         s = self.session

@@ -53,6 +53,7 @@ from session_model.session import (
     Todo,
     Turn,
     confirmation_of,
+    with_latest,
 )
 from session_model.signing import CallSignature, TrustedKeys, verify_answer_claim, verify_call
 
@@ -421,7 +422,7 @@ def _tool_called(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chang
     }
     if call.artifact is not None:  # the index keeps no result: the turn and the history do
         latest = CallFact(seq, tool, "", call.ok, mutating, call.artifact, call.verdict)
-        changes["artifacts"] = {**s.artifacts, call.artifact: latest}
+        changes["artifacts"] = with_latest(s.artifacts, call.artifact, latest)
     if s.approvals and any(a.consumed_at is None and a.operation == tool for a in s.approvals):
         digest = argument_digest(p.get("arguments") or {})
         used = s.approval_for(tool, digest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -28,6 +29,10 @@ _BOXES: Final = {"done": "[x]", "in_progress": "[~]", "blocked": "[!]", "pending
 RECENT_FACTS: Final = 64
 RECENT_DECISIONS: Final = 16
 RECENT_REJECTIONS: Final = 16
+# The artifacts whose latest call the hot state keeps: those called last. An agent names its own
+# artifacts (a coding agent, every file it touches): an index of all of them would make each
+# call cost, and each summary grow, with the number of files touched so far.
+RECENT_ARTIFACTS: Final = 256
 
 
 @fast_init
@@ -195,6 +200,32 @@ class CallFact:
     effect_observation_id: str | None = None
 
 
+def with_latest(
+    artifacts: Mapping[str, CallFact], name: str, call: CallFact
+) -> dict[str, CallFact]:
+    """`artifacts` with `call` as artifact `name`'s latest call: of the `RECENT_ARTIFACTS`
+    artifacts called last (the one called longest ago leaves when a new one comes).
+
+    The index is ordered by the latest call's seq, oldest first (`call` is the latest of all):
+    the one to leave is the first.
+    """
+    kept = dict(artifacts)
+    if kept.pop(name, None) is None and len(kept) >= RECENT_ARTIFACTS:
+        del kept[next(iter(kept))]
+    kept[name] = call
+    return kept
+
+
+def latest_artifacts(calls: Iterable[CallFact]) -> dict[str, CallFact]:
+    """The index of these latest calls (one per artifact) as the fold keeps it: ordered by seq,
+    of the `RECENT_ARTIFACTS` artifacts called last (a state stored before that bound, or in
+    another order, is read so)."""
+    found = [c for c in calls if c.artifact is not None]
+    if any(a.seq > b.seq for a, b in itertools.pairwise(found)):
+        found.sort(key=lambda c: c.seq)
+    return {c.artifact: c for c in found[-RECENT_ARTIFACTS:] if c.artifact is not None}
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class ExecutionFact:
@@ -310,7 +341,8 @@ class Session:
     `executions` since the last summary (at most `RECENT_FACTS` each), the last
     `RECENT_DECISIONS` decisions and `RECENT_REJECTIONS` rejections, the ids of the last events
     (`session_model.dedupe`) — beside exact indexes the decisions need (`decided`,
-    `confirmations`, `rejected` counts, `tools` counts, the latest call per artifact). The stores
+    `confirmations`, `rejected` counts, `tools` counts) and the latest call of the artifacts called
+    last (`RECENT_ARTIFACTS`). The stores
     append every call, observation, execution, decision and rejection to the session's history
     (`SessionStore.facts`).
     """
@@ -353,7 +385,8 @@ class Session:
     confirmations: frozenset[tuple[str, str]] = frozenset()  # (operation, target) said yes to
     rejected: Mapping[str, int] = field(default_factory=dict)  # rejections by code
     tools: Mapping[str, int] = field(default_factory=dict)  # calls by tool
-    # the latest call per artifact, its result left out (its turn and the history keep it)
+    # the latest call of the `RECENT_ARTIFACTS` artifacts called last, ordered by seq, its result
+    # left out (its turn and the history keep it)
     artifacts: Mapping[str, CallFact] = field(default_factory=dict)
     # The ids of every applied event a signature authorised (a grant, a less strict mode or
     # start, a verified answer, a call approval): kept for good, not in the bounded window of

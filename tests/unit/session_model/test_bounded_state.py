@@ -12,7 +12,14 @@ from schemas import events as ev
 from session_model.compaction import Compactor, SessionFacts
 from session_model.dedupe import CHUNK, HORIZON, KEPT, RecentIds
 from session_model.fold import Kind, fold, step
-from session_model.session import RECENT_DECISIONS, RECENT_FACTS, RECENT_REJECTIONS, Session
+from session_model.session import (
+    RECENT_ARTIFACTS,
+    RECENT_DECISIONS,
+    RECENT_FACTS,
+    RECENT_REJECTIONS,
+    CallFact,
+    Session,
+)
 from tests.unit.builders import OPERATOR, fold_all, make_event, started, tool, trusted, turn
 
 # -- the event-id window -----------------------------------------------------------------------
@@ -103,6 +110,73 @@ def test_the_latest_call_of_each_artifact_is_carried_across_summaries() -> None:
     assert [a["artifact"] for a in facts["artifacts"]] == ["file:a.py", "file:b.py"]
     assert facts["tools"] == {"write": 2}
     assert facts["calls"] == []
+
+
+def _touching(names: list[str]) -> list[ev.Event]:
+    return [started()] + [tool("write", "ok", True, extra={"artifact": n}) for n in names]
+
+
+def test_the_artifact_index_keeps_the_artifacts_called_last() -> None:
+    names = [f"file:{i}.py" for i in range(RECENT_ARTIFACTS + 40)]
+    names += ["file:3.py", "file:50.py"]  # called again: they are recent again
+    state = fold_all(_touching(names))
+    assert len(state.artifacts) == RECENT_ARTIFACTS
+    kept = set(state.artifacts)
+    assert {"file:3.py", "file:50.py"} <= kept
+    # 0 to 39 left as 256 to 295 came; then 3, called again, took the place of 40.
+    assert not kept & {f"file:{i}.py" for i in range(41) if i != 3}
+    assert "file:41.py" in kept and f"file:{RECENT_ARTIFACTS + 39}.py" in kept
+    seqs = [c.seq for c in state.artifacts.values()]
+    assert seqs == sorted(seqs) and state.artifacts["file:50.py"].seq == state.seq
+    assert state.tools == {"write": len(names)}  # the counts stay whole
+
+
+def test_an_artifact_index_read_back_folds_on_as_if_never_stored() -> None:
+    """Stored and read half way (a worker's restart, a snapshot), then folded on: the same state
+    as one fold; and an index stored before the bound, or in another order, is read bounded."""
+    names = [f"file:{i % 400}.py" for i in range(700)]
+    events = _touching(names)
+    half = fold_all(events[:350])
+    resumed = _read_back(half)
+    for event in events[350:]:
+        resumed = step(resumed, event, trusted()).state
+    whole = fold_all(events)
+    assert list(resumed.artifacts.items()) == list(whole.artifacts.items())  # order too
+
+    # As layout 6 stored it before the bound: every artifact, in the order first called.
+    every = {c.artifact: c for c in sorted(_calls_of(events), key=lambda c: c.seq)}
+    every = dict(sorted(every.items(), key=lambda item: item[0]))  # and in another order
+    assert len(every) == 400
+    read = _read_back(whole.evolve(artifacts=every)).artifacts
+    assert list(read.items()) == list(whole.artifacts.items())
+
+
+def _read_back(state: Session) -> Session:
+    blob = session_to_blob(state)
+    return session_from_blob(blob, state.id, state.turns, state.event_ids, state.summary)
+
+
+def _calls_of(events: list[ev.Event]) -> list[CallFact]:
+    """The latest call of every artifact, as the index without its bound would hold them."""
+    latest: dict[str, CallFact] = {}
+    for seq, e in enumerate(events[1:], start=2):
+        name = e.payload["artifact"]
+        latest[name] = CallFact(seq, e.payload["tool"], "", True, True, name)
+    return list(latest.values())
+
+
+def test_a_summary_of_a_session_past_its_artifact_bound_keeps_its_facts() -> None:
+    names = [f"src/module_{i:05d}/implementation.py" for i in range(3000)]
+    events = _touching(names) + [turn("user", f"t{i}") for i in range(50)]
+    state = fold_all(events)
+    plan = Compactor(max_turns=40, keep_recent=12).plan(state)
+    assert plan is not None
+    facts = json.loads(plan.summary.split("\n", 2)[-1].split(":\n", 1)[1])
+    assert "omitted" not in facts
+    assert len(facts["artifacts"]) == RECENT_ARTIFACTS
+    assert facts["artifacts"][-1]["artifact"] == names[-1] or names[-1] in {
+        a["artifact"] for a in facts["artifacts"]
+    }
 
 
 def _question(i: int) -> list[ev.Event]:
