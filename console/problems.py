@@ -21,6 +21,7 @@ from schemas.errors import (
     NoOpenQuestionError,
     QuestionOpenError,
     SessionEndedError,
+    SessionRestoringError,
     UnauthorizedError,
     UnknownSessionError,
 )
@@ -31,6 +32,7 @@ PROBLEM_JSON = "application/problem+json"
 
 # Checked in order: the first class an error is an instance of gives its status.
 _STATUS: tuple[tuple[type[MilpaError], int], ...] = (
+    (SessionRestoringError, 409),  # half rebuilt until a restore ends: no retry cures it alone
     (SessionEndedError, 409),  # late_answer (a subclass) too
     (NoOpenQuestionError, 409),
     (QuestionOpenError, 409),
@@ -91,7 +93,7 @@ def status_of(error: MilpaError) -> int:
 
 def detail_of(error: MilpaError) -> str:
     """What the caller is told about an error (a backend failure stays vague: it names hosts)."""
-    if isinstance(error, BackendError):
+    if isinstance(error, BackendError) and not isinstance(error, SessionRestoringError):
         return "the event log or the projection store is unavailable; try again shortly"
     return str(error) or error.code
 

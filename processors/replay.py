@@ -216,12 +216,12 @@ def replay(
     # generation of its own that readers and workers are moved to only once it is whole: neither
     # leaves the fleet's projection half built.
     marked = session_id is None and clear
+    restoring: str | None = None  # one session's mark: half built (reads refuse it) meanwhile
     if marked:
         store.begin_rebuild("replay" if snapshots_topic else "replay --full", datetime.now(UTC))
         store.clear()
     elif session_id is not None:
-        # Marked half built (reads refuse it) until its fold has ended: one that dies leaves it.
-        store.begin_restore(session_id, datetime.now(UTC))
+        restoring = store.begin_restore(session_id, datetime.now(UTC))
         store.drop(session_id)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover)
     intake = Intake(codec, partitions)
@@ -234,8 +234,8 @@ def replay(
         report = _in_processes(job, shares, total, progress, fork_guard)
     if marked:
         store.end_rebuild()
-    elif session_id is not None:
-        store.end_restore(session_id)
+    elif session_id is not None and restoring is not None:
+        store.end_restore(session_id, restoring)
     return dataclasses.replace(
         report,
         ignored=dict(plan.ignored),

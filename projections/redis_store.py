@@ -8,6 +8,7 @@ described in `projections.layout`; the scripts are `projections/lua/*.lua`.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,12 @@ from session_model.projection import Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
 from session_model.session import HISTORY_KINDS, Decision, History, Session, Turn, history_kinds
 from session_model.timeline import TimelineEntry, last
+
+# Delete a restore's mark if it is still that restore's.
+_UNMARK = (
+    "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then "
+    "return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0"
+)
 
 # How often a store reads the partitions' generations again (a live rebuild moves them; a
 # commit in a generation left behind is refused anyway, and makes its writer read them at once).
@@ -199,9 +206,10 @@ class RedisProjectionStore:
         self._fresh()
         found, restoring = execute(self.client, requests.loaded(self.keys, session_id))
         if restoring is not None:
+            began = restoring.partition(" ")[0]
             raise SessionRestoringError(
                 f"session {session_id!r} is half rebuilt: a `replay --session` of it began at "
-                f"{restoring} and has not ended; wait for it to end, or run `milpa-sessions "
+                f"{began} and has not ended; wait for it to end, or run `milpa-sessions "
                 f"replay --session {session_id}` again"
             )
         return found.state if found else None
@@ -268,8 +276,9 @@ class RedisProjectionStore:
             raise ProjectionError(f"reading the history failed: {e}") from e
         replies = iter(found)
         lists = [next(replies) if reading else [] for reading in read]
-        session = self.load(session_id) if mark is not None else None
-        return history_from_json(session_id, session.seq if session else 0, lists)
+        # (not `load`: a replay reading a session it is restoring must not be refused)
+        found = self.folded([session_id]).get(session_id) if mark is not None else None
+        return history_from_json(session_id, found.state.seq if found else 0, lists)
 
     def timeline(
         self, session_id: str, since: int = 0, latest: int | None = None
@@ -331,16 +340,23 @@ class RedisProjectionStore:
         """Whether a live rebuild holds the lease on these projections now."""
         return execute(self.client, requests.lease_held(self.keys))
 
-    def begin_restore(self, session_id: str, at: datetime) -> None:
+    def begin_restore(self, session_id: str, at: datetime) -> str:
         """Mark one session half rebuilt, from before a `replay --session` drops it until
-        `end_restore` (`Keys.restoring`): `load` refuses it meanwhile."""
+        `end_restore` (`Keys.restoring`): `load` refuses it meanwhile. The mark, for
+        `end_restore`."""
+        self._fresh()  # in the generation readers read
+        mark = f"{at.isoformat()} {secrets.token_hex(4)}"
         key = self.keys.restoring(self.keys.partition_of(session_id))
-        self._write(("HSET", key, session_id, at.isoformat()), f"marking {session_id} failed")
+        self._write(("HSET", key, session_id, mark), f"marking {session_id} failed")
+        return mark
 
-    def end_restore(self, session_id: str) -> None:
-        """Take the mark of `begin_restore` away: the session is whole again."""
+    def end_restore(self, session_id: str, mark: str) -> None:
+        """Take the mark of `begin_restore` away (the session is whole again), unless another
+        restore of it has set its own since."""
+        self._fresh()
         key = self.keys.restoring(self.keys.partition_of(session_id))
-        self._write(("HDEL", key, session_id), f"unmarking {session_id} failed")
+        command = ("EVAL", _UNMARK, "1", key, session_id, mark)
+        self._write(command, f"unmarking {session_id} failed")
 
     def begin_rebuild(self, what: str, at: datetime) -> None:
         """Mark these projections half built by `what` (e.g. "replay --full"), begun `at`, until

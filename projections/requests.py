@@ -948,8 +948,8 @@ def raw_states(
 ) -> Request[dict[str, RawState]]:
     """What a snapshot of each session (of one partition) holds, as stored: the read script's
     reply (state, mark, turns, packed id chunks, summary), its own counters (the `c:` fields of
-    its state hash) and its retention deadline; sessions without a state of this layout are
-    left out."""
+    its state hash) and its retention deadline; sessions without a state of this layout, or
+    half rebuilt (`Keys.restoring`), are left out."""
     sha = scripts.READ.sha
     groups = read_groups(keys, session_ids)
     commands: list[tuple[Any, ...]] = [("EVALSHA", sha, len(ks), *ks, "1") for _, ks in groups]
@@ -957,16 +957,23 @@ def raw_states(
     n = len(session_ids)
     commands += [("HGETALL", keys.session(sid, partition).state) for sid in session_ids]
     commands += [("ZSCORE", keys.retention(partition), sid) for sid in session_ids]
+    if session_ids:
+        commands.append(("HMGET", keys.restoring(partition), *session_ids))
 
     def parse(replies: list[Any]) -> dict[str, RawState]:
         raws = [raw for group in replies[: len(groups)] for raw in group]
         counters = replies[len(groups) : len(groups) + n]
-        retained = replies[len(groups) + n :]
+        retained = replies[len(groups) + n : len(groups) + 2 * n]
+        restoring = replies[len(groups) + 2 * n] if session_ids else []
         out: dict[str, RawState] = {}
-        for sid, raw, fields, until in zip(session_ids, raws, counters, retained, strict=True):
+        for sid, raw, fields, until, half in zip(
+            session_ids, raws, counters, retained, restoring, strict=True
+        ):
             # A commit between the read script and HGETALL: its state and counters would not
-            # match. Left out, it stays in the unsnapshotted index for the next round.
-            if raw and raw[0] and fields.get(b"mark") == raw[1]:
+            # match. Left out, it stays in the unsnapshotted index for the next round; so does
+            # a session a `replay --session` has not finished (a snapshot of it would be taken
+            # for whole by the next rebuild).
+            if half is None and raw and raw[0] and fields.get(b"mark") == raw[1]:
                 mine = {text(f)[2:]: v for f, v in fields.items() if f.startswith(b"c:")}
                 out[sid] = (*raw, mine, None if until is None else int(float(until)))
         return out

@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import logging
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -417,3 +418,25 @@ def test_a_snapshot_folded_under_a_key_no_longer_trusted_does_not_bring_its_gran
     report = rebuild(settings, keys=trusting)
     assert report.restored == 0 and report.ignored == {"trust": len(sids) + len(ends)}
     assert_states_equal_the_fold(projections, with_k)
+
+
+def test_a_session_a_restore_left_half_built_is_not_snapshotted(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    """A snapshot of it would be restored by the next rebuild as if whole: it stays in its
+    partition's unsnapshotted index, and the checkpoint below it, until a restore ends."""
+    sids, events = generate(120, prefix="hb", group=20)
+    send_all(kafka_log, events)
+    report = rebuild(settings, snapshots=False)
+    half = sids[0]
+    p = partition_for(half, settings.partitions)
+    mark = projections.begin_restore(half, datetime.now(UTC))
+    taken = wiring.take_snapshots(settings, report.applied_through(), report.trust)
+    assert taken == len(sids) - 1
+    assert half.encode() not in {key for _, key, _ in snapshot_records(settings)}
+    assert projections.client.zscore(projections.keys.unsnapshotted(p), half) is not None
+    assert checkpoints(settings)[p] < report.applied_through()[p]
+
+    projections.end_restore(half, mark)
+    assert wiring.take_snapshots(settings, report.applied_through(), report.trust) == 1
+    assert checkpoints(settings)[p] == report.applied_through()[p]

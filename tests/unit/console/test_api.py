@@ -10,7 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from producers.store import SessionStore
-from schemas.errors import NoOpenQuestionError, ProjectionError, UnauthorizedError
+from schemas.errors import (
+    NoOpenQuestionError,
+    ProjectionError,
+    SessionRestoringError,
+    UnauthorizedError,
+)
 from session_model.canonical import text_digest
 from session_model.modes import Mode
 from session_model.policy import signature_question
@@ -149,6 +154,19 @@ def test_a_backend_failure_is_503_without_details(
     body = response.json()
     assert body["code"] == "projection_unavailable"
     assert "10.0.0.7" not in response.text and "Traceback" not in response.text
+
+
+def test_a_half_rebuilt_session_is_409_saying_how_to_make_it_whole(
+    api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def restoring(*args: object, **kwargs: object) -> None:
+        raise SessionRestoringError("session 's-a' is half rebuilt: … `replay --session s-a`")
+
+    monkeypatch.setattr(store.projections, "load", restoring)
+    response = api.get("/api/v1/sessions/s-a")
+    assert response.status_code == 409
+    assert response.json()["code"] == "session_restoring"
+    assert "replay --session s-a" in response.json()["detail"]
 
 
 # -- answers ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 from unittest.mock import ANY
 
@@ -23,7 +24,7 @@ from session_model.signing import TrustedKeys
 
 class DictRedis:
     """The few commands the rebuild's bookkeeping sends (GET, SET, DEL, EXISTS, SCAN, UNLINK,
-    HSET, HDEL)."""
+    HSET, HDEL, and the EVAL that takes a restore's mark away)."""
 
     def __init__(self) -> None:
         self.data: dict[str, Any] = {}
@@ -59,6 +60,14 @@ class DictRedis:
                 elif name == "HSET":
                     data.setdefault(key, {})[args[0]] = args[1]
                     replies.append(1)
+                elif name == "EVAL":  # the restore's compare-and-delete of its mark
+                    hashed, field, mark = args[1:4]
+                    same = data.get(hashed, {}).get(field) == mark
+                    replies.append(int(same))
+                    if same:
+                        del data[hashed][field]
+                        if not data[hashed]:
+                            del data[hashed]
                 elif name == "HDEL":
                     replies.append(int(data.get(key, {}).pop(args[0], None) is not None))
                     if not data.get(key, True):
@@ -164,3 +173,13 @@ def test_one_sessions_rebuild_marks_that_session_until_its_fold_has_ended(
         replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), session_id="a", processes=1)
         assert restoring not in store.client.data  # type: ignore[operator]
     assert _mark(store) is None
+
+
+def test_a_restore_takes_away_its_own_mark_only(store: RedisProjectionStore) -> None:
+    first = store.begin_restore("a", datetime(2026, 1, 1, tzinfo=UTC))
+    second = store.begin_restore("a", datetime(2026, 1, 1, tzinfo=UTC))  # another, meanwhile
+    restoring = KEYS.restoring(KEYS.partition_of("a"))
+    store.end_restore("a", first)
+    assert store.client.data[restoring] == {"a": second}  # type: ignore[union-attr]
+    store.end_restore("a", second)
+    assert restoring not in store.client.data  # type: ignore[operator]
