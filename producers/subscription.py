@@ -91,10 +91,14 @@ class Subscription(ABC, Generic[T]):
                 enable_auto_commit=False,
                 metadata_max_age_ms=METADATA_MAX_AGE_MS,
             )
+        except KafkaError as e:
+            raise LogError(f"cannot subscribe to {topic}: {e}") from e
+        try:
             self._consumer.subscribe([topic])
             # Know the partitions before the first join (see METADATA_MAX_AGE_MS).
             self._consumer.partitions_for_topic(topic)
         except KafkaError as e:
+            self._consumer.close()  # (its thread and connections)
             raise LogError(f"cannot subscribe to {topic}: {e}") from e
 
     def poll(self) -> list[T]:

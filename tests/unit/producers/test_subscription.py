@@ -27,6 +27,8 @@ class FakeConsumer:
     log: ClassVar[dict[TopicPartition, list[Any]]] = {}
     readers: ClassVar[int] = 0
     failing: ClassVar[bool] = False
+    closed: ClassVar[int] = 0
+    no_metadata: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         self.grouped = options["group_id"] is not None
@@ -44,6 +46,8 @@ class FakeConsumer:
 
     def partitions_for_topic(self, topic: str) -> set[int]:
         self.calls.append(f"partitions {topic}")
+        if FakeConsumer.no_metadata:
+            raise KafkaTimeoutError("no broker answered")
         return {0, 1}
 
     def poll(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
@@ -82,7 +86,7 @@ class FakeConsumer:
         self.paused.update(partitions)
 
     def close(self) -> None:
-        pass
+        FakeConsumer.closed += 1
 
     def assignment(self) -> set[TopicPartition]:
         return self.owned
@@ -133,6 +137,17 @@ def test_the_partitions_are_known_before_the_first_join_and_refreshed_often(sub:
     consumer: FakeConsumer = sub._consumer  # type: ignore[assignment]
     assert consumer.calls == ["subscribe t", "partitions t"]
     assert consumer.options["metadata_max_age_ms"] <= 10_000
+
+
+def test_a_subscription_that_cannot_learn_its_partitions_closes_its_consumer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(subscription_module, "KafkaConsumer", FakeConsumer)
+    monkeypatch.setattr(FakeConsumer, "no_metadata", True)
+    monkeypatch.setattr(FakeConsumer, "closed", 0)
+    with pytest.raises(LogError, match=r"cannot subscribe to t: .*no broker answered"):
+        Texts("127.0.0.1:9", "t", "g")
+    assert FakeConsumer.closed == 1
 
 
 def test_iterating_commits_up_to_the_item_handed_out_not_the_rest_of_the_poll(sub: Texts) -> None:
