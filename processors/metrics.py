@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
@@ -30,6 +30,7 @@ from processors.scheduler import SchedulerStats
 from processors.snapshots import SnapshotStats
 from processors.worker import WorkerStats
 from schemas.errors import ConfigurationError
+from session_model.intake import CODES
 
 log = logging.getLogger(__name__)
 K = TypeVar("K")
@@ -77,10 +78,14 @@ def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily
 
 
 def _labelled(
-    name: str, documentation: str, label: str, counts: Mapping[str, int]
+    name: str,
+    documentation: str,
+    label: str,
+    counts: Mapping[str, int],
+    every: Iterable[str] = (),
 ) -> CounterMetricFamily:
     family = CounterMetricFamily(name, documentation, labels=[label])
-    for key, n in _snapshot(counts):
+    for key, n in sorted((dict.fromkeys(every, 0) | dict(_snapshot(counts))).items()):
         family.add_metric([key], n)
     return family
 
@@ -145,6 +150,7 @@ class StatsCollector(Collector):
             "Records dead-lettered, by refusal code (decoder_failed: a decoding bug, not input).",
             "code",
             w.refused,
+            every=CODES,  # from the start: an alert sees 0, then 1
         )
         yield _counter("milpa_decisions_published", "Decisions published.", w.decisions)
         yield _counter(

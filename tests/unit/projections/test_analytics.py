@@ -359,6 +359,7 @@ def test_the_collector_reads_the_stats_when_scraped() -> None:
     assert got[("milpa_events_total", (("outcome", "applied"),))] == 6
     assert got[("milpa_rejections_total", (("code", "stale_question"),))] == 1
     assert got[("milpa_refused_total", (("code", "decoder_failed"),))] == 2
+    assert got[("milpa_refused_total", (("code", "wrong_partition"),))] == 0  # there from the start
     assert got[("milpa_principal_downgrades_total", ())] == 1
     assert got[("milpa_batch_size_count", ())] == 2
     assert got[("milpa_batch_size_sum", ())] == 7
