@@ -53,16 +53,15 @@ _HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"same-origin"),
 )
-_HSTS = (b"strict-transport-security", b"max-age=31536000")
 
 
 class SecurityHeaders:
     """Adds a strict CSP and friends to every response; no caching except for static files."""
 
-    def __init__(self, app: ASGIApp, hsts: bool = False) -> None:
+    def __init__(self, app: ASGIApp, hsts_seconds: int = 0) -> None:
         self.app = app
-        # Behind TLS (`console_cookie_secure`): browsers are to come back over HTTPS only.
-        self.headers = _HEADERS + ((_HSTS,) if hsts else ())
+        hsts = (b"strict-transport-security", f"max-age={hsts_seconds}".encode())
+        self.headers = _HEADERS + ((hsts,) if hsts_seconds > 0 else ())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, adding headers to the response's start."""
@@ -217,7 +216,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
     app.include_router(api.document)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=Path(HERE / "static")), name="static")
-    app.add_middleware(SecurityHeaders, hsts=settings.console_cookie_secure)
+    app.add_middleware(SecurityHeaders, hsts_seconds=settings.console_hsts_seconds)
     return app
 
 

@@ -28,6 +28,9 @@ class WebConsoleSettings(WriterSettings):
     # not survive a restart, and two replicas do not accept each other's cookies).
     console_secret_file: Path | None = None
     console_cookie_secure: bool = False  # set behind TLS: the cookie is then sent over HTTPS only
+    # Behind TLS, on a host name that serves nothing over plain HTTP (any port): how long
+    # browsers are to come back over HTTPS only (Strict-Transport-Security). 0: not sent.
+    console_hsts_seconds: int = 0
     console_session_hours: float = 12.0  # a sign-in lasts this long
     # Live streams (`/api/v1/events`) one caller may hold at once (an operator's tabs count
     # together; each holds a queue and a task): past it a 429. 0: no limit.

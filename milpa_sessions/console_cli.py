@@ -18,6 +18,17 @@ from schemas.errors import ConfigurationError
 log = logging.getLogger(__name__)
 
 
+def warn_if_plain(listen: str, secure: bool) -> None:
+    """Log a warning when the console is to serve plain HTTP beyond this machine."""
+    if not secure and not _loopback(listen):
+        log.warning(
+            "the console listens on %s over plain HTTP and MILPA_CONSOLE_COOKIE_SECURE is off: "
+            "passwords and sign-in cookies cross the network in clear; put TLS in front and "
+            "set it",
+            listen,
+        )
+
+
 def _loopback(host: str) -> bool:
     """Whether `host` is a loopback name or address (only this machine reaches it)."""
     if host == "localhost":
@@ -46,13 +57,7 @@ def console(ctx: click.Context, host: str | None, port: int | None, loglevel: st
     wiring.wait_for_stack(settings)
     app = create_app(wiring.console_deps(settings), settings)
     listen = host or settings.console_host
-    if not settings.console_cookie_secure and not _loopback(listen):
-        log.warning(
-            "the console listens on %s over plain HTTP and MILPA_CONSOLE_COOKIE_SECURE is off: "
-            "passwords and sign-in cookies cross the network in clear; put TLS in front and "
-            "set it",
-            listen,
-        )
+    warn_if_plain(listen, settings.console_cookie_secure)
     uvicorn.run(
         app,
         host=listen,

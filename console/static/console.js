@@ -173,5 +173,9 @@
     if (list) window.location.reload();
     else if (document.getElementById("stale")) document.getElementById("stale").hidden = false;
   });
-  source.addEventListener("error", function () { setLive("down", "reconnecting…"); });
+  source.addEventListener("error", function () {
+    // Refused (a 429 past the caller's live streams, a 401 signed out): the browser gives up.
+    if (source.readyState === EventSource.CLOSED) setLive("down", "live updates stopped: reload");
+    else setLive("down", "reconnecting…");
+  });
 })();

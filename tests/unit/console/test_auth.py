@@ -176,11 +176,11 @@ def test_behind_tls_the_cookies_are_host_prefixed_secure_and_hsts_is_sent(
     secret = tmp_path / "secret"
     secret.write_text("s" * 40)
     settings = replace(settings, console_secret_file=secret)  # both apps accept its cookies
-    app = make_app(store, replace(settings, console_cookie_secure=True))
+    app = make_app(store, replace(settings, console_cookie_secure=True, console_hsts_seconds=600))
     with TestClient(app, base_url="https://console.example") as client:
         response = sign_in(client)
         assert response.status_code == 303
-        assert response.headers["strict-transport-security"] == "max-age=31536000"
+        assert response.headers["strict-transport-security"] == "max-age=600"
         cookies = response.headers.get_list("set-cookie")
         session = next(c for c in cookies if c.startswith(f"__Host-{SESSION_COOKIE}="))
         assert "Secure" in session and "Path=/" in session and "Domain" not in session
@@ -706,5 +706,12 @@ def test_a_place_among_the_password_checks_is_given_at_once_or_not_at_all() -> N
         ("console.example", False),
     ],
 )
-def test_the_console_warns_of_plain_http_off_loopback_only(host: str, loopback: bool) -> None:
-    assert console_cli._loopback(host) is loopback
+def test_the_console_warns_of_plain_http_off_loopback_only(
+    host: str, loopback: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "milpa_sessions.console_cli"):
+        console_cli.warn_if_plain(host, secure=True)
+        assert caplog.records == []  # behind TLS: nothing to say
+        console_cli.warn_if_plain(host, secure=False)
+    assert bool(caplog.records) is not loopback
+    assert all("over plain HTTP" in r.getMessage() for r in caplog.records)
