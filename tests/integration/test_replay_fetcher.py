@@ -173,4 +173,4 @@ def test_records_whose_decoding_raises_are_refused_not_a_failure_of_the_rebuild(
         codec=_Exploding(),
         processes=2,
     )
-    assert report.refused == {"undecodable": len(events)} and report.applied_sessions == 0
+    assert report.refused == {"decoder_failed": len(events)} and report.applied_sessions == 0
