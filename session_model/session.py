@@ -32,7 +32,7 @@ RECENT_REJECTIONS: Final = 16
 # The artifacts whose latest call the hot state keeps: those called last. An agent names its own
 # artifacts (a coding agent, every file it touches): an index of all of them would make each
 # call cost, and each summary grow, with the number of files touched so far.
-RECENT_ARTIFACTS: Final = 256
+RECENT_ARTIFACTS: Final = 128
 
 
 @fast_init
