@@ -411,11 +411,16 @@ BEARER = [(b"authorization", f"Bearer {TOKEN}".encode())]
 DEPLOYER = "service:deployer"  # TOKEN's principal
 
 
+@pytest.fixture
+def one_stream(store: SessionStore, settings: WebConsoleSettings) -> FastAPI:
+    """The console, one live stream per caller."""
+    return make_app(store, dataclasses.replace(settings, console_streams_per_caller=1))
+
+
 def test_a_caller_holds_at_most_its_limit_of_streams_and_gets_a_429_past_it(
-    store: SessionStore, settings: WebConsoleSettings
+    one_stream: FastAPI,
 ) -> None:
-    app = make_app(store, dataclasses.replace(settings, console_streams_per_caller=1))
-    hub: Hub = app.state.console.hub
+    app, hub = one_stream, one_stream.state.console.hub
 
     async def scenario() -> None:
         held = hub.subscribe("service:other", 1)  # another caller's stream does not count
@@ -448,11 +453,8 @@ def test_a_caller_holds_at_most_its_limit_of_streams_and_gets_a_429_past_it(
     run(scenario())
 
 
-def test_a_stream_whose_client_left_before_its_first_byte_is_released(
-    store: SessionStore, settings: WebConsoleSettings
-) -> None:
-    app = make_app(store, dataclasses.replace(settings, console_streams_per_caller=1))
-    hub: Hub = app.state.console.hub
+def test_a_stream_whose_client_left_before_its_first_byte_is_released(one_stream: FastAPI) -> None:
+    app, hub = one_stream, one_stream.state.console.hub
 
     async def scenario() -> None:
         async def receive() -> dict[str, Any]:
