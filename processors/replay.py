@@ -222,7 +222,7 @@ def replay(
         store.clear()
     elif session_id is not None:
         restoring = store.begin_restore(session_id, datetime.now(UTC))
-        store.drop(session_id)  # its tombstone and retention entry too
+        store.drop(session_id, restoring=True)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover)
     intake = Intake(codec, partitions)
     job = _Job(access, topic, store, folder, session_id, batch_size, intake, starts, plan.sessions)

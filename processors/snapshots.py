@@ -61,7 +61,7 @@ class SnapshotStore(Protocol):
 
     async def raw_states(
         self, partition: int, session_ids: Sequence[str]
-    ) -> dict[str, RawState]: ...
+    ) -> dict[str, RawState | None]: ...
 
     async def snapped(
         self, partition: int, covered: Sequence[tuple[str, Position | None]]
@@ -246,7 +246,9 @@ class Snapshotter:
             for sid in fresh:
                 raw = raws.get(sid)
                 if raw is None:
-                    continue  # dropped meanwhile, or of another layout: nothing to cover
+                    # Dropped meanwhile or of another layout (nothing to cover), or half rebuilt
+                    # (None: left in the index as it is, the checkpoint below it).
+                    continue
                 record = snapshot_record(sid, raw, taken, trust=self.trust)
                 value = self.codec.encode_snapshot(record)
                 if len(value) > self.max_record_bytes:

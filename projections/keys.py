@@ -222,9 +222,10 @@ class Keys:
         return f"{self.tag(partition)}:expired"
 
     def restoring(self, partition: int) -> str:
-        """Hash per partition: session id -> `<ISO instant>` a `replay --session` of it began;
-        set before it drops the session, deleted once its fold has ended. Reads of the session
-        fail while it is set (what is there is half rebuilt)."""
+        """Hash per partition: session id -> `<ISO instant> <token>`, when a `replay --session` of
+        it began and which one; set before it drops the session, deleted by that restore once
+        its fold has ended. Reads of the session fail while it is set (what is there is half
+        rebuilt), and snapshot rounds leave it out."""
         return f"{self.tag(partition)}:restoring"
 
     def retention_keys(self, partition: int) -> tuple[str, str]:

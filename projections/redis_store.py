@@ -52,12 +52,6 @@ from session_model.questions import Cursor, WaitingPage
 from session_model.session import HISTORY_KINDS, Decision, History, Session, Turn, history_kinds
 from session_model.timeline import TimelineEntry, last
 
-# Delete a restore's mark if it is still that restore's.
-_UNMARK = (
-    "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then "
-    "return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0"
-)
-
 # How often a store reads the partitions' generations again (a live rebuild moves them; a
 # commit in a generation left behind is refused anyway, and makes its writer read them at once).
 GENERATIONS_TTL_S = 1.0
@@ -277,8 +271,8 @@ class RedisProjectionStore:
         replies = iter(found)
         lists = [next(replies) if reading else [] for reading in read]
         # (not `load`: a replay reading a session it is restoring must not be refused)
-        found = self.folded([session_id]).get(session_id) if mark is not None else None
-        return history_from_json(session_id, found.state.seq if found else 0, lists)
+        folded = self.folded([session_id]).get(session_id) if mark is not None else None
+        return history_from_json(session_id, folded.state.seq if folded else 0, lists)
 
     def timeline(
         self, session_id: str, since: int = 0, latest: int | None = None
@@ -299,13 +293,22 @@ class RedisProjectionStore:
         entries = parse_timeline(raw, session_id, since)
         return entries if latest is None else last(entries, latest)
 
-    def drop(self, session_id: str) -> None:
+    def drop(self, session_id: str, *, restoring: bool = False) -> None:
         """Delete one session's projection, its entries in the waiting index and counts, the
         deadlines and compaction-due indexes, its retention entry and its tombstone (a rebuild
-        of it follows: `replay --session`)."""
+        of it follows: `replay --session`).
+
+        `restoring` (snapshots taken: `track`): in the same round trip, put it back in its
+        partition's unsnapshotted index at offset 0, so that no checkpoint passes its events
+        before a snapshot of it, whole again, is taken (a restore that dies before its first
+        commit would otherwise leave a rebuild from snapshots its older snapshot for whole).
+        """
         self._fresh()
-        call = drop_command(self.keys, session_id, self.keys.partition_of(session_id))
-        request = requests.Request([call], lambda _: None, f"dropping {session_id} failed", True)
+        p = self.keys.partition_of(session_id)
+        calls: list[tuple[Any, ...]] = [drop_command(self.keys, session_id, p)]
+        if restoring and self.track:
+            calls.append(("ZADD", self.keys.unsnapshotted(p), 0, session_id))
+        request = requests.Request(calls, lambda _: None, f"dropping {session_id} failed", True)
         execute(self.client, request, self.durability)
 
     def expired(self, session_id: str) -> Expired | None:
@@ -354,8 +357,8 @@ class RedisProjectionStore:
         """Take the mark of `begin_restore` away (the session is whole again), unless another
         restore of it has set its own since."""
         self._fresh()
-        key = self.keys.restoring(self.keys.partition_of(session_id))
-        command = ("EVAL", _UNMARK, "1", key, session_id, mark)
+        p = self.keys.partition_of(session_id)
+        command = requests.unmark_command(self.keys, session_id, p, mark)
         self._write(command, f"unmarking {session_id} failed")
 
     def begin_rebuild(self, what: str, at: datetime) -> None:
@@ -548,7 +551,9 @@ class AsyncRedisProjectionStore:
         await self._fresh()
         return await execute_async(self.client, requests.unsnapshotted(self.keys, partition, limit))
 
-    async def raw_states(self, partition: int, session_ids: Sequence[str]) -> dict[str, RawState]:
+    async def raw_states(
+        self, partition: int, session_ids: Sequence[str]
+    ) -> dict[str, RawState | None]:
         """The stored state of these sessions of a partition as a snapshot holds it (one round
         trip)."""
         await self._fresh()

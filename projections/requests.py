@@ -486,6 +486,11 @@ def expired(keys: Keys, session_id: str, partition: int) -> Request[Expired | No
     )
 
 
+def unmark_command(keys: Keys, session_id: str, partition: int, mark: str) -> tuple[Any, ...]:
+    """lua/unmark.lua's call: take a restore's mark away if it is still that restore's."""
+    return ("EVALSHA", scripts.UNMARK.sha, 1, keys.restoring(partition), session_id, mark)
+
+
 def drop_command(
     keys: Keys, session_id: str, partition: int, now_ms: int | None = None
 ) -> tuple[Any, ...]:
@@ -945,11 +950,12 @@ def unsnapshotted(
 
 def raw_states(
     keys: Keys, partition: int, session_ids: Sequence[str]
-) -> Request[dict[str, RawState]]:
+) -> Request[dict[str, RawState | None]]:
     """What a snapshot of each session (of one partition) holds, as stored: the read script's
     reply (state, mark, turns, packed id chunks, summary), its own counters (the `c:` fields of
-    its state hash) and its retention deadline; sessions without a state of this layout, or
-    half rebuilt (`Keys.restoring`), are left out."""
+    its state hash) and its retention deadline; sessions without a state of this layout are
+    left out, and those half rebuilt (`Keys.restoring`) are None (a round leaves them in the
+    unsnapshotted index as they are: neither covered nor gone)."""
     sha = scripts.READ.sha
     groups = read_groups(keys, session_ids)
     commands: list[tuple[Any, ...]] = [("EVALSHA", sha, len(ks), *ks, "1") for _, ks in groups]
@@ -960,20 +966,20 @@ def raw_states(
     if session_ids:
         commands.append(("HMGET", keys.restoring(partition), *session_ids))
 
-    def parse(replies: list[Any]) -> dict[str, RawState]:
+    def parse(replies: list[Any]) -> dict[str, RawState | None]:
         raws = [raw for group in replies[: len(groups)] for raw in group]
         counters = replies[len(groups) : len(groups) + n]
         retained = replies[len(groups) + n : len(groups) + 2 * n]
         restoring = replies[len(groups) + 2 * n] if session_ids else []
-        out: dict[str, RawState] = {}
+        out: dict[str, RawState | None] = {}
         for sid, raw, fields, until, half in zip(
             session_ids, raws, counters, retained, restoring, strict=True
         ):
+            if half is not None:  # a snapshot of it would be restored as whole by a rebuild
+                out[sid] = None
             # A commit between the read script and HGETALL: its state and counters would not
-            # match. Left out, it stays in the unsnapshotted index for the next round; so does
-            # a session a `replay --session` has not finished (a snapshot of it would be taken
-            # for whole by the next rebuild).
-            if half is None and raw and raw[0] and fields.get(b"mark") == raw[1]:
+            # match. Left out, it stays in the unsnapshotted index for the next round.
+            elif raw and raw[0] and fields.get(b"mark") == raw[1]:
                 mine = {text(f)[2:]: v for f, v in fields.items() if f.startswith(b"c:")}
                 out[sid] = (*raw, mine, None if until is None else int(float(until)))
         return out

@@ -440,3 +440,28 @@ def test_a_session_a_restore_left_half_built_is_not_snapshotted(
     projections.end_restore(half, mark)
     assert wiring.take_snapshots(settings, report.applied_through(), report.trust) == 1
     assert checkpoints(settings)[p] == report.applied_through()[p]
+
+
+def test_a_session_dropped_for_a_restore_holds_its_partitions_checkpoint_at_the_start(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    """Until a snapshot of it, whole again, is taken: a restore that dies between its drop and
+    its first commit must not let a checkpoint pass events its older snapshot lacks."""
+    sids, events = generate(120, prefix="hd", group=20)
+    send_all(kafka_log, events)
+    report = rebuild(settings, snapshots=False)
+    assert wiring.take_snapshots(settings, report.applied_through(), report.trust) == len(sids)
+    half = sids[0]
+    p = partition_for(half, settings.partitions)
+    store = wiring.projection_store_for_rebuild(settings)  # as `replay --session` drops it
+    try:
+        assert store.track
+        store.begin_restore(half, datetime.now(UTC))
+        store.drop(half, restoring=True)  # and it dies here
+    finally:
+        store.client.close()
+    assert projections.client.zscore(projections.keys.unsnapshotted(p), half) == 0
+    wiring.take_snapshots(settings, report.applied_through(), report.trust)
+    found = checkpoints(settings)
+    assert found[p] == -1  # nothing of the partition is taken as covered
+    assert all(c == report.applied_through()[q] for q, c in found.items() if q != p)

@@ -60,7 +60,7 @@ class DictRedis:
                 elif name == "HSET":
                     data.setdefault(key, {})[args[0]] = args[1]
                     replies.append(1)
-                elif name == "EVAL":  # the restore's compare-and-delete of its mark
+                elif name == "EVALSHA":  # lua/unmark.lua: a restore takes its own mark away
                     hashed, field, mark = args[1:4]
                     same = data.get(hashed, {}).get(field) == mark
                     replies.append(int(same))
@@ -136,7 +136,7 @@ def test_one_sessions_rebuild_and_a_live_one_set_no_mark(
         raise LogError("reading failed")
 
     monkeypatch.setattr(replay_module._Job, "run", run)
-    monkeypatch.setattr(RedisProjectionStore, "drop", lambda self, sid: None)
+    monkeypatch.setattr(RedisProjectionStore, "drop", lambda self, sid, **options: None)
     options: dict[str, Any] = {"session_id": "a"} if kind == "session" else {"clear": False}
     with pytest.raises(LogError):
         replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), processes=1, **options)
@@ -150,7 +150,8 @@ def test_one_sessions_rebuild_marks_that_session_until_its_fold_has_ended(
     restoring = KEYS.restoring(KEYS.partition_of("a"))
     dropped: list[str] = []
 
-    def drop(self: RedisProjectionStore, sid: str) -> None:
+    def drop(self: RedisProjectionStore, sid: str, **options: bool) -> None:
+        assert options == {"restoring": True}
         assert store.client.data[restoring] == {"a": ANY}  # type: ignore[union-attr]
         dropped.append(sid)
 

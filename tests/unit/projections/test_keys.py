@@ -17,6 +17,7 @@ from projections.requests import (
     key_of,
     read,
     restore_call,
+    unmark_command,
 )
 from schemas import events as ev
 from schemas.events import Event
@@ -124,6 +125,9 @@ def test_every_script_call_touches_one_slot_and_groups_never_mix_partitions() ->
         drop = drop_command(keys, sid, p)
         assert len(_slots(list(drop[3 : 3 + drop[2]]))) == 1
         assert key_of(drop) == keys.session(sid).state
+        unmark = unmark_command(keys, sid, p, "2026-01-01T00:00:00+00:00 5eed")
+        assert key_of(unmark) == keys.restoring(p)  # where Redis Cluster sends it
+        assert len(_slots([keys.restoring(p), keys.session(sid).state])) == 1
     folded = Folded(updates[0].state, updates[0].mark)
     counters = {keys.counter_field(keys.stat("pauses", 0), "permission"): 1}
     restored_keys, _ = restore_call(keys, Restored(folded, (), counters), 40)
