@@ -14,7 +14,7 @@ Built for memory (an idle session must cost under 537 bytes of Redis, `docs/PERF
   applies a compaction): its UTF-8 text, or, when that is at least `DEFLATE_FROM` bytes and deflate
   makes it shorter, the byte `DEFLATED` and the text deflated (zlib). Two thirds of what an old
   session keeps hot was its summary: the facts block of 30-odd calls and of the latest call of
-  every artifact, JSON that compresses about tenfold.
+  each artifact called last, JSON that compresses about tenfold.
 - **Event ids**: a byte string of records. A canonical (lowercase, hyphenated) RFC 4122 UUID takes
   16 bytes; any other id takes its UTF-8 bytes behind a length. Exact: nothing is hashed away.
 - **Timeline entries**: JSON arrays `[shape, seq, values...]` for the entry shapes the timeline

@@ -82,12 +82,12 @@ class SessionFacts:
     def operational_facts(self) -> dict[str, Any]:
         """The versioned operational-facts block; calls and executions are never joined.
 
-        Version 2 is bounded, so that a summary of a session's third day is as short as one of
+        Version 3 is bounded, so that a summary of a session's third day is as short as one of
         its first hour: the calls, executions, verdicts and evidence since the previous summary
         (at most `RECENT_FACTS` of each), the recent decisions, and what the previous summaries
         carried forward — the latest call of the `RECENT_ARTIFACTS` artifacts called last and the
-        calls counted by tool. The
-        complete record stays in the session's history (`SessionStore.facts`) and the log.
+        calls counted by tool. The complete record stays in the session's history
+        (`SessionStore.facts`) and the log.
         """
         s = self.session
         latest = s.artifacts
@@ -99,8 +99,11 @@ class SessionFacts:
                 "ok": c.ok,
                 "mutating": c.mutating,
                 "seq": c.seq,
+                # (a call since the summary is among the RECENT_FACTS latest: its artifact among
+                # the RECENT_ARTIFACTS called last, which are more)
                 "latest_for_artifact": c.artifact is not None
-                and latest.get(c.artifact, c).seq == c.seq,
+                and c.artifact in latest
+                and latest[c.artifact].seq == c.seq,
             }
             for c in s.calls
         ]

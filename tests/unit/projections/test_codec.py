@@ -51,6 +51,7 @@ from session_model.session import (
     Session,
     Todo,
     Turn,
+    latest_artifacts,
 )
 from session_model.timeline import translate
 from tests.unit.session_model.test_properties import SID, event_sequences
@@ -232,7 +233,7 @@ def _old(n: int, result: str = "ok") -> Session:
         started=True,
         seq=n,
         calls=calls,
-        artifacts={c.artifact: c for c in calls if c.artifact is not None},
+        artifacts=latest_artifacts(calls),  # as the fold orders them
         tools={"make": n},
     )
 

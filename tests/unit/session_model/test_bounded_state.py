@@ -123,7 +123,8 @@ def test_the_artifact_index_keeps_the_artifacts_called_last() -> None:
     assert len(state.artifacts) == RECENT_ARTIFACTS
     kept = set(state.artifacts)
     assert {"file:3.py", "file:50.py"} <= kept
-    # 0 to 39 left as 256 to 295 came; then 3, called again, took the place of 40.
+    # 0 to 39 left as RECENT_ARTIFACTS to RECENT_ARTIFACTS + 39 came; then 3, called again, took
+    # the place of 40.
     assert not kept & {f"file:{i}.py" for i in range(41) if i != 3}
     assert "file:41.py" in kept and f"file:{RECENT_ARTIFACTS + 39}.py" in kept
     seqs = [c.seq for c in state.artifacts.values()]
@@ -174,9 +175,12 @@ def test_a_summary_of_a_session_past_its_artifact_bound_keeps_its_facts() -> Non
     facts = json.loads(plan.summary.split("\n", 2)[-1].split(":\n", 1)[1])
     assert "omitted" not in facts
     assert len(facts["artifacts"]) == RECENT_ARTIFACTS
-    assert facts["artifacts"][-1]["artifact"] == names[-1] or names[-1] in {
-        a["artifact"] for a in facts["artifacts"]
-    }
+    assert {a["artifact"] for a in facts["artifacts"]} == set(names[-RECENT_ARTIFACTS:])
+
+
+def test_a_call_since_the_summary_always_has_its_artifact_in_the_index() -> None:
+    # What `latest_for_artifact` relies on: the calls kept are fewer than the artifacts kept.
+    assert RECENT_FACTS <= RECENT_ARTIFACTS
 
 
 def _question(i: int) -> list[ev.Event]:
