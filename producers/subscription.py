@@ -97,9 +97,11 @@ class Subscription(ABC, Generic[T]):
             self._consumer.subscribe([topic])
             # Know the partitions before the first join (see METADATA_MAX_AGE_MS).
             self._consumer.partitions_for_topic(topic)
-        except KafkaError as e:
+        except BaseException as e:
             self._consumer.close()  # (its thread and connections)
-            raise LogError(f"cannot subscribe to {topic}: {e}") from e
+            if isinstance(e, KafkaError):
+                raise LogError(f"cannot subscribe to {topic}: {e}") from e
+            raise
 
     def poll(self) -> list[T]:
         """One poll: new records in log order (possibly none), all handed out at once; what an
