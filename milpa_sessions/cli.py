@@ -30,6 +30,7 @@ from milpa_sessions.render import (
 )
 from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
+from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
 from schemas.errors import (
     InvalidCall,
@@ -369,7 +370,17 @@ def _replay_live(ctx: Ctx, full: bool, processes: int | None) -> None:
 
 
 def _store(ctx: Ctx) -> SessionStore:
-    return wiring.session_store(ctx.settings, producer="cli")
+    """The command's store; its producer is flushed and closed when the command ends (a command
+    run in a process that goes on, as under CliRunner, must not leave its connections open)."""
+    store = wiring.session_store(ctx.settings, producer="cli")
+    click.get_current_context().call_on_close(functools.partial(_close, store))
+    return store
+
+
+def _close(store: SessionStore) -> None:
+    if isinstance(store.log, KafkaEventLog):
+        with contextlib.suppress(MilpaError):  # what the command did is done: its exit stands
+            store.log.close(timeout=5.0)
 
 
 def _load(ctx: Ctx, store: SessionStore, session_id: str) -> Session:

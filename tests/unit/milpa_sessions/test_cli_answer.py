@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from milpa_sessions import cli
+from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
 from session_model.policy import signature_question
 from session_model.principal import Principal
@@ -39,3 +40,22 @@ def test_an_asking_replaced_between_the_read_and_the_answer_is_not_signed(
     assert result.exit_code != 0
     assert "asked again" in result.output
     assert len(store.log.records) == before  # type: ignore[attr-defined]
+
+
+def test_a_commands_producer_is_closed_when_the_command_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Even one that failed: a command run where the process goes on (CliRunner, an embedding
+    tool) must not leave its broker connections to the garbage collector."""
+    closed: list[float | None] = []
+
+    class Log(KafkaEventLog):
+        def close(self, timeout: float | None = 10.0) -> None:
+            closed.append(timeout)
+
+    memory = SessionStore.in_memory(signer=OPERATOR)
+    store = SessionStore(Log("127.0.0.1:9", "t.events"), memory.projections, signer=OPERATOR)
+    monkeypatch.setattr(cli.wiring, "session_store", lambda settings, producer: store)
+    result = CliRunner().invoke(cli.main, ["answer", "nope", "q1", "yes"])
+    assert result.exit_code == 2 and "no session 'nope'" in result.output
+    assert closed == [5.0]
