@@ -207,6 +207,12 @@ class StatsCollector(Collector):
             "(their partition's checkpoint stays below them).",
             s.too_large,
         )
+        yield _counter(
+            "milpa_snapshots_half_built",
+            "Sessions left unsnapshotted because a `replay --session` of them has not ended "
+            "(their partition's checkpoint stays below them: run it again).",
+            s.half_built,
+        )
         lag = GaugeMetricFamily(
             "milpa_snapshot_checkpoint_lag",
             "Offsets applied beyond the partition's last checkpoint (what a rebuild would fold "

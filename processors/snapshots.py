@@ -91,6 +91,7 @@ class SnapshotStats:
     failures: int = 0
     bytes: int = 0
     too_large: int = 0  # sessions left unsnapshotted: their record would exceed the topic's limit
+    half_built: int = 0  # sessions left unsnapshotted: a `replay --session` of them has not ended
     checkpoint_lag: dict[int, int] = field(default_factory=dict)  # partition -> applied - covered
 
 
@@ -246,9 +247,16 @@ class Snapshotter:
             for sid in fresh:
                 raw = raws.get(sid)
                 if raw is None:
-                    # Dropped meanwhile or of another layout (nothing to cover), or half rebuilt
-                    # (None: left in the index as it is, the checkpoint below it).
-                    continue
+                    if sid in raws:  # None: half rebuilt, left in the index as it is
+                        self.stats.half_built += 1
+                        log.warning(
+                            "%s is half rebuilt (a `replay --session` of it has not ended): not "
+                            "snapshotted, and partition %d's checkpoint stays below it until a "
+                            "restore of it ends",
+                            sid,
+                            partition,
+                        )
+                    continue  # (else dropped meanwhile, or of another layout: nothing to cover)
                 record = snapshot_record(sid, raw, taken, trust=self.trust)
                 value = self.codec.encode_snapshot(record)
                 if len(value) > self.max_record_bytes:

@@ -298,17 +298,15 @@ class RedisProjectionStore:
         deadlines and compaction-due indexes, its retention entry and its tombstone (a rebuild
         of it follows: `replay --session`).
 
-        `restoring` (snapshots taken: `track`): in the same round trip, put it back in its
+        `restoring` (snapshots taken: `track`): in the same script call, hold it in its
         partition's unsnapshotted index at offset 0, so that no checkpoint passes its events
         before a snapshot of it, whole again, is taken (a restore that dies before its first
         commit would otherwise leave a rebuild from snapshots its older snapshot for whole).
         """
         self._fresh()
         p = self.keys.partition_of(session_id)
-        calls: list[tuple[Any, ...]] = [drop_command(self.keys, session_id, p)]
-        if restoring and self.track:
-            calls.append(("ZADD", self.keys.unsnapshotted(p), 0, session_id))
-        request = requests.Request(calls, lambda _: None, f"dropping {session_id} failed", True)
+        call = drop_command(self.keys, session_id, p, hold=restoring and self.track)
+        request = requests.Request([call], lambda _: None, f"dropping {session_id} failed", True)
         execute(self.client, request, self.durability)
 
     def expired(self, session_id: str) -> Expired | None:

@@ -492,12 +492,18 @@ def unmark_command(keys: Keys, session_id: str, partition: int, mark: str) -> tu
 
 
 def drop_command(
-    keys: Keys, session_id: str, partition: int, now_ms: int | None = None
+    keys: Keys,
+    session_id: str,
+    partition: int,
+    now_ms: int | None = None,
+    *,
+    hold: bool = False,
 ) -> tuple[Any, ...]:
     """The drop script's call for one session (lua/drop.lua).
 
-    Without `now_ms`: forget it, its retention entry and tombstone too (a rebuild follows).
-    With it: expire it if its retention deadline is at or before `now_ms`, leaving a tombstone.
+    Without `now_ms`: forget it, its retention entry and tombstone too (a rebuild follows);
+    `hold`: keep it in the unsnapshotted index, at offset 0. With `now_ms`: expire it if its
+    retention deadline is at or before `now_ms`, leaving a tombstone.
     """
     k = keys.session(session_id, partition)
     return (
@@ -517,6 +523,7 @@ def drop_command(
         session_id,
         keys.waiting_reason_prefix(partition),
         "" if now_ms is None else now_ms,
+        "1" if hold else "",
     )
 
 

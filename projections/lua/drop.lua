@@ -5,13 +5,15 @@
 -- timeline list, event-id list, then its partition's waiting zset, cards hash, waiting counts
 -- and fleet counts, then its five history lists, then its partition's retention zset and
 -- tombstones hash, its partition's unsnapshotted zset, deadlines zset and compaction-due set.
--- ARGV: session id, the prefix of the partition's per-reason zsets, now ms.
+-- ARGV: session id, the prefix of the partition's per-reason zsets, now ms, and "1" to hold it
+-- in the unsnapshotted index at offset 0 instead of taking it out (a restore follows: no
+-- checkpoint may pass its events before a snapshot of it, whole again, is taken).
 -- Without now ("", a rebuild follows): drop it and forget its retention entry and tombstone;
 -- returns how many keys were unlinked. With now (the retention sweep): only if its retention
 -- deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`; returns 1 if
 -- it was dropped, else 0 (restored meanwhile, expired by another sweep already, or its last
 -- state not in a snapshot yet: then its deadline moves a minute on).
-local sid, rprefix, now = ARGV[1], ARGV[2], ARGV[3]
+local sid, rprefix, now, hold = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if now ~= '' then
   local due = redis.call('ZSCORE', KEYS[14], sid)
   if not due or tonumber(due) > tonumber(now) then return 0 end
@@ -31,7 +33,11 @@ if was then
   if reason then unwait(KEYS[5], KEYS[6], KEYS[7], rprefix, sid, reason) end
 end
 redis.call('ZREM', KEYS[14], sid)
-redis.call('ZREM', KEYS[16], sid)
+if hold == '1' and now == '' then
+  redis.call('ZADD', KEYS[16], 0, sid)
+else
+  redis.call('ZREM', KEYS[16], sid)
+end
 redis.call('ZREM', KEYS[17], sid)
 redis.call('SREM', KEYS[18], sid)
 local unlinked = redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], unpack(KEYS, 9, 13))

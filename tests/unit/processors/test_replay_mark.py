@@ -16,6 +16,7 @@ import pytest
 
 import processors.replay as replay_module
 from processors.replay import ReplayReport, replay
+from projections import scripts
 from projections.keys import Keys
 from projections.redis_store import RedisProjectionStore
 from schemas.errors import LogError
@@ -60,7 +61,7 @@ class DictRedis:
                 elif name == "HSET":
                     data.setdefault(key, {})[args[0]] = args[1]
                     replies.append(1)
-                elif name == "EVALSHA":  # lua/unmark.lua: a restore takes its own mark away
+                elif name == "EVALSHA" and key == scripts.UNMARK.sha:  # lua/unmark.lua
                     hashed, field, mark = args[1:4]
                     same = data.get(hashed, {}).get(field) == mark
                     replies.append(int(same))

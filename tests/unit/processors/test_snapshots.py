@@ -37,6 +37,7 @@ class FakeStore:
     marks: dict[str, int]
     index: dict[str, int]
     commit_between: dict[str, int] = field(default_factory=dict)  # applied after the read
+    half_built: set[str] = field(default_factory=set)  # a restore of them has not ended
     reads: int = 0
 
     async def unsnapshotted(self, partition: int, limit: int = 500) -> list[tuple[str, int]]:
@@ -45,7 +46,11 @@ class FakeStore:
     async def raw_states(self, partition: int, session_ids: Sequence[str]) -> dict[str, Any]:
         self.reads += 1
         marks = self.marks
-        out = {sid: _raw(sid, marks[sid], partition) for sid in session_ids if sid in marks}
+        out: dict[str, Any] = {
+            sid: None if sid in self.half_built else _raw(sid, marks[sid], partition)
+            for sid in session_ids
+            if sid in marks or sid in self.half_built
+        }
         for sid, offset in self.commit_between.items():  # a commit lands while it publishes
             self.marks[sid] = offset
         return out
@@ -222,6 +227,17 @@ def test_a_session_too_large_for_one_record_is_left_out_and_holds_the_checkpoint
     assert taker.stats.too_large == 1
     assert store.index == {big: 4}  # left to be snapshotted, uncovered
     assert _checkpoints(sink) == [3]  # below its first uncovered offset; a, b, c published
+
+
+def test_a_half_built_session_stays_in_the_index_uncovered_even_without_a_state() -> None:
+    # "b": a restore died after its drop (no state yet, held at 0); "c": during its fold.
+    store = FakeStore({"a": 10, "c": 7}, {"a": 3, "b": 0, "c": 5}, half_built={"b", "c"})
+    sink = FakeSink()
+    taker = _taker(store, sink, applied=10)
+    assert asyncio.run(taker.round(0)) == 1
+    assert taker.stats.half_built == 2
+    assert store.index == {"b": 0, "c": 5}  # neither covered nor gone
+    assert _checkpoints(sink) == [-1]  # below "b"'s offset 0: nothing is taken as covered
 
 
 def test_a_session_without_a_state_leaves_the_index() -> None:
