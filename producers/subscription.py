@@ -19,6 +19,7 @@ with any at-least-once subscription.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -98,7 +99,8 @@ class Subscription(ABC, Generic[T]):
             # Know the partitions before the first join (see METADATA_MAX_AGE_MS).
             self._consumer.partitions_for_topic(topic)
         except BaseException as e:
-            self._consumer.close()  # (its thread and connections)
+            with contextlib.suppress(Exception):  # (its thread and connections; e is what counts)
+                self._consumer.close()
             if isinstance(e, KafkaError):
                 raise LogError(f"cannot subscribe to {topic}: {e}") from e
             raise
