@@ -217,6 +217,7 @@ class Timetable:
             _, closing = self._entries.pop(sid)
             due.append(closing)
         if due:
+            self._prune()  # fewer live entries: the stale ones may outnumber them now
             if len(self._sent) - len(self._in_flight) > FORGET_SENT_OVER:
                 self._sent = dict(self._in_flight)
             sent = [(c.session_id, c.question_seq) for c in due]

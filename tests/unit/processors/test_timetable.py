@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from processors import timer as timer_module
@@ -254,6 +254,20 @@ _OPS = st.one_of(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(_OPS, max_size=120), slack=st.sampled_from([0, 1, 64]))
+@example(  # found by it: a pop left more stale heap entries than live ones (no prune after it)
+    ops=[
+        ("offer", "s0", 0, 0, 1),
+        ("offer", "s0", 0, 2, 1),
+        ("offer", "s0", 0, 2, 2),
+        ("offer", "s1", 0, 0, 1),
+        ("offer", "s2", 0, 1, 1),
+        ("clear", "s0"),
+        ("offer", "s0", 0, 0, 1),
+        ("offer", "s0", 0, 0, 1),
+        ("pop", 1),
+    ],
+    slack=0,
+)
 def test_the_timetable_pops_what_a_naive_one_would(ops: list[tuple], slack: int) -> None:
     table, model = Timetable(), Naive()
     in_flight: list[list[Closing]] = []  # popped batches, neither acknowledged nor failed yet
