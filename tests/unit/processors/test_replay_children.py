@@ -21,13 +21,16 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux's /proc")
-def test_a_rebuild_process_is_killed_with_its_parent() -> None:
+@pytest.mark.parametrize("late", [0.0, 0.5])  # 0.5: its parent is killed before it asks
+def test_a_rebuild_process_is_killed_with_its_parent(late: float) -> None:
     read, write = os.pipe()
     parent = os.fork()
     if parent == 0:  # the rebuild's parent: it forks one rebuild process, then waits
+        me = os.getpid()  # as `_in_processes` passes it (in the child, the parent may be gone)
         child = os.fork()
         if child == 0:
-            replay._die_with(os.getppid())
+            time.sleep(late)
+            replay._die_with(me)
             time.sleep(60)
             os._exit(0)
         os.write(write, str(child).encode())
