@@ -142,28 +142,33 @@ def test_an_unknown_session_is_404(api: TestClient) -> None:
     assert response.json()["code"] == "unknown_session"
 
 
+def _reading_raises(
+    api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> Any:
+    """GET a session whose projection read raises `error`."""
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(store.projections, "load", broken)
+    return api.get("/api/v1/sessions/s-a")
+
+
 def test_a_backend_failure_is_503_without_details(
     api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(*args: object, **kwargs: object) -> None:
-        raise ProjectionError("redis://10.0.0.7:6379 refused the connection")
-
-    monkeypatch.setattr(store.projections, "load", broken)
-    response = api.get("/api/v1/sessions/s-a")
+    failure = ProjectionError("redis://10.0.0.7:6379 refused the connection")
+    response = _reading_raises(api, store, monkeypatch, failure)
     assert response.status_code == 503
-    body = response.json()
-    assert body["code"] == "projection_unavailable"
+    assert response.json()["code"] == "projection_unavailable"
     assert "10.0.0.7" not in response.text and "Traceback" not in response.text
 
 
 def test_a_half_rebuilt_session_is_409_saying_how_to_make_it_whole(
     api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def restoring(*args: object, **kwargs: object) -> None:
-        raise SessionRestoringError("session 's-a' is half rebuilt: … `replay --session s-a`")
-
-    monkeypatch.setattr(store.projections, "load", restoring)
-    response = api.get("/api/v1/sessions/s-a")
+    half = SessionRestoringError("session 's-a' is half rebuilt: … `replay --session s-a`")
+    response = _reading_raises(api, store, monkeypatch, half)
     assert response.status_code == 409
     assert response.json()["code"] == "session_restoring"
     assert "replay --session s-a" in response.json()["detail"]
