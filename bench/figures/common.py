@@ -93,6 +93,8 @@ class Sizes:
     expiry_spread_s: float = 5.0
     # The same again while other sessions' events arrive at this rate (0: not measured).
     expiry_load_per_s: int = 12_000
+    # The worker's idle and loaded expiry runs alternate this many times; the figures are medians.
+    expiry_rounds: int = 3
     memory_sessions: int = 100_000
     long_session_events: int = 100_000  # one session grown to this many events (#15)
     inbox_waiting: int = 100_000
@@ -122,6 +124,7 @@ class Sizes:
             projector_rounds=1,
             ceiling_events=20_000,
             e2e_seconds=5.0,
+            expiry_rounds=1,
             paced_seconds=5.0,
             memory_sessions=25_000,
             long_session_events=20_000,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.figures.expiry import LOAD_SHARE_OF_CAPACITY, load_rate
+from bench.figures.expiry import LOAD_SHARE_OF_CAPACITY, _median, _median_round, load_rate
 
 
 def test_a_slower_machine_gets_the_share_of_its_own_capacity_the_asked_rate_was() -> None:
@@ -24,3 +24,16 @@ def test_without_a_capacity_figure_in_the_run_the_configured_rate_stands() -> No
 
 def test_the_share_is_what_12k_was_of_the_machine_it_was_asked_on() -> None:
     assert load_rate(12_000, 14_718.0)[0] == 12_000
+
+
+def test_the_median_of_rounds_is_the_lower_middle_and_skips_rounds_that_measured_nothing() -> None:
+    assert _median([9.0, 3.0, 20.0]) == 9.0
+    assert _median([4.0, None, 8.0]) == 4.0
+    assert _median([None]) is None
+
+
+def test_the_median_round_is_a_round_that_measured_it_with_every_round_in_its_params() -> None:
+    rounds = [{"p99": p, "params": {"n": i}} for i, p in enumerate((11.6, 3.9, 19.8))]
+    chosen = _median_round(rounds, "p99")
+    assert chosen["p99"] == 11.6
+    assert chosen["params"] == {"n": 0, "rounds_p99_ms": [11.6, 3.9, 19.8]}
