@@ -38,7 +38,7 @@ from session_model.intake import WRONG_PARTITION, Intake, Refusal
 from session_model.ports import CommitResult
 from session_model.projection import BatchFolder, Folded, Record, SessionUpdate
 from session_model.questions import QuestionChange, update_changes
-from session_model.session import Decision
+from session_model.session import OTHER_NAMES, PAUSE_REASONS, Decision
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +87,17 @@ class WorkerStats:
     publish_retries: int = 0  # decisions, question changes and dead letters sent again
     outcomes: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
+    # by reason code, which agents choose: a metric label, so a worker counts `PAUSE_REASONS` apart
     pauses: Counter[str] = field(default_factory=Counter)
     downgrades: int = 0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
     last_offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset processed
+
+    def count_pause(self, reason: str) -> None:
+        """One more pause under `reason`, or under `OTHER_NAMES` past `PAUSE_REASONS` reasons."""
+        if reason not in self.pauses and len(self.pauses) >= PAUSE_REASONS:
+            reason = OTHER_NAMES
+        self.pauses[reason] += 1
 
 
 # What a retry cannot cure: the worker ends with it (as it did with every failed send before).
@@ -342,7 +349,7 @@ class ProjectionWorker:
                 if o.rejection is not None:
                     stats.rejections[o.rejection.code] += 1
                 if o.pause_reason is not None:
-                    stats.pauses[o.pause_reason] += 1
+                    stats.count_pause(o.pause_reason)
                 if o.downgraded:
                     stats.downgrades += 1
         for kind, n in kinds.items():

@@ -43,6 +43,8 @@ from session_model.dedupe import RecentIds
 from session_model.modes import Mode
 from session_model.principal import Principal
 from session_model.session import (
+    PAUSE_REASONS,
+    TOOL_NAMES,
     Approval,
     CallFact,
     Decision,
@@ -57,6 +59,7 @@ from session_model.session import (
     Session,
     Todo,
     Turn,
+    bounded_counts,
     latest_artifacts,
 )
 from session_model.timeline import TimelineEntry
@@ -355,7 +358,7 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
     ("seq", False, None, None),
     ("mode", False, lambda m: m.value, Mode),
     ("question", False, _question, _question_from),
-    ("pauses", False, None, dict),
+    ("pauses", False, None, lambda v: bounded_counts(v, PAUSE_REASONS)),
     ("turn_count", False, None, None),
     ("tool_calls", False, None, None),
     ("mutations", False, None, None),
@@ -418,7 +421,7 @@ _FIELDS: tuple[tuple[str, bool, Any, Any], ...] = (
     ),
     ("rejected", False, None, dict),
     ("decision_count", False, None, None),
-    ("tools", False, None, dict),
+    ("tools", False, None, lambda v: bounded_counts(v, TOOL_NAMES)),
     (
         "artifacts",
         False,

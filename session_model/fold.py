@@ -35,11 +35,13 @@ from session_model.deadlines import format_instant
 from session_model.modes import Mode, less_strict, parse_mode
 from session_model.principal import Principal
 from session_model.session import (
+    PAUSE_REASONS,
     RECENT_DECISIONS,
     RECENT_FACTS,
     RECENT_REJECTIONS,
     ROLES,
     TODO_STATUSES,
+    TOOL_NAMES,
     Approval,
     CallFact,
     Decision,
@@ -53,6 +55,7 @@ from session_model.session import (
     Todo,
     Turn,
     confirmation_of,
+    counted,
     with_latest,
 )
 from session_model.signing import CallSignature, TrustedKeys, verify_answer_claim, verify_call
@@ -409,8 +412,6 @@ def _tool_called(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chang
         _optional_text(p, "effect_observation_id"),
     )
     turn = Turn("tool", f"{tool} → {result}", seq)
-    tools = dict(s.tools)
-    tools[tool] = tools.get(tool, 0) + 1
     changes = {
         "turns": (*s.turns, turn),
         "turn_count": s.turn_count + 1,
@@ -418,7 +419,7 @@ def _tool_called(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Chang
         "mutations": s.mutations + 1 if mutating else s.mutations,
         "run_first": _without(s.run_first, tool),
         "calls": _recent(s.calls, call, RECENT_FACTS),
-        "tools": tools,
+        "tools": counted(s.tools, tool, TOOL_NAMES),
     }
     if call.artifact is not None:  # the index keeps no result: the turn and the history do
         latest = CallFact(seq, tool, "", call.ok, mutating, call.artifact, call.verdict)
@@ -534,9 +535,7 @@ def _question_asked(s: Session, e: Event, seq: int, auth: Authority) -> tuple[Ch
     if any(option in s.removed_options for option in question.options):
         raise _Reject("invalid")  # a removed option never comes back in this session
     reason = question.reason or UNSPECIFIED_REASON
-    pauses = dict(s.pauses)
-    pauses[reason] = pauses.get(reason, 0) + 1
-    changes = {"question": question, "pauses": pauses}
+    changes = {"question": question, "pauses": counted(s.pauses, reason, PAUSE_REASONS)}
     return changes, Outcome(_APPLIED, seq, pause_reason=reason)
 
 

@@ -33,6 +33,12 @@ RECENT_REJECTIONS: Final = 16
 # artifacts (a coding agent, every file it touches): an index of all of them would make each
 # call cost, and each summary grow, with the number of files touched so far.
 RECENT_ARTIFACTS: Final = 128
+# The names a session counts apart, in the order first used: tools (`tools`) and pause reason
+# codes (`pauses`). The agent names both, so the counts are bounded as the artifacts are; a name
+# first used after the bound is counted under `OTHER_NAMES`.
+TOOL_NAMES: Final = 128
+PAUSE_REASONS: Final = 64
+OTHER_NAMES: Final = "(other)"
 
 
 @fast_init
@@ -213,6 +219,28 @@ def with_latest(
     if kept.pop(name, None) is None and len(kept) >= RECENT_ARTIFACTS:
         del kept[next(iter(kept))]
     kept[name] = call
+    return kept
+
+
+def counted(counts: Mapping[str, int], name: str, bound: int) -> dict[str, int]:
+    """`counts` with one more under `name`, or under `OTHER_NAMES` when `name` is new and
+    `bound` names are counted already."""
+    kept = dict(counts)
+    if name not in kept and len(kept) >= bound:
+        name = OTHER_NAMES
+    kept[name] = kept.get(name, 0) + 1
+    return kept
+
+
+def bounded_counts(counts: Mapping[str, int], bound: int) -> dict[str, int]:
+    """`counts` as `counted` keeps them: the first `bound` names, the rest under `OTHER_NAMES`
+    (a state stored before the bound is read so, and folds on as one fold would)."""
+    if len(counts) <= bound:
+        return dict(counts)
+    kept: dict[str, int] = {}
+    for name, n in counts.items():
+        key = name if name in kept or len(kept) < bound else OTHER_NAMES
+        kept[key] = kept.get(key, 0) + n
     return kept
 
 

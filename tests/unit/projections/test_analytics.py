@@ -36,6 +36,7 @@ from projections.analytics import (
 from projections.indexes import TTA_BUCKETS, hour_of, tta_bucket
 from projections.keys import Keys
 from schemas.errors import ProjectionError
+from session_model.session import OTHER_NAMES, PAUSE_REASONS
 
 NOW = datetime(2026, 3, 10, 10, 15, 30, tzinfo=UTC)
 
@@ -376,6 +377,17 @@ def test_the_collector_reads_the_stats_when_scraped() -> None:
     again = _scrape(metrics)
     assert again[("milpa_pauses_total", (("reason", "permission"),))] == 3
     assert again[("milpa_expiry_lateness_ms_count", ())] == 3
+
+
+def test_a_worker_labels_its_pauses_with_at_most_the_bound_of_reason_codes() -> None:
+    w = WorkerStats()
+    for i in range(PAUSE_REASONS + 10):
+        w.count_pause(f"code_{i}")
+    w.count_pause("code_0")
+    got = _scrape(Metrics(lambda: w, lambda: None))
+    labelled = {dict(k)["reason"]: v for (n, k), v in got.items() if n == "milpa_pauses_total"}
+    assert len(labelled) == PAUSE_REASONS + 1
+    assert labelled["code_0"] == 2 and labelled[OTHER_NAMES] == 10
 
 
 def test_scrapes_tolerate_counters_growing_in_another_thread() -> None:

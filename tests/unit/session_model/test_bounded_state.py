@@ -13,10 +13,13 @@ from session_model.compaction import Compactor, SessionFacts
 from session_model.dedupe import CHUNK, HORIZON, KEPT, RecentIds
 from session_model.fold import Kind, fold, step
 from session_model.session import (
+    OTHER_NAMES,
+    PAUSE_REASONS,
     RECENT_ARTIFACTS,
     RECENT_DECISIONS,
     RECENT_FACTS,
     RECENT_REJECTIONS,
+    TOOL_NAMES,
     CallFact,
     Session,
 )
@@ -244,3 +247,46 @@ def test_folding_again_from_nothing_gives_the_same_bounded_state() -> None:
     events = _long_session(2 * HORIZON)
     assert fold("s1", events, trusted()) == fold_all(events)
     assert OPERATOR.key_id  # the builders' operator signs the start
+
+
+# -- counts by a name the agent chooses ------------------------------------------------------------
+
+
+def test_tools_are_counted_apart_up_to_the_bound_and_the_rest_together() -> None:
+    names = [f"mcp__t{i}" for i in range(TOOL_NAMES + 30)] + ["mcp__t0", "mcp__t140"]
+    state = fold_all([started()] + [tool(n, "ok") for n in names])
+    assert len(state.tools) == TOOL_NAMES + 1
+    assert list(state.tools)[:TOOL_NAMES] == names[:TOOL_NAMES]  # the first used stay apart
+    assert state.tools["mcp__t0"] == 2
+    assert state.tools[OTHER_NAMES] == 31  # 30 names past the bound, one of them twice
+    assert sum(state.tools.values()) == len(names) == state.tool_calls
+
+
+def _asked_and_answered(reasons: list[str]) -> list[ev.Event]:
+    events = [started()]
+    for i, reason in enumerate(reasons):
+        ask = {"question_id": f"q{i}", "question": "?", "options": ["yes"], "reason": reason}
+        events.append(make_event(ev.QUESTION_ASKED, ask))
+        events.append(make_event(ev.QUESTION_ANSWERED, {"question_id": f"q{i}", "answer": "yes"}))
+    return events
+
+
+def test_pause_reasons_are_counted_apart_up_to_the_bound_and_the_rest_together() -> None:
+    reasons = [f"code_{i}" for i in range(PAUSE_REASONS + 5)]
+    state = fold_all(_asked_and_answered(reasons))
+    assert len(state.pauses) == PAUSE_REASONS + 1
+    assert state.pauses[OTHER_NAMES] == 5 and state.pauses["code_0"] == 1
+
+
+def test_counts_read_back_fold_on_as_one_fold_and_unbounded_counts_are_read_bounded() -> None:
+    names = [f"tool_{i % 300}" for i in range(600)]
+    events = [started()] + [tool(n, "ok") for n in names]
+    whole = fold_all(events)
+    resumed = _read_back(fold_all(events[:200]))
+    for event in events[200:]:
+        resumed = step(resumed, event, trusted()).state
+    assert list(resumed.tools.items()) == list(whole.tools.items())  # order too
+
+    # As a state stored before the bound holds them: every name, in the order first used.
+    every = {f"tool_{i}": 2 for i in range(300)}
+    assert list(_read_back(whole.evolve(tools=every)).tools.items()) == list(whole.tools.items())
