@@ -188,6 +188,18 @@ class Workload:
     events: list[Event]
 
 
+def long_artifact(i: int, k: int = 0) -> str | None:
+    """What the `i`th event of a long agent session names: a third of the events name a file,
+    half of those one of 37 the agent keeps coming back to (shifted by the session's index `k`),
+    half a file it touches for the first time (a coding agent over days: the files it has
+    touched keep growing; 100,000 events touch 8,371)."""
+    if i % 3:
+        return None
+    if (i // 6) % 2:
+        return f"file:src/module_{(i + k) % 37}.py"
+    return f"file:src/generated/step_{i}.py"
+
+
 def staggered(per_session: Sequence[Sequence[Event]], concurrency: int) -> list[Event]:
     """Merge sessions as a fleet produces them: starts staggered, about `concurrency` live at once.
 

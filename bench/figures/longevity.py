@@ -155,22 +155,13 @@ def _script(sid: str, n: int) -> Iterator[Event]:
                 {"i": i},
                 f"step {i}: " + "ok " * (10 + i % 10),
                 mutating=i % 8 == 1,
-                artifact=_artifact(i),
+                artifact=workload.long_artifact(i),
             )
         else:
             store.record_turn(sid, "assistant", f"thinking about step {i}")
         yield from (r.event for r in collecting.records)
         collecting.records.clear()
     yield from (r.event for r in collecting.records)
-
-
-def _artifact(i: int) -> str | None:
-    """What call `i` names: a third of the calls name a file, half of those one of 37 the agent
-    keeps coming back to, half a file it touches for the first time (a coding agent over days:
-    the files it has touched keep growing: 100,000 events touch 8,371)."""
-    if i % 3:
-        return None
-    return f"file:src/module_{i % 37}.py" if (i // 6) % 2 else f"file:src/generated/step_{i}.py"
 
 
 def _grow(

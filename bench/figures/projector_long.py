@@ -53,7 +53,8 @@ def long_script(store: SessionStore, sid: str, k: int, n: int) -> None:
     """`n` events of a long agent session: started, then tool calls and turns alternating.
 
     The session of `bench/figures/longevity.py` (results of 40-80 characters, one call in eight
-    mutating, one in three on one of 37 artifacts), shifted by the session's index `k`.
+    mutating, a third naming an artifact: `workload.long_artifact`), shifted by the session's
+    index `k`.
     """
     store.start(sid, f"keep the build green for a week ({k})", mode="ask")
     for i in range(1, n):
@@ -64,7 +65,7 @@ def long_script(store: SessionStore, sid: str, k: int, n: int) -> None:
                 {"i": i},
                 f"step {i}: " + "ok " * (10 + (i + k) % 10),
                 mutating=i % 8 == 1,
-                artifact=f"file:src/module_{(i + k) % 37}.py" if i % 3 == 0 else None,
+                artifact=workload.long_artifact(i, k),
             )
         else:
             store.record_turn(sid, "assistant", f"thinking about step {i}")

@@ -11,7 +11,7 @@ from schemas import events as ev
 from session_model.authority import Authority
 from session_model.compaction import Compactor, compaction_due
 from session_model.fold import fold, step
-from session_model.session import Session
+from session_model.session import RECENT_ARTIFACTS, Session
 
 
 def _session(n: int, sid: str = "s-1") -> list:
@@ -59,3 +59,10 @@ def test_the_fleet_interleaves_every_session_and_keeps_each_in_order() -> None:
     for sid in fleet.sessions:
         state = fold(sid, (e for e in fleet.events if e.session_id == sid), workload.OPERATOR_KEYS)
         assert state.seq == per[sid] and not state.rejections
+
+
+def test_a_long_session_keeps_touching_new_files_past_the_artifact_bound() -> None:
+    events = _session(3_000)
+    named = [e.payload["artifact"] for e in events if e.payload.get("artifact")]
+    assert len(set(named)) > RECENT_ARTIFACTS  # the index's bound is what the figure measures
+    assert len(set(named)) < len(named)  # and the agent comes back to some files
