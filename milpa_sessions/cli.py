@@ -30,7 +30,6 @@ from milpa_sessions.render import (
 )
 from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
-from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
 from schemas.errors import (
     InvalidCall,
@@ -370,17 +369,23 @@ def _replay_live(ctx: Ctx, full: bool, processes: int | None) -> None:
 
 
 def _store(ctx: Ctx) -> SessionStore:
-    """The command's store; its producer is flushed and closed when the command ends (a command
-    run in a process that goes on, as under CliRunner, must not leave its connections open)."""
+    """The command's store; its producer is flushed and closed, and its Redis connections, when
+    the command ends (a command run in a process that goes on, as under CliRunner, must not
+    leave its connections open)."""
     store = wiring.session_store(ctx.settings, producer="cli")
-    click.get_current_context().call_on_close(functools.partial(_close, store))
+    _close_at_end(functools.partial(store.close, timeout=5.0))
     return store
 
 
-def _close(store: SessionStore) -> None:
-    if isinstance(store.log, KafkaEventLog):
-        with contextlib.suppress(MilpaError):  # what the command did is done: its exit stands
-            store.log.close(timeout=5.0)
+def _close_at_end(close: Callable[[], object]) -> None:
+    """Call `close` when the command ends; what the command did is done, so its exit stands
+    whether or not closing succeeds."""
+
+    def closing() -> None:
+        with contextlib.suppress(MilpaError):
+            close()
+
+    click.get_current_context().call_on_close(closing)
 
 
 def _load(ctx: Ctx, store: SessionStore, session_id: str) -> Session:
@@ -388,7 +393,9 @@ def _load(ctx: Ctx, store: SessionStore, session_id: str) -> Session:
     try:
         return store.load(session_id)
     except UnknownSessionError as e:
-        expired = wiring.projection_store(ctx.settings).expired(session_id)
+        projections = wiring.projection_store(ctx.settings)
+        _close_at_end(projections.close)
+        expired = projections.expired(session_id)
         if expired is None:
             raise
         raise SessionExpiredError(
@@ -406,6 +413,7 @@ _LISTED = ("mode", "seq", "open_todos", "goal")  # the columns after the id and 
 def list_cmd(ctx: Ctx) -> None:
     """Every session with its status."""
     projections = wiring.projection_store(ctx.settings)
+    _close_at_end(projections.close)
     rows: list[dict[str, Any]] = []
     for sid in projections.ids():
         try:

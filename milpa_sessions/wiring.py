@@ -75,7 +75,7 @@ def check_rebuild_finished(settings: StackSettings, *, why: str) -> None:
     try:
         found = store.incomplete_rebuild()
     finally:
-        store.client.close()
+        store.close()
     if found is not None:
         began, what = found
         raise RebuildIncompleteError(

@@ -39,6 +39,9 @@ class InMemoryEventLog:
                 subscriber(batch)
         return [r.position for r in batch]
 
+    def close(self, timeout: float = 10.0) -> None:
+        """Nothing to release."""
+
     def read(self, from_offset: int = 0) -> list[Record]:
         """Records from `from_offset` on, for replays."""
         return self.records[from_offset:]

@@ -96,6 +96,14 @@ class SessionStore:
         log, store = in_memory_backend(trusted)
         return cls(log, store, signer=signer, **kwargs)
 
+    def close(self, timeout: float = 10.0) -> None:
+        """Close the log (sending what it buffers, at most `timeout` s) and the projections'
+        connections; both are closed even if the first fails, whose error is raised."""
+        try:
+            self.log.close(timeout)
+        finally:
+            self.projections.close()
+
     # -- the low-level append ------------------------------------------------------------------
 
     def event(

@@ -182,3 +182,6 @@ class InMemoryProjectionStore:
         self._facts.clear()
         self._retain.clear()
         self._expired.clear()
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -407,6 +407,13 @@ class RedisProjectionStore:
         self._unlink(self.keys.pattern(), self.keys.rebuilds)
         self.keys = self.keys.in_generations(())
 
+    def close(self) -> None:
+        """Close the client's connections (a later call connects again)."""
+        try:
+            self.client.close()
+        except REDIS_ERRORS as e:
+            raise ProjectionError(f"closing the Redis client failed: {e}") from e
+
     def _unlink(self, pattern: str, only: Callable[[str], bool] | None = None) -> int:
         """Delete the keys matching `pattern` (and `only`, if given); how many."""
         deleted = 0

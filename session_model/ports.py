@@ -24,6 +24,10 @@ class EventLog(Protocol):
         """Append several events (in order per session) and return their positions."""
         ...
 
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is buffered (waiting at most `timeout` s) and release the connections."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
@@ -83,6 +87,10 @@ class ProjectionStore(Protocol):
 
     def clear(self) -> None:
         """Drop every projection (before a rebuild)."""
+        ...
+
+    def close(self) -> None:
+        """Release the connections (a later call connects again)."""
         ...
 
 

@@ -42,12 +42,12 @@ def test_an_asking_replaced_between_the_read_and_the_answer_is_not_signed(
     assert len(store.log.records) == before  # type: ignore[attr-defined]
 
 
-def test_a_commands_producer_is_closed_when_the_command_ends(
+def test_a_commands_producer_and_redis_client_are_closed_when_the_command_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Even one that failed: a command run where the process goes on (CliRunner, an embedding
-    tool) must not leave its broker connections to the garbage collector."""
-    closed: list[float | None] = []
+    tool) must not leave its broker or Redis connections to the garbage collector."""
+    closed: list[object] = []
 
     class Log(KafkaEventLog):
         def close(self, timeout: float | None = 10.0) -> None:
@@ -55,7 +55,8 @@ def test_a_commands_producer_is_closed_when_the_command_ends(
 
     memory = SessionStore.in_memory(signer=OPERATOR)
     store = SessionStore(Log("127.0.0.1:9", "t.events"), memory.projections, signer=OPERATOR)
+    monkeypatch.setattr(memory.projections, "close", lambda: closed.append("projections"))
     monkeypatch.setattr(cli.wiring, "session_store", lambda settings, producer: store)
     result = CliRunner().invoke(cli.main, ["answer", "nope", "q1", "yes"])
     assert result.exit_code == 2 and "no session 'nope'" in result.output
-    assert closed == [5.0]
+    assert closed == [5.0, "projections"]

@@ -22,6 +22,7 @@ from schemas.errors import (
     InvalidAnswerError,
     InvalidCall,
     LateAnswerError,
+    LogError,
     MilpaError,
     NoOpenQuestionError,
     QuestionOpenError,
@@ -924,3 +925,18 @@ def test_a_late_answer_to_a_signature_question_is_recorded_and_refused_as_late()
         store.answer("s1", "sign:drop_db", "no", Principal("operator:alice", verified=True))
     assert len(store.log.records) == before + 1  # type: ignore[attr-defined]
     assert store.load("s1").approvals == ()
+
+
+def test_closing_the_store_closes_the_projections_even_when_the_log_fails_to() -> None:
+    store = SessionStore.in_memory()
+    closed: list[object] = []
+
+    def failing(timeout: float = 10.0) -> None:
+        closed.append(timeout)
+        raise LogError("close failed: the broker went away")
+
+    store.log.close = failing  # type: ignore[method-assign]
+    store.projections.close = lambda: closed.append("projections")  # type: ignore[method-assign]
+    with pytest.raises(LogError, match="went away"):
+        store.close(timeout=2.5)
+    assert closed == [2.5, "projections"]

@@ -34,6 +34,7 @@ CALLS: dict[str, Callable[[RedisProjectionStore], object]] = {
     "facts": lambda s: s.facts("s-1"),
     "timeline": lambda s: s.timeline("s-1"),
     "clear": lambda s: s.clear(),
+    "close": lambda s: s.close(),
 }
 
 
