@@ -67,6 +67,13 @@ def ratio(value: float | None, baseline: float | None) -> float | None:
     return value / baseline
 
 
+def median_low(values: Iterable[float | None]) -> float | None:
+    """The median of the values measured (the lower of the middle two: always one of them),
+    None if none was; how a figure measured in rounds picks its round."""
+    done = sorted(v for v in values if v is not None)
+    return done[(len(done) - 1) // 2] if done else None
+
+
 def rate(count: float, seconds: float) -> float | None:
     """count per second, or None for a non-positive duration."""
     if seconds <= 0:

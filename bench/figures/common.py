@@ -89,6 +89,7 @@ class Sizes:
     paced_seconds: float = 15.0
     e2e_sweep_s: float = 0.1  # the e2e watcher reads every pending mark this often too
     e2e_head_s: float = 2.0  # the window's first seconds, reported apart
+    e2e_rounds: int = 3  # measured this many times on topics of their own; the median round
     expiry_deadlines: int = 10_000
     expiry_spread_s: float = 5.0
     # The same again while other sessions' events arrive at this rate (0: not measured).
@@ -124,6 +125,7 @@ class Sizes:
             projector_rounds=1,
             ceiling_events=20_000,
             e2e_seconds=5.0,
+            e2e_rounds=1,
             expiry_rounds=1,
             paced_seconds=5.0,
             memory_sessions=25_000,

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Run, paced
-from bench.stats import by_slice, ratio, summary
+from bench.stats import by_slice, median_low, ratio, summary
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from projections.keys import Keys
@@ -267,27 +267,55 @@ class E2e:
     params: dict[str, Any]
 
 
+def _ratio_of(m: E2e) -> float | None:
+    return ratio(m.send["p99"], m.produce["p99"])
+
+
 def e2e(run: Run) -> None:
-    """Produce at a fixed rate with a worker running; time produce → mark visible in Redis."""
-    m = measure_e2e(run, "e2e")
+    """Produce at a fixed rate with a worker running; time produce → mark visible in Redis.
+
+    `e2e_rounds` times, each on a topic of its own; the figures are the round with the median
+    e2e/produce-ack ratio (the lower of the middle two), every round's in params: a p99 over one
+    10-s window moves with one stall of a second or two (seconds of 30-46 ms p99 beside seconds
+    of 10-17, in two of three runs of the same code).
+    """
+    rounds = [
+        measure_e2e(run, f"e2e{i}" if i else "e2e") for i in range(max(1, run.sizes.e2e_rounds))
+    ]
+    ratios = [_ratio_of(m) for m in rounds]
+    median = median_low(ratios)
+    m = rounds[ratios.index(median)] if median is not None else rounds[0]
+    every = {
+        "rounds_e2e_p99_ms": [r.send["p99"] for r in rounds],
+        "rounds_produce_ack_p99_ms": [r.produce["p99"] for r in rounds],
+        "rounds_ratio": ratios,
+        f"rounds_p99_after_first_{run.sizes.e2e_head_s:g}s_ms": [r.rest_p99 for r in rounds],
+    }
     head_s = run.sizes.e2e_head_s
     run.put("e2e_latency_p50_ms", m.send["p50"], "ms", params=m.params)
     run.put(
         "e2e_latency_p99_ms",
         m.send["p99"],
         "ms",
-        params={"from_ack_p99_ms": m.ack["p99"], "see": "e2e_latency_p50_ms params"},
+        params={
+            "from_ack_p99_ms": m.ack["p99"],
+            **every,
+            "see": "e2e_latency_p50_ms params",
+        },
     )
     run.put("e2e_latency_max_ms", m.send["max"], "ms", params={"from_ack_max_ms": m.ack["max"]})
     run.put(
         "e2e_p99_vs_produce_ack_p99",
-        ratio(m.send["p99"], m.produce["p99"]),
+        median,
         "×",
         target=TARGETS["e2e_vs_ack"],
         params={
             "e2e_p99_ms": m.send["p99"],
             "produce_ack_p99_ms": m.produce["p99"],
             f"e2e_p99_after_first_{head_s:g}s_ms": m.rest_p99,
+            "of": "the round with the median ratio (each round's p99 against its own produce-ack "
+            "p99)",
+            **every,
             "why": "a ratio to the produce-ack latency of the same run travels between machines; "
             "an absolute latency does not",
         },

@@ -16,7 +16,7 @@ from typing import Any
 
 from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Run, paced, scrape_workers
-from bench.stats import by_slice, rate, ratio, summary
+from bench.stats import by_slice, median_low, rate, ratio, summary
 from deploy.harness import read_topic, wait_for
 from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
 from milpa_sessions.settings import Settings
@@ -50,15 +50,9 @@ def load_rate(asked: int, capacity: float | None) -> tuple[int, str]:
     )
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    """The median of the values measured (the lower of the middle two), None if none was."""
-    done = sorted(v for v in values if v is not None)
-    return done[(len(done) - 1) // 2] if done else None
-
-
 def _median_round(rounds: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     """The round whose `key` is the median, every round's `key` in its params."""
-    chosen = _median([r[key] for r in rounds])
+    chosen = median_low([r[key] for r in rounds])
     picked = next((r for r in rounds if r[key] == chosen), rounds[0])
     every = [r[key] for r in rounds]
     return {**picked, "params": {**picked["params"], f"rounds_{key}_ms": every}}
@@ -89,7 +83,7 @@ def expiry(run: Run) -> None:
     inside = _median_round(idle_rounds, "p99")
     run.log(f"expiry lateness: in the worker p99 {inside['p99']} ms, standalone {alone['p99']} ms")
     if loaded_rounds:
-        unloaded_ack_p99 = _median([r["ack_p99"] for r in idle_rounds])
+        unloaded_ack_p99 = median_low([r["ack_p99"] for r in idle_rounds])
         _expiry_loaded(run, loaded_rounds, unloaded_ack_p99, per_s, why)
     run.put("expiry_lateness_p50_ms", inside["p50"], "ms", params=inside["params"])
     run.put(
@@ -147,7 +141,7 @@ def _expiry_loaded(
     )
     run.put(
         "expiry_lateness_loaded_p99_ms",
-        _median([r["p99"] for r in rounds]),
+        median_low([r["p99"] for r in rounds]),
         "ms",
         baseline=alone["p99"],
         params={
@@ -166,7 +160,7 @@ def _expiry_loaded(
         },
     )
     loaded_ack_p99 = inside["ack_p99"]
-    vs_ack = _median(
+    vs_ack = median_low(
         [
             ratio(r["ack_p99"], r["params"]["load"].get("produce_ack_ms", {}).get("p99"))
             for r in rounds

@@ -16,6 +16,7 @@ from bench.stats import (
     Figure,
     Target,
     extrapolate,
+    median_low,
     percentile,
     rate,
     ratio,
@@ -282,3 +283,9 @@ def test_a_ratio_target_is_met_by_the_ratio_to_the_baseline() -> None:
     assert Figure("f", 20_000, "events/s", baseline=1_000, target=target).met is True
     assert Figure("f", 20_000, "events/s", baseline=4_000, target=target).met is False
     assert Figure("f", 20_000, "events/s", target=target).met is None  # no baseline, no ratio
+
+
+def test_the_median_of_rounds_is_the_lower_middle_and_skips_rounds_that_measured_nothing() -> None:
+    assert median_low([9.0, 3.0, 20.0]) == 9.0
+    assert median_low([4.0, None, 8.0]) == 4.0
+    assert median_low([None]) is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.figures.expiry import LOAD_SHARE_OF_CAPACITY, _median, _median_round, load_rate
+from bench.figures.expiry import LOAD_SHARE_OF_CAPACITY, _median_round, load_rate
 
 
 def test_a_slower_machine_gets_the_share_of_its_own_capacity_the_asked_rate_was() -> None:
@@ -24,12 +24,6 @@ def test_without_a_capacity_figure_in_the_run_the_configured_rate_stands() -> No
 
 def test_the_share_is_what_12k_was_of_the_machine_it_was_asked_on() -> None:
     assert load_rate(12_000, 14_718.0)[0] == 12_000
-
-
-def test_the_median_of_rounds_is_the_lower_middle_and_skips_rounds_that_measured_nothing() -> None:
-    assert _median([9.0, 3.0, 20.0]) == 9.0
-    assert _median([4.0, None, 8.0]) == 4.0
-    assert _median([None]) is None
 
 
 def test_the_median_round_is_a_round_that_measured_it_with_every_round_in_its_params() -> None:
