@@ -20,7 +20,7 @@ from rich.text import Text
 
 from milpa_sessions import wiring
 from milpa_sessions.console_cli import console
-from milpa_sessions.failures import CleanGroup
+from milpa_sessions.failures import CleanGroup, close_at_end
 from milpa_sessions.render import (
     add_literal_row,
     out,
@@ -373,19 +373,8 @@ def _store(ctx: Ctx) -> SessionStore:
     the command ends (a command run in a process that goes on, as under CliRunner, must not
     leave its connections open)."""
     store = wiring.session_store(ctx.settings, producer="cli")
-    _close_at_end(functools.partial(store.close, timeout=5.0))
+    close_at_end(functools.partial(store.close, timeout=5.0))
     return store
-
-
-def _close_at_end(close: Callable[[], object]) -> None:
-    """Call `close` when the command ends; what the command did is done, so its exit stands
-    whether or not closing succeeds."""
-
-    def closing() -> None:
-        with contextlib.suppress(MilpaError):
-            close()
-
-    click.get_current_context().call_on_close(closing)
 
 
 def _load(ctx: Ctx, store: SessionStore, session_id: str) -> Session:
@@ -394,7 +383,7 @@ def _load(ctx: Ctx, store: SessionStore, session_id: str) -> Session:
         return store.load(session_id)
     except UnknownSessionError as e:
         projections = wiring.projection_store(ctx.settings)
-        _close_at_end(projections.close)
+        close_at_end(projections.close)
         expired = projections.expired(session_id)
         if expired is None:
             raise
@@ -413,7 +402,7 @@ _LISTED = ("mode", "seq", "open_todos", "goal")  # the columns after the id and 
 def list_cmd(ctx: Ctx) -> None:
     """Every session with its status."""
     projections = wiring.projection_store(ctx.settings)
-    _close_at_end(projections.close)
+    close_at_end(projections.close)
     rows: list[dict[str, Any]] = []
     for sid in projections.ids():
         try:

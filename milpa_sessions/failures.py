@@ -7,8 +7,10 @@ one line naming what failed: exit status 2 for a call the model refuses, 1 for e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -67,3 +69,14 @@ def _where(ctx: click.Context, service: str) -> str:
 def _fail(line: str, code: int) -> NoReturn:
     err.print(" ".join(line.split()), markup=False, highlight=False, emoji=False)
     sys.exit(code)
+
+
+def close_at_end(close: Callable[[], object]) -> None:
+    """Call `close` when the current command ends; what the command did is done, so its exit
+    stands whether or not closing succeeds."""
+
+    def closing() -> None:
+        with contextlib.suppress(MilpaError):
+            close()
+
+    click.get_current_context().call_on_close(closing)

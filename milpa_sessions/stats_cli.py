@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from milpa_sessions import wiring
-from milpa_sessions.failures import CleanGroup
+from milpa_sessions.failures import CleanGroup, close_at_end
 from milpa_sessions.render import add_literal_row
 from milpa_sessions.settings import Settings
 from projections.analytics import (
@@ -82,6 +82,7 @@ def _settings() -> tuple[Settings, bool]:
 
 def _analytics(settings: Settings) -> Analytics:
     store = wiring.projection_store(settings)
+    close_at_end(store.close)
     return Analytics(store.client, store.keys)
 
 

@@ -9,6 +9,7 @@ and records every rejection.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,7 @@ from schemas import events as ev
 from schemas.errors import (
     InvalidCall,
     LateAnswerError,
+    MilpaError,
     NoOpenQuestionError,
     NotYetVisibleError,
     QuestionOpenError,
@@ -98,11 +100,14 @@ class SessionStore:
 
     def close(self, timeout: float = 10.0) -> None:
         """Close the log (sending what it buffers, at most `timeout` s) and the projections'
-        connections; both are closed even if the first fails, whose error is raised."""
+        connections; both are closed even if the first fails, and the first error is raised."""
         try:
             self.log.close(timeout)
-        finally:
-            self.projections.close()
+        except BaseException:
+            with contextlib.suppress(MilpaError):  # the log's error is the one to raise
+                self.projections.close()
+            raise
+        self.projections.close()
 
     # -- the low-level append ------------------------------------------------------------------
 

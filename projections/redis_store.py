@@ -408,7 +408,7 @@ class RedisProjectionStore:
         self.keys = self.keys.in_generations(())
 
     def close(self) -> None:
-        """Close the client's connections (a later call connects again)."""
+        """Close the client's connections; the store is not used after."""
         try:
             self.client.close()
         except REDIS_ERRORS as e:

@@ -17,8 +17,8 @@ from session_model.cutting import cut_text
 from session_model.session import Session
 
 # 3: `artifacts` lists the latest call of the artifacts called last (`RECENT_ARTIFACTS`), not of
-# every one.
-FACTS_VERSION = 3
+# every one. 4: `tools` counts the first `TOOL_NAMES` tools apart and the rest under `(other)`.
+FACTS_VERSION = 4
 RESULT_BOUND = 500
 FACTS_HEADER = f"Operational facts (JSON, version {FACTS_VERSION}):"
 # A summary's bounds, in characters (4 bytes each at most): with the event around it, well inside

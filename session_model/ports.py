@@ -90,7 +90,7 @@ class ProjectionStore(Protocol):
         ...
 
     def close(self) -> None:
-        """Release the connections (a later call connects again)."""
+        """Release the connections; the store is not used after."""
         ...
 
 

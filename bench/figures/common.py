@@ -67,6 +67,8 @@ REST_S = 2.0
 # left them to do (a deleted topic's segments) is not the next figure's to pay (PERFORMANCE.md).
 SETTLE_LIMIT_PCT = 12.0
 SETTLE_SAMPLE_S = 1.0
+# Before each round of a figure measured in rounds, the same wait, at most this long.
+ROUND_SETTLE_MAX_S = 20.0
 DISTURBED_PCT = 20.0  # other processes' CPU (% of a core) above which a figure is flagged
 
 

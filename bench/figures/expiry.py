@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import infra, workload
-from bench.figures.common import TARGETS, FoldCounter, Run, paced, scrape_workers
+from bench.figures.common import (
+    ROUND_SETTLE_MAX_S,
+    TARGETS,
+    FoldCounter,
+    Run,
+    paced,
+    scrape_workers,
+)
 from bench.stats import by_slice, median_low, rate, ratio, summary
 from deploy.harness import read_topic, wait_for
 from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
@@ -77,8 +84,12 @@ def expiry(run: Run) -> None:
     idle_rounds: list[dict[str, Any]] = []
     loaded_rounds: list[dict[str, Any]] = []
     for i in range(max(1, run.sizes.expiry_rounds)):
+        # What the round before left the broker to do (its load's segments, collections) is not
+        # this round's to pay.
+        run.settle(ROUND_SETTLE_MAX_S)
         idle_rounds.append(_expiry_run(run, standalone=False, round_=i))
         if per_s:
+            run.settle(ROUND_SETTLE_MAX_S)
             loaded_rounds.append(_expiry_run(run, standalone=False, load=per_s, round_=i))
     inside = _median_round(idle_rounds, "p99")
     run.log(f"expiry lateness: in the worker p99 {inside['p99']} ms, standalone {alone['p99']} ms")

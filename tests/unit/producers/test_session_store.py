@@ -25,6 +25,7 @@ from schemas.errors import (
     LogError,
     MilpaError,
     NoOpenQuestionError,
+    ProjectionError,
     QuestionOpenError,
     SessionAlreadyStartedError,
     SessionEndedError,
@@ -940,3 +941,18 @@ def test_closing_the_store_closes_the_projections_even_when_the_log_fails_to() -
     with pytest.raises(LogError, match="went away"):
         store.close(timeout=2.5)
     assert closed == [2.5, "projections"]
+
+
+def test_when_both_fail_to_close_the_logs_error_is_raised() -> None:
+    store = SessionStore.in_memory()
+
+    def failing_log(timeout: float = 10.0) -> None:
+        raise LogError("close failed: the broker went away")
+
+    def failing_projections() -> None:
+        raise ProjectionError("closing the Redis client failed")
+
+    store.log.close = failing_log  # type: ignore[method-assign]
+    store.projections.close = failing_projections  # type: ignore[method-assign]
+    with pytest.raises(LogError, match="went away"):
+        store.close()

@@ -383,7 +383,7 @@ def test_summary_is_prose_then_facts_header_then_json() -> None:
         ensure_ascii=False,
     )
     assert summary == f"{prose}\n\n{FACTS_HEADER}\n{facts}"
-    assert FACTS_HEADER == "Operational facts (JSON, version 3):"
+    assert FACTS_HEADER == "Operational facts (JSON, version 4):"
 
 
 class _Poet:
@@ -398,7 +398,7 @@ def test_custom_summarizer_replaces_only_the_prose() -> None:
     assert "Goal:" not in summary
     facts = _facts_of(summary)
     assert facts == SessionFacts(s).operational_facts()
-    assert facts["version"] == 3
+    assert facts["version"] == 4
     assert facts["execution_effect_currentness"] == "unknown"
 
 
@@ -451,7 +451,7 @@ def test_facts_block_has_version_three_and_unknown_currentness() -> None:
         "verdicts",
         "version",
     ]
-    assert facts["version"] == 3
+    assert facts["version"] == 4
     assert facts["execution_effect_currentness"] == "unknown"
 
 
