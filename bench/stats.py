@@ -10,7 +10,9 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -72,6 +74,15 @@ def median_low(values: Iterable[float | None]) -> float | None:
     None if none was; how a figure measured in rounds picks its round."""
     done = sorted(v for v in values if v is not None)
     return done[(len(done) - 1) // 2] if done else None
+
+
+def median_item(items: Sequence[T], key: Callable[[T], float | None]) -> T:
+    """The item whose `key` is `median_low` of the items' keys (the first such item); the first
+    item if none was measured."""
+    chosen = median_low(key(i) for i in items)
+    if chosen is None:
+        return items[0]
+    return next(i for i in items if key(i) == chosen)
 
 
 def rate(count: float, seconds: float) -> float | None:

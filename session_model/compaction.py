@@ -82,7 +82,7 @@ class SessionFacts:
     def operational_facts(self) -> dict[str, Any]:
         """The versioned operational-facts block; calls and executions are never joined.
 
-        Version 3 is bounded, so that a summary of a session's third day is as short as one of
+        The block is bounded, so that a summary of a session's third day is as short as one of
         its first hour: the calls, executions, verdicts and evidence since the previous summary
         (at most `RECENT_FACTS` of each), the recent decisions, and what the previous summaries
         carried forward — the latest call of the `RECENT_ARTIFACTS` artifacts called last and the

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from bench import infra, workload
 from bench.figures.common import ROUND_SETTLE_MAX_S, TARGETS, FoldCounter, Run, paced
-from bench.stats import by_slice, median_low, ratio, summary
+from bench.stats import by_slice, median_item, ratio, summary
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from projections.keys import Keys
@@ -285,8 +285,8 @@ def e2e(run: Run) -> None:
             run.settle(ROUND_SETTLE_MAX_S)  # the harness settled the servers before the first
         rounds.append(measure_e2e(run, f"e2e{i}" if i else "e2e"))
     ratios = [_ratio_of(m) for m in rounds]
-    median = median_low(ratios)
-    m = rounds[ratios.index(median)] if median is not None else rounds[0]
+    m = median_item(rounds, _ratio_of)
+    median = _ratio_of(m)
     every = {
         "rounds_e2e_p99_ms": [r.send["p99"] for r in rounds],
         "rounds_produce_ack_p99_ms": [r.produce["p99"] for r in rounds],

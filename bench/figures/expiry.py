@@ -23,7 +23,7 @@ from bench.figures.common import (
     paced,
     scrape_workers,
 )
-from bench.stats import by_slice, median_low, rate, ratio, summary
+from bench.stats import by_slice, median_item, median_low, rate, ratio, summary
 from deploy.harness import read_topic, wait_for
 from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
 from milpa_sessions.settings import Settings
@@ -59,8 +59,7 @@ def load_rate(asked: int, capacity: float | None) -> tuple[int, str]:
 
 def _median_round(rounds: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     """The round whose `key` is the median, every round's `key` in its params."""
-    chosen = median_low([r[key] for r in rounds])
-    picked = next((r for r in rounds if r[key] == chosen), rounds[0])
+    picked = median_item(rounds, lambda r: r[key])
     every = [r[key] for r in rounds]
     return {**picked, "params": {**picked["params"], f"rounds_{key}_ms": every}}
 

@@ -17,7 +17,7 @@ import redis
 from bench import infra, workload
 from bench.figures.common import TARGETS, FoldCounter, Prefill, Run, scrape_workers
 from bench.figures.consume import consume_ceiling
-from bench.stats import cpu_per_event, rate, ratio
+from bench.stats import cpu_per_event, median_item, rate, ratio
 from deploy.host import CpuMeter, PySpy, redis_cpu_seconds
 from milpa_sessions.settings import Settings
 from producers.topics import delete_topics
@@ -220,10 +220,7 @@ def _window_params(
 
 def _median_run(runs: Sequence[ProjectorRun]) -> ProjectorRun:
     """The run with the median total rate (the lower of the middle two), every round's in params."""
-    done = sorted((r for r in runs if r.total_rate is not None), key=lambda r: r.total_rate or 0)
-    if not done:
-        return runs[0]
-    chosen = done[(len(done) - 1) // 2]
+    chosen = median_item(runs, lambda r: r.total_rate)
     totals = [r.total_rate for r in runs]
     return replace(chosen, params={**chosen.params, "rounds_total_events_per_s": totals})
 

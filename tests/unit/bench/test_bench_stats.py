@@ -16,6 +16,7 @@ from bench.stats import (
     Figure,
     Target,
     extrapolate,
+    median_item,
     median_low,
     percentile,
     rate,
@@ -289,3 +290,9 @@ def test_the_median_of_rounds_is_the_lower_middle_and_skips_rounds_that_measured
     assert median_low([9.0, 3.0, 20.0]) == 9.0
     assert median_low([4.0, None, 8.0]) == 4.0
     assert median_low([None]) is None
+
+
+def test_the_median_item_is_the_first_at_the_median_and_the_first_if_none_measured() -> None:
+    rounds = [("a", 9.0), ("b", None), ("c", 3.0), ("d", 20.0), ("e", 9.0)]
+    assert median_item(rounds, lambda r: r[1]) == ("a", 9.0)
+    assert median_item([("x", None), ("y", None)], lambda r: r[1]) == ("x", None)
