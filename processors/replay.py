@@ -60,7 +60,7 @@ from producers.kafka_access import KafkaAccess
 from projections.projector import Projector
 from projections.redis_store import RedisProjectionStore
 from projections.requests import Restored
-from projections.snapshots import Plan
+from projections.snapshots import Chosen, Plan, UnusableSnapshot, chosen_snapshots
 from projections.snapshots import plan as plan_rebuild
 from schemas.codec import EventCodec
 from schemas.errors import BackendError, LogError, MilpaError, RebuildInProgressError
@@ -225,7 +225,19 @@ def replay(
         store.drop(session_id, restoring=True)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover)
     intake = Intake(codec, partitions)
-    job = _Job(access, topic, store, folder, session_id, batch_size, intake, starts, plan.sessions)
+    job = _Job(
+        access,
+        topic,
+        store,
+        folder,
+        session_id,
+        batch_size,
+        intake,
+        starts,
+        plan.sessions,
+        snapshots_topic,
+        trust,
+    )
     groups = _groups(sorted(ends), processes, () if fork_guard is None else fork_guard.threads)
     if len(groups) <= 1:
         report = job.run(ends, None if progress is None else lambda read: progress(read, total))
@@ -237,11 +249,7 @@ def replay(
     elif session_id is not None and restoring is not None:
         store.end_restore(session_id, restoring)
     return dataclasses.replace(
-        report,
-        ignored=dict(plan.ignored),
-        skipped=sum(starts.values()),
-        ends=dict(ends),
-        trust=trust,
+        report, ignored=dict(plan.ignored + Counter(report.ignored)), ends=dict(ends), trust=trust
     )
 
 
@@ -312,7 +320,7 @@ def _snapshot_plan(
         # Planned as the batches arrive: what is kept is each key's latest usable snapshot, never
         # the topic's records (a key's older ones until compaction removes them). A partition's
         # records come in log order (the fetcher keeps each partition's order).
-        records = ((p, key, value) for batch in fetcher.batches() for p, _, key, value in batch)
+        records = (record for batch in fetcher.batches() for record in batch)
         return plan_rebuild(records, partitions, codec, session_id, events_ends, trust=trust)
 
 
@@ -346,7 +354,10 @@ class _Job:
     batch_size: int
     intake: Intake
     starts: Mapping[int, int] = dataclasses.field(default_factory=dict)  # first offset to read
-    restored: Mapping[int, Mapping[str, Restored]] = dataclasses.field(default_factory=dict)
+    # partition -> session -> its snapshot to restore, on `snapshots_topic` (of `trust`)
+    snapshots: Mapping[int, Mapping[str, Chosen]] = dataclasses.field(default_factory=dict)
+    snapshots_topic: str | None = None
+    trust: str = ""
 
     def run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
         """Rebuild these partitions up to these offsets, in this process."""
@@ -360,13 +371,14 @@ class _Job:
     def _run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
         # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
         projector = Projector(self.store, self.folder, cache=True, cache_limit=CACHE_LIMIT)
-        restored = self._restore(ends, projector)
+        restored, ignored, again = self._restore(ends, projector)
         wanted = None if self.session_id is None else self.session_id.encode()
         admit = self.intake.admit
         read = 0
         refused: Counter[str] = Counter()
         applied: set[str] = set()
-        starts = {p: self.starts.get(p, 0) for p in ends}
+        # A partition with a snapshot that could not be restored is folded whole.
+        starts = {p: 0 if p in again else self.starts.get(p, 0) for p in ends}
         fetcher = _Fetcher(self.bootstrap, self.topic, ends, self.batch_size, starts)
         with fetcher:
             for batch in fetcher.batches():
@@ -386,24 +398,59 @@ class _Job:
                     progress(read)
         refused.update(projector.refused)
         applied.update(restored)
-        return ReplayReport(read, len(applied), dict(refused), restored=len(restored))
+        return ReplayReport(
+            read,
+            len(applied),
+            dict(refused),
+            restored=len(restored),
+            ignored=dict(ignored),
+            skipped=sum(starts.values()),
+        )
 
-    def _restore(self, ends: Mapping[int, int], projector: Projector) -> list[str]:
-        """Write the snapshots of these partitions' sessions and start the fold from them."""
-        sessions = [r for p in ends for r in self.restored.get(p, {}).values()]
+    def _restore(
+        self, ends: Mapping[int, int], projector: Projector
+    ) -> tuple[list[str], Counter[str], set[int]]:
+        """Write the chosen snapshots of these partitions' sessions, read again from the
+        snapshots topic a page at a time, and start the fold from them: the sessions restored,
+        the snapshots that could not be (by reason) and the partitions to fold whole for them."""
+        chosen = {p: self.snapshots[p] for p in ends if self.snapshots.get(p)}
         done: list[str] = []
-        for at in range(0, len(sessions), _RESTORE_BATCH):
-            chunk = sessions[at : at + _RESTORE_BATCH]
-            result = self.store.restore(chunk)
-            if result.conflicts:
-                raise BackendError(
-                    f"restoring snapshots: {len(result.conflicts)} session(s) already had a "
-                    f"projection (e.g. {result.conflicts[0]}): is a worker running?"
-                )
-            for r in chunk:
-                projector.cycle.cache[r.folded.state.id] = r.folded
-                done.append(r.folded.state.id)
-        return done
+        ignored: Counter[str] = Counter()
+        again: set[int] = set()
+        if not chosen or self.snapshots_topic is None:
+            return done, ignored, again
+        # A partition's snapshots are in the snapshots topic's partition of the same number.
+        starts = {p: min(c.at for c in found.values()) for p, found in chosen.items()}
+        last = {p: max(c.at for c in found.values()) + 1 for p, found in chosen.items()}
+        page: list[Restored] = []
+        with _Fetcher(self.bootstrap, self.snapshots_topic, last, 2000, starts) as fetcher:
+            records = (record for batch in fetcher.batches() for record in batch)
+            codec = self.intake.codec
+            for partition, got in chosen_snapshots(records, chosen, codec, trust=self.trust):
+                if isinstance(got, UnusableSnapshot):
+                    ignored[got.reason] += 1
+                    again.add(partition)
+                    if sum(ignored.values()) <= 20:
+                        log.warning("snapshot ignored (the log is folded instead): %s", got)
+                    continue
+                page.append(got)
+                if len(page) >= _RESTORE_BATCH:
+                    done.extend(self._write(page, projector))
+                    page = []
+        done.extend(self._write(page, projector))
+        return done, ignored, again
+
+    def _write(self, page: Sequence[Restored], projector: Projector) -> list[str]:
+        """Write these sessions from their snapshots and keep their states for the fold."""
+        result = self.store.restore(page)
+        if result.conflicts:
+            raise BackendError(
+                f"restoring snapshots: {len(result.conflicts)} session(s) already had a "
+                f"projection (e.g. {result.conflicts[0]}): is a worker running?"
+            )
+        for r in page:
+            projector.cycle.cache[r.folded.state.id] = r.folded
+        return [r.folded.state.id for r in page]
 
 
 def _in_processes(
@@ -457,13 +504,17 @@ def _in_processes(
             else:
                 reports[index] = value
         refused: Counter[str] = Counter()
+        ignored: Counter[str] = Counter()
         for r in reports.values():
             refused.update(r.refused)
+            ignored.update(r.ignored)
         return ReplayReport(
             sum(r.records for r in reports.values()),
             sum(r.applied_sessions for r in reports.values()),
             dict(refused),
             restored=sum(r.restored for r in reports.values()),
+            ignored=dict(ignored),
+            skipped=sum(r.skipped for r in reports.values()),
             processes=len(children),
         )
     finally:

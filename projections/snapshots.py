@@ -23,15 +23,22 @@ failed, a partition no round has visited, a session too large to snapshot).
 
 Unusable snapshots are counted, never fatal (`Plan.ignored`, by reason): an undecodable record
 (`corrupt`), another layout (`layout`: after an upgrade the log is folded whole), another trust
-(`trust`: or none named, written before schema v5), or a state that does not read
-(`unreadable`). A session whose snapshot is unusable, and a partition without a usable
+(`trust`: or none named, written before schema v5), a state that does not read (`unreadable`),
+or one compacted away between the plan and the restore (`gone`: a live rebuild, with workers
+snapshotting meanwhile). A session whose snapshot is unusable, and a partition without a usable
 checkpoint, are folded from offset 0.
+
+A rebuild reads the topic twice. The plan (`plan`) keeps, per session, only where its latest
+snapshot is and what it covers (`Chosen`), never its state: a fleet of a million sessions would
+otherwise hold every state in memory at once, several GB. Each rebuild process then reads its
+partitions' chosen records again and restores them page by page (`chosen_snapshots`); a state
+that does not read is found then, and its partition is folded from 0 before any of it is read.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -48,6 +55,7 @@ CORRUPT: Final = "corrupt"
 LAYOUT: Final = "layout"
 TRUST: Final = "trust"
 UNREADABLE: Final = "unreadable"
+GONE: Final = "gone"
 
 
 def checkpoint_key(partition: int) -> bytes:
@@ -107,11 +115,7 @@ def checkpoint_record(
 def restored(record: Mapping[str, Any], trust: str) -> Restored:
     """The session a Snapshot record holds, for a rebuild folding under `trust` (its
     fingerprint): `UnusableSnapshot` with the reason if none."""
-    sid = record["session_id"]
-    if record["layout"] != STATE_VERSION:
-        raise UnusableSnapshot(LAYOUT, f"{sid}: layout {record['layout']}, not {STATE_VERSION}")
-    if record.get("trust") != trust:
-        raise UnusableSnapshot(TRUST, f"{sid}: {_folded_under(record)}, not {trust}")
+    sid = _believed(record, trust)
     mark = f"{record['partition']}:{record['offset']}"
     summary = record["summary"]  # its UTF-8 text reads back as itself (never deflated)
     raw = [
@@ -136,6 +140,16 @@ def restored(record: Mapping[str, Any], trust: str) -> Restored:
     )
 
 
+def _believed(record: Mapping[str, Any], trust: str) -> str:
+    """The session of a Snapshot record of this layout and trust (`UnusableSnapshot` if not)."""
+    sid: str = record["session_id"]
+    if record["layout"] != STATE_VERSION:
+        raise UnusableSnapshot(LAYOUT, f"{sid}: layout {record['layout']}, not {STATE_VERSION}")
+    if record.get("trust") != trust:
+        raise UnusableSnapshot(TRUST, f"{sid}: {_folded_under(record)}, not {trust}")
+    return sid
+
+
 class UnusableSnapshot(Exception):  # noqa: N818 - internal: a counted reason, never raised out
     """A snapshot a rebuild cannot start from, and why (`reason`: one of the codes above)."""
 
@@ -144,17 +158,26 @@ class UnusableSnapshot(Exception):  # noqa: N818 - internal: a counted reason, n
         self.reason = reason
 
 
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """A session's snapshot that a rebuild restores: its offset on the snapshots topic (`at`,
+    in the partition of the session's own number) and the event offset it covers (`mark`)."""
+
+    at: int
+    mark: int
+
+
 @dataclass
 class Plan:
-    """Where a rebuild starts: per partition its start offset and the sessions it restores."""
+    """Where a rebuild starts: per partition its start offset and the snapshots it restores."""
 
     starts: dict[int, int] = field(default_factory=dict)  # partition -> first offset to read
-    sessions: dict[int, dict[str, Restored]] = field(default_factory=dict)
+    sessions: dict[int, dict[str, Chosen]] = field(default_factory=dict)
     ignored: Counter[str] = field(default_factory=Counter)  # unusable records, by reason
     messages: list[str] = field(default_factory=list)  # one line per ignored record (a few)
 
     def restored_count(self) -> int:
-        """Sessions restored from snapshots."""
+        """Sessions to restore from snapshots."""
         return sum(len(s) for s in self.sessions.values())
 
     def ignore(self, reason: str, message: str) -> None:
@@ -165,7 +188,7 @@ class Plan:
 
 
 def plan(
-    records: Iterable[tuple[int, bytes | None, bytes | None]],
+    records: Iterable[tuple[int, int, bytes | None, bytes | None]],
     partitions: Iterable[int],
     codec: EventCodec,
     session_id: str | None = None,
@@ -173,9 +196,9 @@ def plan(
     *,
     trust: str,
 ) -> Plan:
-    """The rebuild plan from the snapshot topic's records (partition, key, value), in log order,
-    for a rebuild folding under `trust` (the fingerprint of its trust inputs): a snapshot or a
-    checkpoint of another trust, or of none, is unusable (`TRUST`).
+    """The rebuild plan from the snapshot topic's records (partition, offset, key, value), in
+    log order, for a rebuild folding under `trust` (the fingerprint of its trust inputs): a
+    snapshot or a checkpoint of another trust, or of none, is unusable (`TRUST`).
 
     A later record of a key replaces an earlier one (the topic is compacted); a snapshot with a
     lower mark than one already seen does not (a stale owner's late write). With `session_id`,
@@ -183,13 +206,15 @@ def plan(
     (the events topic's end offsets), a snapshot or checkpoint past them is unreadable: it would
     skip events the log holds. So is a snapshot whose mark names another partition than the one
     it was written to (a partition's snapshots go to its own number).
+
+    The states are not read here (`chosen_snapshots` reads them when they are restored).
     """
     wanted = set(partitions)
     # The latest record of each key decides (an unusable one is counted only if it is the latest).
     checkpoints: dict[int, int | UnusableSnapshot] = {}
-    latest: dict[str, tuple[int, Mapping[str, Any] | UnusableSnapshot]] = {}
+    latest: dict[str, tuple[int, Chosen | UnusableSnapshot]] = {}
     out = Plan()
-    for partition, key, value in records:
+    for partition, at, key, value in records:
         if key is None:
             continue
         if key.startswith(CHECKPOINT_KEY):
@@ -223,25 +248,21 @@ def plan(
             latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why))
             continue
         seen = latest.get(sid)
-        if (
-            seen is not None
-            and isinstance(seen[1], Mapping)
-            and seen[1]["offset"] > record["offset"]
-        ):
+        if seen is not None and isinstance(seen[1], Chosen) and seen[1].mark > record["offset"]:
             continue  # a stale owner's late write: the newer one stands
-        latest[sid] = (record["partition"], record)
+        try:
+            _believed(record, trust)
+        except UnusableSnapshot as e:
+            latest[sid] = (partition, e)
+            continue
+        latest[sid] = (partition, Chosen(at, record["offset"]))
     full: set[int] = set()  # partitions a session must be folded from 0 in
     for sid, (partition, found) in latest.items():
-        try:
-            if isinstance(found, UnusableSnapshot):
-                raise found
-            session = restored(found, trust)
-        except UnusableSnapshot as e:
-            out.ignore(e.reason, str(e))
+        if isinstance(found, UnusableSnapshot):
+            out.ignore(found.reason, str(found))
             full.add(partition)
-            continue
-        if partition in wanted:
-            out.sessions.setdefault(partition, {})[sid] = session
+        elif partition in wanted:
+            out.sessions.setdefault(partition, {})[sid] = found
     covered: dict[int, int] = {}
     for p, got in checkpoints.items():
         if isinstance(got, UnusableSnapshot):
@@ -251,12 +272,44 @@ def plan(
     for p in sorted(wanted):
         if session_id is not None:
             mine = out.sessions.get(p, {}).get(session_id)
-            out.starts[p] = 0 if mine is None or p in full else mine.mark.offset + 1
+            out.starts[p] = 0 if mine is None or p in full else mine.mark + 1
         elif p in full or p not in covered:
             out.starts[p] = 0
         else:
             out.starts[p] = covered[p] + 1
     return out
+
+
+def chosen_snapshots(
+    records: Iterable[tuple[int, int, bytes | None, bytes | None]],
+    chosen: Mapping[int, Mapping[str, Chosen]],
+    codec: EventCodec,
+    *,
+    trust: str,
+) -> Iterator[tuple[int, Restored | UnusableSnapshot]]:
+    """(partition, the session restored or why it cannot be) for each chosen snapshot, read
+    from the snapshots topic's records (partition, offset, key, value) as they come; then each
+    chosen one the records did not hold (`GONE`: compacted away since the plan)."""
+    left = {(p, c.at): sid for p, found in chosen.items() for sid, c in found.items()}
+    for partition, at, key, value in records:
+        sid = left.pop((partition, at), None)
+        if sid is None:
+            continue
+        if key != sid.encode() or value is None:
+            yield partition, UnusableSnapshot(GONE, f"{sid}: not at {partition}:{at} any more")
+            continue
+        try:
+            record = codec.decode_snapshot(value)
+            if record["session_id"] != sid:
+                raise UnusableSnapshot(UNREADABLE, f"snapshot under key {sid!r} is of another")
+            yield partition, restored(record, trust)
+        except MilpaError as e:
+            yield partition, UnusableSnapshot(CORRUPT, f"snapshot of {sid}: {e}")
+        except UnusableSnapshot as e:
+            yield partition, e
+    for (partition, at), sid in left.items():
+        why = f"{sid}: its snapshot at {partition}:{at} was compacted away since the plan"
+        yield partition, UnusableSnapshot(GONE, why)
 
 
 def _checkpoint(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,15 @@ from projections.codec import (
 )
 from projections.snapshots import (
     CORRUPT,
+    GONE,
     LAYOUT,
     TRUST,
     UNREADABLE,
+    Chosen,
+    UnusableSnapshot,
     checkpoint_key,
     checkpoint_record,
+    chosen_snapshots,
     plan,
     restored,
     snapshot_record,
@@ -57,6 +62,13 @@ def _raw(s: Session, mark: str, counters: dict[bytes, bytes] | None = None) -> t
         counters or {},
         None,
     )
+
+
+def _numbered(
+    records: list[tuple[int, bytes | None, bytes | None]],
+) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """(partition, key, value) records with their offsets on the snapshots topic."""
+    return [(p, at, key, value) for at, (p, key, value) in enumerate(records)]
 
 
 def _snapshot(
@@ -102,7 +114,7 @@ def test_a_snapshot_of_another_layout_or_session_is_unusable() -> None:
         restored({**record, "layout": STATE_VERSION + 1}, OURS)
     assert getattr(raised.value, "reason", None) == LAYOUT
     got = plan(
-        [(0, b"b", CODEC.encode_snapshot(record))], [0], CODEC, trust=OURS
+        _numbered([(0, b"b", CODEC.encode_snapshot(record))]), [0], CODEC, trust=OURS
     )  # under another key
     assert got.ignored == {UNREADABLE: 1} and got.starts == {0: 0}
     with pytest.raises(Exception) as raised:
@@ -119,9 +131,9 @@ def test_a_partition_starts_after_its_latest_checkpoint_and_restores_its_session
         (1, b"b", _snapshot("b", 2, partition=1)),
         (1, checkpoint_key(1), _checkpoint(1, 6)),
     ]
-    got = plan(records, [0, 1, 2], CODEC, trust=OURS)
+    got = plan(_numbered(records), [0, 1, 2], CODEC, trust=OURS)
     assert got.starts == {0: 11, 1: 7, 2: 0}  # partition 2: no checkpoint, the whole log
-    assert {p: {s: r.mark.offset for s, r in m.items()} for p, m in got.sessions.items()} == {
+    assert {p: {s: r.mark for s, r in m.items()} for p, m in got.sessions.items()} == {
         0: {"a": 9},
         1: {"b": 2},
     }
@@ -130,7 +142,7 @@ def test_a_partition_starts_after_its_latest_checkpoint_and_restores_its_session
 
 def test_a_late_older_snapshot_does_not_replace_a_newer_one() -> None:
     records = [(0, b"a", _snapshot("a", 9)), (0, b"a", _snapshot("a", 4))]
-    assert plan(records, [0], CODEC, trust=OURS).sessions[0]["a"].mark.offset == 9
+    assert plan(_numbered(records), [0], CODEC, trust=OURS).sessions[0]["a"].mark == 9
 
 
 def test_unusable_records_are_counted_and_their_partition_is_folded_from_zero() -> None:
@@ -143,7 +155,7 @@ def test_unusable_records_are_counted_and_their_partition_is_folded_from_zero() 
         (2, checkpoint_key(2), _checkpoint(2, 6, layout=STATE_VERSION + 1)),
         (3, checkpoint_key(3), b"junk"),
     ]
-    got = plan(records, [0, 1, 2, 3], CODEC, trust=OURS)
+    got = plan(_numbered(records), [0, 1, 2, 3], CODEC, trust=OURS)
     assert got.ignored == {CORRUPT: 2, LAYOUT: 2}
     assert got.starts == {0: 0, 1: 0, 2: 0, 3: 0}
     assert set(got.sessions[0]) == {"a"}  # still restored: its records are skipped by its mark
@@ -156,7 +168,7 @@ def test_a_tombstone_forgets_a_snapshot() -> None:
         (0, b"a", None),
         (0, checkpoint_key(0), _checkpoint(0, 4)),
     ]
-    got = plan(records, [0], CODEC, trust=OURS)
+    got = plan(_numbered(records), [0], CODEC, trust=OURS)
     assert got.restored_count() == 0 and got.starts == {0: 5}
 
 
@@ -166,9 +178,9 @@ def test_one_session_starts_after_its_own_snapshot() -> None:
         (0, b"z", _snapshot("z", 8)),
         (0, checkpoint_key(0), _checkpoint(0, 9)),
     ]
-    got = plan(records, [0], CODEC, session_id="a", trust=OURS)
+    got = plan(_numbered(records), [0], CODEC, session_id="a", trust=OURS)
     assert got.starts == {0: 4} and set(got.sessions[0]) == {"a"}
-    assert plan(records, [0], CODEC, session_id="nobody", trust=OURS).starts == {0: 0}
+    assert plan(_numbered(records), [0], CODEC, session_id="nobody", trust=OURS).starts == {0: 0}
 
 
 def test_an_unusable_record_replaced_by_a_usable_one_is_not_counted() -> None:
@@ -178,8 +190,58 @@ def test_an_unusable_record_replaced_by_a_usable_one_is_not_counted() -> None:
         (0, b"a", _snapshot("a", 3)),
         (0, checkpoint_key(0), _checkpoint(0, 4)),
     ]
-    got = plan(records, [0], CODEC, trust=OURS)
+    got = plan(_numbered(records), [0], CODEC, trust=OURS)
     assert not got.ignored and got.starts == {0: 5} and set(got.sessions[0]) == {"a"}
+
+
+def test_the_plan_keeps_where_each_latest_snapshot_is_and_not_its_state() -> None:
+    """A fleet's plan must not hold every session's state: planning 400 snapshots of 40 KB each
+    (16 MB of states) keeps a few hundred bytes per session."""
+    summary = "Goal: g\n" + "x" * 40_000
+    records = []
+    for i in range(400):
+        sid = f"s{i}"
+        state = fold(sid, []).evolve(started=True, summary=summary)
+        raw = _raw(state, f"0:{i}")
+        value = CODEC.encode_snapshot(snapshot_record(sid, raw, 1, trust=OURS))
+        records.append((0, sid.encode(), value))
+    numbered = _numbered(records)
+    tracemalloc.start()
+    try:
+        got = plan(numbered, [0], CODEC, trust=OURS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got.sessions[0]["s7"] == Chosen(at=7, mark=7) and got.restored_count() == 400
+    assert peak < 2_000_000, f"planning held {peak:,} bytes"
+
+
+def test_the_chosen_snapshots_are_read_again_and_what_is_no_longer_there_is_gone() -> None:
+    older, newer = _snapshot("a", 3), _snapshot("a", 9)
+    garbled = CODEC.decode_snapshot(_snapshot("c", 4))
+    records = [
+        (0, b"a", older),
+        (0, b"b", _snapshot("b", 5)),
+        (0, b"a", newer),
+        (0, b"c", CODEC.encode_snapshot({**garbled, "state": bytes([STATE_VERSION]) + b"[x"})),
+        (1, b"d", _snapshot("d", 2, partition=1)),
+    ]
+    got = plan(_numbered(records), [0, 1], CODEC, trust=OURS)
+    assert not got.ignored  # the states are not read yet
+    assert got.sessions == {
+        0: {"a": Chosen(2, 9), "b": Chosen(1, 5), "c": Chosen(3, 4)},
+        1: {"d": Chosen(4, 2)},
+    }
+    # Read again without "b" (compacted away since: a newer snapshot of it landed after the plan).
+    again = [r for r in _numbered(records) if r[2] != b"b"]
+    found = list(chosen_snapshots(again, got.sessions, CODEC, trust=OURS))
+    restored_marks = {
+        (p, r.folded.state.id): r.mark.offset for p, r in found if not isinstance(r, Exception)
+    }
+    assert restored_marks == {(0, "a"): 9, (1, "d"): 2}
+    unusable = {(p, r.reason) for p, r in found if isinstance(r, UnusableSnapshot)}
+    assert unusable == {(0, UNREADABLE), (0, GONE)}
+    assert len(found) == 4
 
 
 # -- a fold resumed from a snapshot equals the whole fold ------------------------------------------
@@ -241,7 +303,7 @@ def test_a_checkpoint_tombstone_forgets_the_checkpoint() -> None:
         (0, checkpoint_key(0), _checkpoint(0, 4)),
         (0, checkpoint_key(0), None),
     ]
-    assert plan(records, [0], CODEC, trust=OURS).starts == {0: 0}
+    assert plan(_numbered(records), [0], CODEC, trust=OURS).starts == {0: 0}
 
 
 def test_a_snapshot_or_checkpoint_that_is_no_event_of_its_partition_is_not_believed() -> None:
@@ -254,10 +316,10 @@ def test_a_snapshot_or_checkpoint_that_is_no_event_of_its_partition_is_not_belie
         (0, b"c", _snapshot("c", 7)),  # fine
         (1, checkpoint_key(1), _checkpoint(1, 2**63 - 1)),
     ]
-    got = plan(records, [0, 1], CODEC, ends=ends, trust=OURS)
+    got = plan(_numbered(records), [0, 1], CODEC, ends=ends, trust=OURS)
     assert got.ignored == {UNREADABLE: 3}
     assert got.starts == {0: 0, 1: 0}  # both folded from the start
-    assert {s: r.mark.offset for s, r in got.sessions[0].items()} == {"c": 7}
+    assert {s: r.mark for s, r in got.sessions[0].items()} == {"c": 7}
 
 
 # -- the trust a snapshot was folded under ---------------------------------------------------------
@@ -276,20 +338,20 @@ def test_a_snapshot_or_checkpoint_of_other_trust_inputs_is_ignored_counted_and_f
         (2, b"c", _snapshot("c", 5, partition=2)),
         (2, checkpoint_key(2), _checkpoint(2, 7)),
     ]
-    got = plan(records, [0, 1, 2], CODEC, trust=OURS)
+    got = plan(_numbered(records), [0, 1, 2], CODEC, trust=OURS)
     assert got.ignored == {TRUST: 2}
     assert got.starts == {0: 0, 1: 0, 2: 8}  # only partition 2 is all of this trust
     assert {p: set(m) for p, m in got.sessions.items()} == {1: {"b"}, 2: {"c"}}
     assert any(OTHER in line and "a:" in line for line in got.messages)
     # The same records for a rebuild under the other trust: only its own are used.
-    other = plan(records, [0, 1, 2], CODEC, trust=OTHER)
+    other = plan(_numbered(records), [0, 1, 2], CODEC, trust=OTHER)
     assert other.ignored == {TRUST: 4}
     assert other.starts == {0: 0, 1: 0, 2: 0}
     assert {p: set(m) for p, m in other.sessions.items()} == {0: {"a"}}
     # One session's rebuild starts from its snapshot only if it is of its trust.
-    one = plan(records, [0], CODEC, session_id="a", trust=OURS)
+    one = plan(_numbered(records), [0], CODEC, session_id="a", trust=OURS)
     assert one.starts == {0: 0} and one.restored_count() == 0 and one.ignored == {TRUST: 1}
-    assert plan(records, [0], CODEC, session_id="a", trust=OTHER).starts == {0: 4}
+    assert plan(_numbered(records), [0], CODEC, session_id="a", trust=OTHER).starts == {0: 4}
 
 
 def test_a_snapshot_or_checkpoint_written_before_they_named_their_trust_is_ignored() -> None:
@@ -304,7 +366,7 @@ def test_a_snapshot_or_checkpoint_written_before_they_named_their_trust_is_ignor
         (0, checkpoint_key(0), older.encode_checkpoint(checkpoint)),
     ]
     assert CODEC.decode_snapshot(records[0][2])["trust"] is None  # read at its default
-    got = plan(records, [0], CODEC, trust=OURS)
+    got = plan(_numbered(records), [0], CODEC, trust=OURS)
     assert got.ignored == {TRUST: 2} and got.starts == {0: 0} and got.restored_count() == 0
     with pytest.raises(Exception) as raised:
         restored(CODEC.decode_snapshot(records[0][2]), OURS)
