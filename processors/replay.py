@@ -441,15 +441,17 @@ class _Job:
         return done, ignored, again
 
     def _write(self, page: Sequence[Restored], projector: Projector) -> list[str]:
-        """Write these sessions from their snapshots and keep their states for the fold."""
+        """Write these sessions from their snapshots and keep their states for the fold while
+        its cache has room (the rest is read back if their events come)."""
         result = self.store.restore(page)
         if result.conflicts:
             raise BackendError(
                 f"restoring snapshots: {len(result.conflicts)} session(s) already had a "
                 f"projection (e.g. {result.conflicts[0]}): is a worker running?"
             )
-        for r in page:
-            projector.cycle.cache[r.folded.state.id] = r.folded
+        cache = projector.cycle.cache
+        room = CACHE_LIMIT - len(cache)
+        cache.update((r.folded.state.id, r.folded) for r in page[: max(room, 0)])
         return [r.folded.state.id for r in page]
 
 

@@ -22,6 +22,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from bench.infra import trusted_keys_dir
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
+from processors import replay as replay_module
 from processors.replay import ReplayReport, _snapshot_ends, _snapshot_plan, replay
 from processors.sinks import FencedSnapshotSink
 from producers.kafka_log import KafkaEventLog
@@ -158,6 +159,7 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
     kafka_log: KafkaEventLog,
     projections: RedisProjectionStore,
     start_worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     taking = with_keys(settings, snapshot_interval_s=0.3, snapshot_every=200)
     worker = start_worker(taking)
@@ -185,6 +187,16 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
     for sid in sids[::60]:
         history, exp = projections.history(sid), expected[sid].history
         assert history == exp[len(exp) - len(history) :], sid
+
+    # A rebuild that restores more sessions than its cache keeps reads the others back from
+    # Redis when their events come: the same result.
+    with monkeypatch.context() as small:
+        small.setattr(replay_module, "CACHE_LIMIT", 10)
+        projections.clear()
+        again = rebuild(settings)
+    assert (again.restored, again.records) == (report.restored, report.records)
+    assert_states_equal_the_fold(projections, expected)
+    assert fleet_wide(projections) == incremental
 
     # A corrupt snapshot, one of another layout and one whose state does not read (found only
     # when the rebuild's processes read their snapshots again to restore them) are ignored,
