@@ -241,6 +241,7 @@ def replay_cmd(
     settings = ctx.settings
     snapshots = settings.snapshot_interval_s > 0
     store = wiring.projection_store_for_rebuild(settings)
+    close_at_end(store.close)
     with _progress_bar("replaying") as progress:
         report = replay(
             settings.kafka_access(),
@@ -329,6 +330,7 @@ def _replay_live(ctx: Ctx, full: bool, processes: int | None) -> None:
     settings = ctx.settings
     snapshots = settings.snapshot_interval_s > 0 and not full
     store = wiring.projection_store_for_rebuild(settings)
+    close_at_end(store.close)
     with _progress_bar("rebuilding (live)") as progress:
         report = rebuild_live(
             settings.kafka_access(),

@@ -22,7 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +42,7 @@ from producers.decisions import DecisionSubscriber, PublishedDecision
 from producers.memory import in_memory_backend
 from producers.store import SessionStore
 from producers.topics import ensure_topics
+from schemas.errors import MilpaError
 from session_model.ports import EventLog, ProjectionStore
 from session_model.session import Session
 from session_model.signing import Signer
@@ -217,16 +218,22 @@ def run_demo(
                 out.print(f"[bold]operator console[/bold]: {url}", highlight=False)
                 out.print(f"  sign in as {DEMO_OPERATOR}, password {password}", highlight=False)
                 shared = wiring.session_store(settings, producer="demo")
-                make = _factory(shared.log, shared.projections, signer, settings.read_timeout)
-                if console:
-                    _keep_running(make, prefix, config, url)
-                    return
-                ids = _drive(make, prefix, config)
-                reader = make("reader")
-                for sid in ids:  # read-your-writes: every agent's last event is projected
-                    reader.load(sid)
-                decisions = _collect_decisions(settings, prefix, ids)
-                _report(reader, ids, decisions)
+                try:
+                    make = _factory(shared.log, shared.projections, signer, settings.read_timeout)
+                    if console:
+                        _keep_running(make, prefix, config, url)
+                        return
+                    ids = _drive(make, prefix, config)
+                    reader = make("reader")
+                    for sid in ids:  # read-your-writes: every agent's last event is projected
+                        reader.load(sid)
+                    decisions = _collect_decisions(settings, prefix, ids)
+                    _report(reader, ids, decisions)
+                finally:
+                    # Its producer (flushed) and its Redis client; a failure to close must not
+                    # hide what the demo raised, and what it showed stands.
+                    with suppress(MilpaError):
+                        shared.close()
             finally:
                 stop_together(children)  # both at once, before each context's own stop
 
@@ -274,12 +281,14 @@ def _collect_decisions(settings: Settings, prefix: str, ids: list[str]) -> list[
     found: list[PublishedDecision] = []
     quiet_since = time.monotonic()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and time.monotonic() - quiet_since < 3:
-        batch = [d for d in subscriber.poll() if d.session_id in wanted]
-        if batch:
-            found.extend(batch)
-            quiet_since = time.monotonic()
-    subscriber.close()
+    try:
+        while time.monotonic() < deadline and time.monotonic() - quiet_since < 3:
+            batch = [d for d in subscriber.poll() if d.session_id in wanted]
+            if batch:
+                found.extend(batch)
+                quiet_since = time.monotonic()
+    finally:
+        subscriber.close()
     return found
 
 

@@ -60,3 +60,31 @@ def test_a_commands_producer_and_redis_client_are_closed_when_the_command_ends(
     result = CliRunner().invoke(cli.main, ["answer", "nope", "q1", "yes"])
     assert result.exit_code == 2 and "no session 'nope'" in result.output
     assert closed == [5.0, "projections"]
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_a_rebuilds_redis_client_is_closed_when_the_command_ends(
+    monkeypatch: pytest.MonkeyPatch, live: bool
+) -> None:
+    """`replay` and `replay --live` close the projection store they rebuilt."""
+    import processors.generations  # noqa: PLC0415
+    import processors.replay  # noqa: PLC0415
+    import producers.topics  # noqa: PLC0415
+
+    closed: list[str] = []
+
+    class Store:
+        def close(self) -> None:
+            closed.append("projections")
+
+    def rebuilt(*args: Any, **kwargs: Any) -> Any:
+        assert not closed, "closed before the rebuild ended"
+        raise RuntimeError("the rebuild failed")
+
+    monkeypatch.setattr(cli.wiring, "projection_store_for_rebuild", lambda settings: Store())
+    monkeypatch.setattr(processors.replay, "replay", rebuilt)
+    monkeypatch.setattr(processors.generations, "rebuild_live", rebuilt)
+    monkeypatch.setattr(producers.topics, "group_members", lambda settings: [])
+    result = CliRunner().invoke(cli.main, ["replay", *(["--live"] if live else [])])
+    assert isinstance(result.exception, RuntimeError), result.output
+    assert closed == ["projections"]
