@@ -41,7 +41,16 @@ from session_model.ports import EventLog, ProjectionStore
 from session_model.principal import Principal
 from session_model.projection import Position
 from session_model.scheduled import compacted, window_closed
-from session_model.session import ROLES, TODO_STATUSES, History, Question, Session, Todo, Turn
+from session_model.session import (
+    OTHER_NAMES,
+    ROLES,
+    TODO_STATUSES,
+    History,
+    Question,
+    Session,
+    Todo,
+    Turn,
+)
 from session_model.signing import Signer, TrustedKeys
 from session_model.timeline import TimelineEntry
 
@@ -59,6 +68,17 @@ def _new_id() -> str:
 def _nonempty(value: str, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidCall(f"{what} must be a non-empty string")
+    return value
+
+
+def _counted_name(value: str, what: str) -> str:
+    """A name the session counts by (a tool, a pause's reason code): never `OTHER_NAMES`, under
+    which the names past the session's bound are counted together."""
+    if value == OTHER_NAMES:
+        raise InvalidCall(
+            f"{what} {OTHER_NAMES!r} is reserved: a session counts the {what}s past its first "
+            "ones together under that name"
+        )
     return value
 
 
@@ -291,7 +311,7 @@ class SessionStore:
         effect_observation_id: str | None = None,
     ) -> Position:
         """Append a tool call and its (writer-bounded) result."""
-        _nonempty(tool, "tool")
+        _counted_name(_nonempty(tool, "tool"), "tool")
         if verdict is not None and verdict not in ("pass", "fail", "inconclusive"):
             raise InvalidCall(f"verdict must be pass, fail or inconclusive, not {verdict!r}")
         self._live(session_id)
@@ -338,6 +358,8 @@ class SessionStore:
     def ask(self, session_id: str, question: Question) -> Position:
         """Open a question: the session pauses until it is answered or its window closes."""
         _nonempty(question.id, "question id")
+        if question.reason is not None:
+            _counted_name(question.reason, "reason code")
         session = self._live(session_id)
         if session is not None and session.question is not None:
             raise QuestionOpenError(f"question {session.question.id!r} is still open")

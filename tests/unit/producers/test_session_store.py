@@ -38,7 +38,7 @@ from session_model.fold import fold
 from session_model.modes import Mode
 from session_model.policy import APPROVAL, signature_question
 from session_model.principal import Principal
-from session_model.session import Question, Turn
+from session_model.session import OTHER_NAMES, Question, Turn
 from tests.unit.builders import OPERATOR
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, 123456, tzinfo=UTC)
@@ -534,6 +534,22 @@ def test_a_session_id_no_url_path_segment_can_carry_is_refused(session_id: str) 
     with pytest.raises(InvalidCall, match="no `/`, and not only dots"):
         store.start(session_id, "goal")
     assert store.log.records == []
+
+
+def test_the_name_the_overflow_is_counted_under_is_refused_as_a_tool_or_a_reason_code() -> None:
+    """A session counts its first tools and reason codes apart and the rest under `(other)`: a
+    tool or a code so named would be counted with them."""
+    store = _store()
+    store.start("s1", "goal")
+    before = len(store.log.records)
+    with pytest.raises(InvalidCall, match=r"tool '\(other\)' is reserved"):
+        store.record_tool_call("s1", OTHER_NAMES, {}, "ok")
+    with pytest.raises(InvalidCall, match=r"reason code '\(other\)' is reserved"):
+        store.ask("s1", Question("q1", "go?", ("yes",), reason=OTHER_NAMES))
+    assert len(store.log.records) == before
+    store.record_tool_call("s1", "(others)", {}, "ok")
+    store.ask("s1", Question("q1", "go?", ("yes",), reason="other"))
+    assert store.load("s1").tools == {"(others)": 1} and store.load("s1").pauses == {"other": 1}
 
 
 def test_a_session_id_with_dots_among_other_characters_is_fine() -> None:
