@@ -240,7 +240,10 @@ def replay(
     )
     groups = _groups(sorted(ends), processes, () if fork_guard is None else fork_guard.threads)
     if len(groups) <= 1:
-        report = job.run(ends, None if progress is None else lambda read: progress(read, total))
+        # (A partition folded whole for a snapshot found unusable reads more than planned.)
+        report = job.run(
+            ends, None if progress is None else lambda read: progress(read, max(read, total))
+        )
     else:
         shares = [{p: ends[p] for p in g} for g in groups]
         report = _in_processes(job, shares, total, progress, fork_guard)
@@ -502,7 +505,7 @@ def _in_processes(
             if kind == "progress":
                 reads[index] = value
                 if progress is not None:
-                    progress(sum(reads), total)
+                    progress(sum(reads), max(sum(reads), total))
             else:
                 reports[index] = value
         refused: Counter[str] = Counter()
