@@ -106,6 +106,7 @@ class ProjectorApp:
 
 def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     """Build the Faust app for these settings (nothing connects until it runs)."""
+    cache_limit = settings.cache_limit()  # checked now, not in the loop
     if not leave_group_supported():
         log.warning(
             "this aiokafka has no GroupCoordinator._maybe_leave_group: a worker whose revocation "
@@ -159,7 +160,14 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                 durability=durability,
             )
             folder = BatchFolder(keys, settings.start_mode(), settings.cutover())
-            w = ProjectionWorker(store, folder, deadletter, decisions, questions=questions)
+            w = ProjectionWorker(
+                store,
+                folder,
+                deadletter,
+                decisions,
+                questions=questions,
+                cache_limit=cache_limit,
+            )
             compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
             s = Scheduler(w.states, store.due_work, closings, compactor, closes=timer is None)
             w.listeners.append(s.observe)

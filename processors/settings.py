@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from producers.settings import StackSettings
+from producers.settings import ENV_PREFIX, StackSettings
+from schemas.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class WorkerSettings(StackSettings):
     # same few milliseconds however few records it holds; a larger value makes fewer, larger
     # batches at low rates, for up to fetch_max_wait more latency (docs/PERFORMANCE.md).
     fetch_min_bytes: int = 1
+    # Sessions whose folded state a worker keeps between batches (beyond it the older half is
+    # dropped and read back from Redis when their events come): its memory, a few KB per session.
+    cache_sessions: int = 100_000
     commit_interval: float = 0.5  # seconds between offset commits (of batches fully applied)
     commit_every: int = 10_000  # or after this many records
     scheduler_enabled: bool = True  # the in-worker scheduler (expiry and compaction events)
@@ -44,3 +48,11 @@ class WorkerSettings(StackSettings):
     revoke_grace: float = 10.0
     startup_timeout: float = 0.0
     startup_status_every: float = 10.0
+
+    def cache_limit(self) -> int:
+        """`cache_sessions`, at least 1 (ConfigurationError otherwise)."""
+        if self.cache_sessions < 1:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}CACHE_SESSIONS={self.cache_sessions}: must be at least 1"
+            )
+        return self.cache_sessions
