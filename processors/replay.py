@@ -374,7 +374,7 @@ class _Job:
     def _run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
         # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
         projector = Projector(self.store, self.folder, cache=True, cache_limit=CACHE_LIMIT)
-        restored, ignored, again = self._restore(ends, projector)
+        restored, ignored, again = self._restore(ends)
         wanted = None if self.session_id is None else self.session_id.encode()
         admit = self.intake.admit
         read = 0
@@ -410,11 +410,9 @@ class _Job:
             skipped=sum(starts.values()),
         )
 
-    def _restore(
-        self, ends: Mapping[int, int], projector: Projector
-    ) -> tuple[list[str], Counter[str], set[int]]:
+    def _restore(self, ends: Mapping[int, int]) -> tuple[list[str], Counter[str], set[int]]:
         """Write the chosen snapshots of these partitions' sessions, read again from the
-        snapshots topic a page at a time, and start the fold from them: the sessions restored,
+        snapshots topic a page at a time, for the fold to start from: the sessions restored,
         the snapshots that could not be (by reason) and the partitions to fold whole for them."""
         chosen = {p: self.snapshots[p] for p in ends if self.snapshots.get(p)}
         done: list[str] = []
@@ -438,23 +436,25 @@ class _Job:
                     continue
                 page.append(got)
                 if len(page) >= _RESTORE_BATCH:
-                    done.extend(self._write(page, projector))
+                    done.extend(self._write(page))
                     page = []
-        done.extend(self._write(page, projector))
+        done.extend(self._write(page))
         return done, ignored, again
 
-    def _write(self, page: Sequence[Restored], projector: Projector) -> list[str]:
-        """Write these sessions from their snapshots and keep their states for the fold while
-        its cache has room (the rest is read back if their events come)."""
+    def _write(self, page: Sequence[Restored]) -> list[str]:
+        """Write these sessions from their snapshots.
+
+        Their states are not kept for the fold: a session with events after its snapshot is
+        read back from Redis once, when they come (one round trip per batch for all of them),
+        so a rebuild process holds the states of the sessions it folds, not of every session
+        it restores (about 16 KB each here: docs/PERFORMANCE.md, "The rebuild's memory").
+        """
         result = self.store.restore(page)
         if result.conflicts:
             raise BackendError(
                 f"restoring snapshots: {len(result.conflicts)} session(s) already had a "
                 f"projection (e.g. {result.conflicts[0]}): is a worker running?"
             )
-        cache = projector.cycle.cache
-        room = CACHE_LIMIT - len(cache)
-        cache.update((r.folded.state.id, r.folded) for r in page[: max(room, 0)])
         return [r.folded.state.id for r in page]
 
 

@@ -188,8 +188,9 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
         history, exp = projections.history(sid), expected[sid].history
         assert history == exp[len(exp) - len(history) :], sid
 
-    # A rebuild that restores more sessions than its cache keeps reads the others back from
-    # Redis when their events come: the same result.
+    # A rebuild process keeps no restored state: each session with events after its snapshot is
+    # read back from Redis. With a cache smaller than the sessions it folds, those it drops are
+    # read back again when their next events come: the same result.
     with monkeypatch.context() as small:
         small.setattr(replay_module, "CACHE_LIMIT", 10)
         projections.clear()

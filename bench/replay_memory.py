@@ -1,0 +1,132 @@
+"""`python -m bench.replay_memory [--sessions N] [--tail F]`
+
+The memory a rebuild from snapshots takes, by the number of sessions it restores. On the local
+default stack (`deploy/stack.py up`, or the one this starts), with topics and keys of its own:
+`N` sessions of the bench workload (`workload.sessions_workload`, nineteen events each) are
+produced but the last part `F` of the topic (default 0.05), rebuilt (`replay --full`, untimed)
+and snapshotted as `replay` does at its end (`wiring.take_snapshots`); then that part is
+produced too. Then `replay` from those snapshots runs in a fresh process, as the command runs
+it (its store, forked processes), and that process reports its largest resident set (`VmHWM`)
+and its rebuild processes' largest (`ru_maxrss` of its children), with the time the rebuild
+took. The topics and keys are removed at the end.
+
+What it is for: the rebuild's plan once held every snapshot's state in the parent process, so
+its memory grew with the fleet (docs/PERFORMANCE.md, "The rebuild's memory").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from bench import infra, workload
+from bench.figures.common import produce_all
+from deploy import harness
+from milpa_sessions import wiring
+from milpa_sessions.settings import Settings
+from processors.replay import replay
+from producers.kafka_log import KafkaEventLog
+
+
+def log(line: str) -> None:
+    """A progress line, on stderr (stdout carries the result)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _settings(stack: harness.Stack, tag: str, keys_dir: Path) -> Settings:
+    return infra.figure_settings(stack, tag, "replaymem", trusted_keys_dir=keys_dir)
+
+
+def _measure(settings: Settings) -> dict[str, object]:
+    """`replay` from the snapshots, in this process: its time and peak memory."""
+    store = wiring.projection_store_for_rebuild(settings)
+    started = time.perf_counter()
+    try:
+        report = replay(
+            settings.kafka_access(),
+            settings.events_topic,
+            store,
+            workload.OPERATOR_KEYS,
+            snapshots_topic=settings.snapshots_topic,
+        )
+    finally:
+        store.close()
+    seconds = time.perf_counter() - started
+    return {
+        "restored": report.restored,
+        "records_read": report.records,
+        "ignored": dict(report.ignored),
+        "processes": report.processes,
+        "seconds": round(seconds, 2),
+        "max_rss_mib": _high_water_mib(),
+        "largest_child_max_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
+    }
+
+
+def _high_water_mib() -> int:
+    """This process's largest resident set (`VmHWM`): unlike `ru_maxrss`, it starts again at
+    `exec`, so it is not the parent's size when the parent forked this process."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the topic and snapshots, then measure the rebuild in a fresh process."""
+    parser = argparse.ArgumentParser(prog="python -m bench.replay_memory")
+    parser.add_argument("--sessions", type=int, default=40_000)
+    parser.add_argument(
+        "--tail", type=float, default=0.05, help="the part of the topic after the snapshots"
+    )
+    parser.add_argument("--measure-only", metavar="TAG", help=argparse.SUPPRESS)
+    parser.add_argument("--keys-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    stack = harness.ensure_stack(log)
+    if args.measure_only:
+        settings = _settings(stack, args.measure_only, args.keys_dir)
+        print(json.dumps(_measure(settings)))
+        return 0
+    cleanup = harness.Cleanup(log)
+    tag = uuid.uuid4().hex[:8]
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            keys_dir = infra.trusted_keys_dir(Path(workdir), workload.OPERATOR)
+            settings = _settings(stack, tag, keys_dir)
+            infra.create_topics(settings, cleanup)
+            infra.register_prefix(settings, cleanup)
+            partitions = settings.partitions
+            sessions = workload.sessions_workload(args.sessions, tag, partitions=partitions)
+            access = settings.kafka_access()
+            cut = len(sessions.events) - int(len(sessions.events) * args.tail)
+            with KafkaEventLog(access, settings.events_topic) as events:
+                produce_all(events, sessions.events[:cut])
+                store = wiring.projection_store_for_rebuild(settings)
+                try:
+                    built = replay(access, settings.events_topic, store, workload.OPERATOR_KEYS)
+                finally:
+                    store.close()
+                taken = wiring.take_snapshots(settings, built.applied_through(), built.trust)
+                produce_all(events, sessions.events[cut:])
+            log(f"{len(sessions.events)} events of {args.sessions} sessions, {taken} snapshots")
+            command = [sys.executable, "-m", "bench.replay_memory", "--measure-only", tag]
+            command += ["--keys-dir", str(keys_dir)]
+            done = subprocess.run(command, check=True, capture_output=True, text=True)
+            measured = json.loads(done.stdout.strip().splitlines()[-1])
+            after = len(sessions.events) - cut
+            head = {"sessions": args.sessions, "snapshots": taken, "events_after": after}
+            print(json.dumps({**head, **measured}))
+    finally:
+        cleanup.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
