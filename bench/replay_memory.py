@@ -1,14 +1,16 @@
-"""`python -m bench.replay_memory [--sessions N] [--tail F]`
+"""`python -m bench.replay_memory [--sessions N] [--long EVENTS] [--tail F] [--repeat R]`
 
 The memory a rebuild from snapshots takes, by the number of sessions it restores. On the local
 default stack (`deploy/stack.py up`, or the one this starts), with topics and keys of its own:
-`N` sessions of the bench workload (`workload.sessions_workload`, nineteen events each) are
+`N` sessions of the bench workload (`workload.sessions_workload`, nineteen events each; with
+`--long`, long sessions of that many agent events each, `projector_long.long_fleet`) are
 produced but the last part `F` of the topic (default 0.05), rebuilt (`replay --full`, untimed)
 and snapshotted as `replay` does at its end (`wiring.take_snapshots`); then that part is
 produced too. Then `replay` from those snapshots runs in a fresh process, as the command runs
 it (its store, forked processes), and that process reports its largest resident set (`VmHWM`)
 and its rebuild processes' largest (`ru_maxrss` of its children), with the time the rebuild
-took. The topics and keys are removed at the end.
+took (`--repeat`: that many times, one process each). The topics and keys are removed at the
+end.
 
 What it is for: the rebuild's plan once held every snapshot's state in the parent process, so
 its memory grew with the fleet (docs/PERFORMANCE.md, "The rebuild's memory").
@@ -28,11 +30,13 @@ from pathlib import Path
 
 from bench import infra, workload
 from bench.figures.common import produce_all
+from bench.figures.projector_long import long_fleet
 from deploy import harness
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
 from processors.replay import replay
 from producers.kafka_log import KafkaEventLog
+from session_model.compaction import Compactor
 
 
 def log(line: str) -> None:
@@ -84,6 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.replay_memory")
     parser.add_argument("--sessions", type=int, default=40_000)
     parser.add_argument(
+        "--long",
+        type=int,
+        default=0,
+        metavar="EVENTS",
+        help="long sessions of this many agent events each (the replay_snapshots figure's "
+        "kind), instead of the bench's sessions of nineteen",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="rebuilds measured, one by one")
+    parser.add_argument(
         "--tail", type=float, default=0.05, help="the part of the topic after the snapshots"
     )
     parser.add_argument("--measure-only", metavar="TAG", help=argparse.SUPPRESS)
@@ -103,26 +116,36 @@ def main(argv: list[str] | None = None) -> int:
             infra.create_topics(settings, cleanup)
             infra.register_prefix(settings, cleanup)
             partitions = settings.partitions
-            sessions = workload.sessions_workload(args.sessions, tag, partitions=partitions)
+            if args.long:
+                compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
+                fleet = long_fleet(args.sessions, args.long, tag, compactor, partitions=partitions)
+                produced = fleet.events
+            else:
+                sessions = workload.sessions_workload(args.sessions, tag, partitions=partitions)
+                produced = sessions.events
             access = settings.kafka_access()
-            cut = len(sessions.events) - int(len(sessions.events) * args.tail)
+            cut = len(produced) - int(len(produced) * args.tail)
             with KafkaEventLog(access, settings.events_topic) as events:
-                produce_all(events, sessions.events[:cut])
+                produce_all(events, produced[:cut])
                 store = wiring.projection_store_for_rebuild(settings)
                 try:
                     built = replay(access, settings.events_topic, store, workload.OPERATOR_KEYS)
                 finally:
                     store.close()
                 taken = wiring.take_snapshots(settings, built.applied_through(), built.trust)
-                produce_all(events, sessions.events[cut:])
-            log(f"{len(sessions.events)} events of {args.sessions} sessions, {taken} snapshots")
+                produce_all(events, produced[cut:])
+            log(f"{len(produced)} events of {args.sessions} sessions, {taken} snapshots")
             command = [sys.executable, "-m", "bench.replay_memory", "--measure-only", tag]
             command += ["--keys-dir", str(keys_dir)]
-            done = subprocess.run(command, check=True, capture_output=True, text=True)
-            measured = json.loads(done.stdout.strip().splitlines()[-1])
-            after = len(sessions.events) - cut
-            head = {"sessions": args.sessions, "snapshots": taken, "events_after": after}
-            print(json.dumps({**head, **measured}))
+            head = {
+                "sessions": args.sessions,
+                "snapshots": taken,
+                "events_after": len(produced) - cut,
+            }
+            for _ in range(args.repeat):
+                done = subprocess.run(command, check=True, capture_output=True, text=True)
+                measured = json.loads(done.stdout.strip().splitlines()[-1])
+                print(json.dumps({**head, **measured}), flush=True)
     finally:
         cleanup.run()
     return 0
