@@ -171,6 +171,17 @@ class StatsCollector(Collector):
         yield _counter(
             "milpa_commit_conflicts", "Commits refused: the mark had moved.", w.conflicts
         )
+        yield _counter(
+            "milpa_state_reads",
+            "Sessions whose state was read from Redis, not held in the worker's cache (new to "
+            "this worker, or dropped past MILPA_CACHE_SESSIONS).",
+            w.state_reads,
+        )
+        yield GaugeMetricFamily(
+            "milpa_cached_sessions",
+            "Sessions whose folded state the worker holds (at most MILPA_CACHE_SESSIONS).",
+            value=w.cached_sessions,
+        )
         lag = GaugeMetricFamily(
             "milpa_consumer_lag",
             "Records behind the highwater, per partition.",

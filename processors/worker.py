@@ -92,6 +92,10 @@ class WorkerStats:
     downgrades: int = 0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
     last_offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset processed
+    # Sessions whose state was read from Redis, the cache not holding it (a session new to this
+    # worker, or dropped past `cache_limit`), and how many the cache holds after the last batch.
+    state_reads: int = 0
+    cached_sessions: int = 0
 
     def count_pause(self, reason: str) -> None:
         """One more pause under `reason`, or under `OTHER_NAMES` past `PAUSE_REASONS` reasons."""
@@ -209,6 +213,7 @@ class ProjectionWorker:
         await self._publish_decisions(updates, (*prepared.folding.again, *committed.again))
         await self._publish_questions(updates, (*prepared.folding.reasked, *committed.reasked))
         self.stats.last_offsets.update(prepared.ends)
+        self.stats.cached_sessions = len(self.cycle.cache)
         return updates
 
     async def states(self, session_ids: Sequence[str]) -> dict[str, Folded]:
@@ -233,9 +238,15 @@ class ProjectionWorker:
     async def _drive(self, steps: Steps[T]) -> T:
         """Answer the cycle's requests: Redis calls retried until they succeed, pauses yielded."""
         store = self.store
+        stats = self.stats
+
+        def read(ids: tuple[str, ...]) -> Awaitable[dict[str, Folded]]:
+            stats.state_reads += len(ids)
+            return self._retrying(functools.partial(store.folded, ids))
+
         return await drive(
             steps,
-            lambda ids: self._retrying(functools.partial(store.folded, ids)),
+            read,
             lambda updates: self._retrying(functools.partial(store.commit, updates)),
             self._pause,
             lambda ids, latest: self._retrying(functools.partial(store.decisions, ids, latest)),
