@@ -213,6 +213,9 @@ def plan(
     # The latest record of each key decides (an unusable one is counted only if it is the latest).
     checkpoints: dict[int, int | UnusableSnapshot] = {}
     latest: dict[str, tuple[int, Chosen | UnusableSnapshot]] = {}
+    # The highest mark of a key's snapshots that are of its partition's log, whatever their
+    # layout or trust: a later one with a lower mark is a stale owner's, and never replaces it.
+    marks: dict[str, int] = {}
     out = Plan()
     for partition, at, key, value in records:
         if key is None:
@@ -228,6 +231,7 @@ def plan(
             continue
         if value is None:  # a tombstone: no snapshot
             latest.pop(sid, None)
+            marks.pop(sid, None)
             continue
         try:
             record = codec.decode_snapshot(value)
@@ -247,9 +251,9 @@ def plan(
             )
             latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why))
             continue
-        seen = latest.get(sid)
-        if seen is not None and isinstance(seen[1], Chosen) and seen[1].mark > record["offset"]:
+        if marks.get(sid, -1) > record["offset"]:
             continue  # a stale owner's late write: the newer one stands
+        marks[sid] = record["offset"]
         try:
             _believed(record, trust)
         except UnusableSnapshot as e:

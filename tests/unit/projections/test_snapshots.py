@@ -145,6 +145,27 @@ def test_a_late_older_snapshot_does_not_replace_a_newer_one() -> None:
     assert plan(_numbered(records), [0], CODEC, trust=OURS).sessions[0]["a"].mark == 9
 
 
+def test_a_late_older_snapshot_does_not_replace_a_newer_one_of_other_trust_or_layout() -> None:
+    """A stale owner's late write stays stale when the newer snapshot it would replace is one
+    this rebuild cannot use: the session is folded from the log, not from the older one (whose
+    partition's checkpoint may already cover the events between the two)."""
+    for newer in (
+        _snapshot("a", 12, trust=OTHER),
+        CODEC.encode_snapshot(
+            {**CODEC.decode_snapshot(_snapshot("a", 12)), "layout": STATE_VERSION + 1}
+        ),
+    ):
+        records = [
+            (0, b"a", _snapshot("a", 9)),
+            (0, b"a", newer),
+            (0, b"a", _snapshot("a", 10)),  # the stale owner's, late
+            (0, checkpoint_key(0), _checkpoint(0, 11)),
+        ]
+        got = plan(_numbered(records), [0], CODEC, trust=OURS)
+        assert got.starts == {0: 0} and got.restored_count() == 0
+        assert sum(got.ignored.values()) == 1
+
+
 def test_unusable_records_are_counted_and_their_partition_is_folded_from_zero() -> None:
     records = [
         (0, b"a", _snapshot("a", 3)),
