@@ -240,9 +240,13 @@ def replay(
     )
     groups = _groups(sorted(ends), processes, () if fork_guard is None else fork_guard.threads)
     if len(groups) <= 1:
-        # (A partition folded whole for a snapshot found unusable reads more than planned.)
+        planned = [total]  # grown by a partition folded whole for a snapshot found unusable
+
+        def grow(more: int) -> None:
+            planned[0] += more
+
         report = job.run(
-            ends, None if progress is None else lambda read: progress(read, max(read, total))
+            ends, None if progress is None else lambda read: progress(read, planned[0]), grow
         )
     else:
         shares = [{p: ends[p] for p in g} for g in groups]
@@ -362,16 +366,27 @@ class _Job:
     snapshots_topic: str | None = None
     trust: str = ""
 
-    def run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
-        """Rebuild these partitions up to these offsets, in this process."""
+    def run(
+        self,
+        ends: dict[int, int],
+        progress: Callable[[int], None] | None,
+        grow: Callable[[int], None] | None = None,
+    ) -> ReplayReport:
+        """Rebuild these partitions up to these offsets, in this process; `grow` hears of the
+        records it reads beyond the plan (partitions folded whole for an unusable snapshot)."""
         if not ends:
             return ReplayReport(0, 0)
         # The states are released (`_run` returned) before the thresholds are restored, or the
         # first allocation after would collect them all, inside the rebuild's time.
         with _bulk_collector():
-            return self._run(ends, progress)
+            return self._run(ends, progress, grow)
 
-    def _run(self, ends: dict[int, int], progress: Callable[[int], None] | None) -> ReplayReport:
+    def _run(
+        self,
+        ends: dict[int, int],
+        progress: Callable[[int], None] | None,
+        grow: Callable[[int], None] | None,
+    ) -> ReplayReport:
         # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
         projector = Projector(self.store, self.folder, cache=True, cache_limit=CACHE_LIMIT)
         restored, ignored, again = self._restore(ends)
@@ -382,6 +397,9 @@ class _Job:
         applied: set[str] = set()
         # A partition with a snapshot that could not be restored is folded whole.
         starts = {p: 0 if p in again else self.starts.get(p, 0) for p in ends}
+        more = sum(self.starts.get(p, 0) for p in again if p in ends)
+        if more and grow is not None:
+            grow(more)
         fetcher = _Fetcher(self.bootstrap, self.topic, ends, self.batch_size, starts)
         with fetcher:
             for batch in fetcher.batches():
@@ -438,7 +456,8 @@ class _Job:
                 if len(page) >= _RESTORE_BATCH:
                     done.extend(self._write(page))
                     page = []
-        done.extend(self._write(page))
+        if page:
+            done.extend(self._write(page))
         return done, ignored, again
 
     def _write(self, page: Sequence[Restored]) -> list[str]:
@@ -447,7 +466,7 @@ class _Job:
         Their states are not kept for the fold: a session with events after its snapshot is
         read back from Redis once, when they come (one round trip per batch for all of them),
         so a rebuild process holds the states of the sessions it folds, not of every session
-        it restores (about 16 KB each here: docs/PERFORMANCE.md, "The rebuild's memory").
+        it restores (docs/PERFORMANCE.md, "The rebuild's memory").
         """
         result = self.store.restore(page)
         if result.conflicts:
@@ -502,10 +521,12 @@ def _in_processes(
                 continue
             if kind == "error":
                 raise value
-            if kind == "progress":
+            if kind == "grow":  # a partition folded whole for a snapshot found unusable
+                total += value
+            elif kind == "progress":
                 reads[index] = value
                 if progress is not None:
-                    progress(sum(reads), max(sum(reads), total))
+                    progress(sum(reads), total)
             else:
                 reports[index] = value
         refused: Counter[str] = Counter()
@@ -544,7 +565,11 @@ def _child(job: _Job, ends: dict[int, int], index: int, messages: Any, parent: i
     # memory pages shared): only what the rebuild makes is ever traversed.
     gc.freeze()
     try:
-        report = job.run(ends, lambda read: messages.put(("progress", index, read)))
+        report = job.run(
+            ends,
+            lambda read: messages.put(("progress", index, read)),
+            lambda more: messages.put(("grow", index, more)),
+        )
         messages.put(("report", index, report))
     except BaseException as e:  # handed to the parent, which raises it
         failure = e if isinstance(e, MilpaError) else BackendError(f"{type(e).__name__}: {e}")

@@ -107,10 +107,14 @@ def checkpoints(settings: Settings) -> dict[int, int]:
 
 
 def rebuild(
-    settings: Settings, *, snapshots: bool = True, keys: TrustedKeys | None = None
+    settings: Settings,
+    *,
+    snapshots: bool = True,
+    keys: TrustedKeys | None = None,
+    processes: int | None = None,
 ) -> ReplayReport:
     """`replay` as the command runs it (its store), from the snapshots or the whole log, trusting
-    `keys` (default: none, as the workers of `settings` do)."""
+    `keys` (default: none, as the workers of `settings` do), in `processes` (default: replay's)."""
     store = wiring.projection_store_for_rebuild(settings)
     try:
         return replay(
@@ -119,6 +123,7 @@ def rebuild(
             store,
             TrustedKeys.none() if keys is None else keys,
             snapshots_topic=settings.snapshots_topic if snapshots else None,
+            processes=processes,
         )
     finally:
         store.client.close()
@@ -228,12 +233,16 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
     finally:
         producer.close(timeout=10)
     projections.clear()
-    report = rebuild(settings)
+    report = rebuild(settings, processes=2)  # each process restores its partitions' snapshots
     assert report.ignored == {"corrupt": 1, "layout": 1, "unreadable": 1}
+    whole = {partition_for(sid, settings.partitions) for sid in (bad, foreign, garbled)}
+    assert report.skipped == sum(c + 1 for p, c in checkpoints(settings).items() if p not in whole)
     assert_states_equal_the_fold(projections, expected)
     assert fleet_wide(projections) == incremental
     for sid in (bad, garbled):
         assert projections.history(sid) == expected[sid].history  # folded whole
+    projections.clear()
+    assert rebuild(settings, processes=1) == dataclasses.replace(report, processes=1)
 
     # And the whole log, ignoring snapshots: every history list too.
     projections.clear()

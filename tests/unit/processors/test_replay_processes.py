@@ -88,7 +88,9 @@ class _LockSeenByChild:
     def __init__(self, lock: Any) -> None:
         self.lock = lock
 
-    def run(self, ends: dict[int, int], progress: Callable[[int], None]) -> ReplayReport:
+    def run(
+        self, ends: dict[int, int], progress: Callable[[int], None], grow: Callable[[int], None]
+    ) -> ReplayReport:
         return ReplayReport(records=int(self.lock.locked()), applied_sessions=len(ends))
 
 
@@ -104,3 +106,23 @@ def test_the_processes_are_forked_holding_the_guards_lock() -> None:
 
     unguarded = _in_processes(job, [{0: 1}, {1: 1}], 2, None, None)
     assert unguarded.records == 0
+
+
+class _FoldsAPartitionWhole:
+    """A rebuild process that finds a snapshot unusable: it reads 10 more records than planned."""
+
+    def run(
+        self, ends: dict[int, int], progress: Callable[[int], None], grow: Callable[[int], None]
+    ) -> ReplayReport:
+        grow(10)
+        progress(sum(ends.values()) + 10)
+        return ReplayReport(records=sum(ends.values()) + 10, applied_sessions=1, skipped=0)
+
+
+def test_the_progress_total_grows_by_what_a_process_reads_beyond_the_plan() -> None:
+    seen: list[tuple[int, int]] = []
+    job: Any = _FoldsAPartitionWhole()
+    report = _in_processes(job, [{0: 4}, {1: 6}], 10, lambda *at: seen.append(at))
+    assert report.records == 30
+    assert seen[-1] == (30, 30)  # never more read than the total says
+    assert all(read <= total for read, total in seen)
