@@ -173,6 +173,7 @@ class ProjectionWorker:
     def forget(self) -> None:
         """Drop the cache (on rebalance: another worker may have advanced these sessions)."""
         self.cycle.forget()
+        self.stats.cached_sessions = 0
 
     async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:
         """Apply one batch; returns the updates committed."""
