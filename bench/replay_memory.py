@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -142,8 +143,15 @@ def main(argv: list[str] | None = None) -> int:
                 "snapshots": taken,
                 "events_after": len(produced) - cut,
             }
+            # The stack by its address: the measuring process starts nothing (a stack started
+            # there would count among its children).
+            env = {
+                **os.environ,
+                "MILPA_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+                "MILPA_REDIS_URL": stack.redis_url,
+            }
             for _ in range(args.repeat):
-                done = subprocess.run(command, check=True, capture_output=True, text=True)
+                done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
                 measured = json.loads(done.stdout.strip().splitlines()[-1])
                 print(json.dumps({**head, **measured}), flush=True)
     finally:

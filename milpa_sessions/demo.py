@@ -22,7 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -231,9 +231,11 @@ def run_demo(
                     _report(reader, ids, decisions)
                 finally:
                     # Its producer (flushed) and its Redis client; a failure to close must not
-                    # hide what the demo raised, and what it showed stands.
-                    with suppress(MilpaError):
+                    # hide what the demo raised, and what it showed stands: it is told.
+                    try:
                         shared.close()
+                    except MilpaError as e:
+                        out.print(f"warning: closing the demo's store failed: {e}", markup=False)
             finally:
                 stop_together(children)  # both at once, before each context's own stop
 
