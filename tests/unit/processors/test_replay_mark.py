@@ -96,7 +96,7 @@ def _mark(store: RedisProjectionStore) -> str | None:
 def _fold(store: RedisProjectionStore, fails: bool) -> Any:
     """A fold that finds the projections cleared and the mark set, then fails or ends."""
 
-    def run(job: Any, ends: Any, progress: Any) -> ReplayReport:
+    def run(job: Any, ends: Any, progress: Any, grow: Any = None) -> ReplayReport:
         assert KEYS.session("a").state not in store.client.data  # type: ignore[operator]
         assert _mark(store) is not None
         if fails:
@@ -132,7 +132,7 @@ def test_a_rebuild_that_ends_takes_the_mark_away_even_one_run_over_it(
 def test_one_sessions_rebuild_and_a_live_one_set_no_mark(
     store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    def run(job: Any, ends: Any, progress: Any) -> ReplayReport:
+    def run(job: Any, ends: Any, progress: Any, grow: Any = None) -> ReplayReport:
         assert _mark(store) is None
         raise LogError("reading failed")
 
@@ -156,7 +156,7 @@ def test_one_sessions_rebuild_marks_that_session_until_its_fold_has_ended(
         assert store.client.data[restoring] == {"a": ANY}  # type: ignore[union-attr]
         dropped.append(sid)
 
-    def run(job: Any, ends: Any, progress: Any) -> ReplayReport:
+    def run(job: Any, ends: Any, progress: Any, grow: Any = None) -> ReplayReport:
         assert dropped == ["a"]
         if fails:
             raise LogError("reading failed")
