@@ -257,6 +257,7 @@ def replay_cmd(
             snapshots_topic=(
                 settings.snapshots_topic if snapshots and not full and session_id is None else None
             ),
+            cache_limit=settings.rebuild_cache_limit(),
         )
     taken = 0
     snapshot_error = ""
@@ -342,6 +343,7 @@ def _replay_live(ctx: Ctx, full: bool, processes: int | None) -> None:
             snapshots_topic=settings.snapshots_topic if snapshots else None,
             progress=progress,
             processes=processes,
+            cache_limit=settings.rebuild_cache_limit(),
         )
     first = report.first_pass
     data = {

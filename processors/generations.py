@@ -42,6 +42,7 @@ from typing import Final
 
 from processors.replay import (
     BATCH_RECORDS,
+    CACHE_LIMIT,
     ForkGuard,
     Progress,
     ReplayReport,
@@ -89,6 +90,7 @@ def rebuild_live(
     batch_size: int = BATCH_RECORDS,
     grace_s: float = 2 * GENERATIONS_TTL_S,
     processes: int | None = None,
+    cache_limit: int = CACHE_LIMIT,
 ) -> LiveReport:
     """Rebuild every projection into the next generation while the workers serve the current
     one, move each partition over once the new one has caught up, and drop the old one
@@ -109,6 +111,7 @@ def rebuild_live(
             batch_size=batch_size,
             grace_s=grace_s,
             processes=processes,
+            cache_limit=cache_limit,
         )
 
 
@@ -170,6 +173,7 @@ def _rebuild(
     batch_size: int,
     grace_s: float,
     processes: int | None,
+    cache_limit: int,
 ) -> LiveReport:
     access = KafkaAccess.of(bootstrap)
     _, partitions = end_offsets(access, topic)
@@ -194,6 +198,7 @@ def _rebuild(
         clear=False,
         fork_guard=guard,
         processes=processes,
+        cache_limit=cache_limit,
     )
     read = {p: first.ends.get(p, 0) for p in range(partitions)}
     pending = set(range(partitions))
@@ -217,6 +222,7 @@ def _rebuild(
             start_mode=start_mode,
             cutover=cutover,
             batch_size=batch_size,
+            cache_limit=cache_limit,
         )
         caught += more.records
         for p in pending:

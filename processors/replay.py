@@ -74,8 +74,9 @@ from session_model.signing import TrustedKeys
 Progress = Callable[[int, int], None]
 log = logging.getLogger("milpa_sessions.replay")
 
-# Sessions whose state a rebuild process keeps between batches; beyond it the older half is
-# dropped (a dropped session that shows up again is read back from Redis).
+# Sessions whose state a rebuild process keeps between batches, by default; beyond it the older
+# half is dropped (a dropped session that shows up again is read back from Redis). Its memory:
+# a few KB per session (docs/PERFORMANCE.md, "The rebuild's memory").
 CACHE_LIMIT: Final = 200_000
 # Records per batch, at most (across a process's partitions). A session's update is committed
 # once per batch that holds its events: larger batches commit fewer updates per event (less
@@ -153,6 +154,7 @@ def replay(
     snapshots_topic: str | None = None,
     clear: bool = True,
     fork_guard: ForkGuard | None = None,
+    cache_limit: int = CACHE_LIMIT,
 ) -> ReplayReport:
     """Drop and rebuild every projection (or one session's) from the topic.
 
@@ -175,7 +177,8 @@ def replay(
 
     `processes`: how many processes rebuild partitions in parallel, at most one per partition;
     1 rebuilds in this process. By default one per CPU when this process runs no other thread
-    (the processes are forked) than those of `fork_guard`, else 1.
+    (the processes are forked) than those of `fork_guard`, else 1. `cache_limit`: the sessions
+    whose state each of them keeps between batches.
     """
     codec = codec or EventCodec()
     cutover = cutover or Cutover()
@@ -237,6 +240,7 @@ def replay(
         plan.sessions,
         snapshots_topic,
         trust,
+        cache_limit,
     )
     groups = _groups(sorted(ends), processes, () if fork_guard is None else fork_guard.threads)
     if len(groups) <= 1:
@@ -272,6 +276,7 @@ def fold_range(
     start_mode: Mode = Mode.ASK,
     cutover: Cutover | None = None,
     batch_size: int = BATCH_RECORDS,
+    cache_limit: int = CACHE_LIMIT,
 ) -> ReplayReport:
     """Fold the records of these partitions from `starts` up to `ends` onto what the store holds
     (in this process): a live rebuild's catching up after its first pass."""
@@ -280,7 +285,10 @@ def fold_range(
         return ReplayReport(0, 0)
     folder = BatchFolder(keys, start_mode, cutover or Cutover())
     intake = Intake(EventCodec(), partitions)
-    job = _Job(KafkaAccess.of(bootstrap), topic, store, folder, None, batch_size, intake, starts)
+    access = KafkaAccess.of(bootstrap)
+    job = _Job(
+        access, topic, store, folder, None, batch_size, intake, starts, cache_limit=cache_limit
+    )
     return job.run(dict(wanted), None)
 
 
@@ -365,6 +373,7 @@ class _Job:
     snapshots: Mapping[int, Mapping[str, Chosen]] = dataclasses.field(default_factory=dict)
     snapshots_topic: str | None = None
     trust: str = ""
+    cache_limit: int = CACHE_LIMIT  # sessions whose state it keeps between batches
 
     def run(
         self,
@@ -388,7 +397,7 @@ class _Job:
         grow: Callable[[int], None] | None,
     ) -> ReplayReport:
         # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
-        projector = Projector(self.store, self.folder, cache=True, cache_limit=CACHE_LIMIT)
+        projector = Projector(self.store, self.folder, cache=True, cache_limit=self.cache_limit)
         restored, ignored, again = self._restore(ends)
         wanted = None if self.session_id is None else self.session_id.encode()
         admit = self.intake.admit

@@ -24,6 +24,9 @@ class WorkerSettings(StackSettings):
     # Sessions whose folded state a worker keeps between batches (beyond it the older half is
     # dropped and read back from Redis when their events come): its memory, a few KB per session.
     cache_sessions: int = 100_000
+    # The same for each process of a rebuild (`milpa-sessions replay`, also `--live`): the states
+    # of the sessions it folds, as it folds the whole topic.
+    rebuild_cache_sessions: int = 200_000
     commit_interval: float = 0.5  # seconds between offset commits (of batches fully applied)
     commit_every: int = 10_000  # or after this many records
     scheduler_enabled: bool = True  # the in-worker scheduler (expiry and compaction events)
@@ -51,8 +54,14 @@ class WorkerSettings(StackSettings):
 
     def cache_limit(self) -> int:
         """`cache_sessions`, at least 1 (ConfigurationError otherwise)."""
-        if self.cache_sessions < 1:
-            raise ConfigurationError(
-                f"{ENV_PREFIX}CACHE_SESSIONS={self.cache_sessions}: must be at least 1"
-            )
-        return self.cache_sessions
+        return _at_least_one("CACHE_SESSIONS", self.cache_sessions)
+
+    def rebuild_cache_limit(self) -> int:
+        """`rebuild_cache_sessions`, at least 1 (ConfigurationError otherwise)."""
+        return _at_least_one("REBUILD_CACHE_SESSIONS", self.rebuild_cache_sessions)
+
+
+def _at_least_one(name: str, value: int) -> int:
+    if value < 1:
+        raise ConfigurationError(f"{ENV_PREFIX}{name}={value}: must be at least 1")
+    return value

@@ -22,8 +22,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from bench.infra import trusted_keys_dir
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
-from processors import replay as replay_module
-from processors.replay import ReplayReport, _snapshot_ends, _snapshot_plan, replay
+from processors.replay import CACHE_LIMIT, ReplayReport, _snapshot_ends, _snapshot_plan, replay
 from processors.sinks import FencedSnapshotSink
 from producers.kafka_log import KafkaEventLog
 from projections.codec import STATE_VERSION, session_to_blob
@@ -112,9 +111,11 @@ def rebuild(
     snapshots: bool = True,
     keys: TrustedKeys | None = None,
     processes: int | None = None,
+    cache_limit: int = CACHE_LIMIT,
 ) -> ReplayReport:
     """`replay` as the command runs it (its store), from the snapshots or the whole log, trusting
-    `keys` (default: none, as the workers of `settings` do), in `processes` (default: replay's)."""
+    `keys` (default: none, as the workers of `settings` do), in `processes` (default: replay's),
+    each keeping at most `cache_limit` sessions' states."""
     store = wiring.projection_store_for_rebuild(settings)
     try:
         return replay(
@@ -124,6 +125,7 @@ def rebuild(
             TrustedKeys.none() if keys is None else keys,
             snapshots_topic=settings.snapshots_topic if snapshots else None,
             processes=processes,
+            cache_limit=cache_limit,
         )
     finally:
         store.client.close()
@@ -164,7 +166,6 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
     kafka_log: KafkaEventLog,
     projections: RedisProjectionStore,
     start_worker: Any,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     taking = with_keys(settings, snapshot_interval_s=0.3, snapshot_every=200)
     worker = start_worker(taking)
@@ -196,10 +197,8 @@ def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_co
     # A rebuild process keeps no restored state: each session with events after its snapshot is
     # read back from Redis. With a cache smaller than the sessions it folds, those it drops are
     # read back again when their next events come: the same result.
-    with monkeypatch.context() as small:
-        small.setattr(replay_module, "CACHE_LIMIT", 10)
-        projections.clear()
-        again = rebuild(settings)
+    projections.clear()
+    again = rebuild(settings, cache_limit=10)
     assert (again.restored, again.records) == (report.restored, report.records)
     assert_states_equal_the_fold(projections, expected)
     assert fleet_wide(projections) == incremental

@@ -77,14 +77,24 @@ def test_a_rebuilds_redis_client_is_closed_when_the_command_ends(
         def close(self) -> None:
             closed.append("projections")
 
+    limits: list[int] = []
+
     def rebuilt(*args: Any, **kwargs: Any) -> Any:
         assert not closed, "closed before the rebuild ended"
+        limits.append(kwargs["cache_limit"])
         raise RuntimeError("the rebuild failed")
 
     monkeypatch.setattr(cli.wiring, "projection_store_for_rebuild", lambda settings: Store())
     monkeypatch.setattr(processors.replay, "replay", rebuilt)
     monkeypatch.setattr(processors.generations, "rebuild_live", rebuilt)
     monkeypatch.setattr(producers.topics, "group_members", lambda settings: [])
-    result = CliRunner().invoke(cli.main, ["replay", *(["--live"] if live else [])])
+    env = {"MILPA_REBUILD_CACHE_SESSIONS": "1234"}
+    result = CliRunner().invoke(cli.main, ["replay", *(["--live"] if live else [])], env=env)
     assert isinstance(result.exception, RuntimeError), result.output
     assert closed == ["projections"]
+    assert limits == [1234]  # each rebuild process keeps what the setting says
+
+    env = {"MILPA_REBUILD_CACHE_SESSIONS": "0"}
+    result = CliRunner().invoke(cli.main, ["replay", *(["--live"] if live else [])], env=env)
+    assert "MILPA_REBUILD_CACHE_SESSIONS=0: must be at least 1" in result.output
+    assert limits == [1234]  # refused before anything was rebuilt
