@@ -237,10 +237,10 @@ def replay(
         batch_size,
         intake,
         starts,
-        plan.sessions,
-        snapshots_topic,
-        trust,
-        cache_limit,
+        snapshots=plan.sessions,
+        snapshots_topic=snapshots_topic,
+        trust=trust,
+        cache_limit=cache_limit,
     )
     groups = _groups(sorted(ends), processes, () if fork_guard is None else fork_guard.threads)
     if len(groups) <= 1:

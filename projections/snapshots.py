@@ -212,10 +212,10 @@ def plan(
     wanted = set(partitions)
     # The latest record of each key decides (an unusable one is counted only if it is the latest).
     checkpoints: dict[int, int | UnusableSnapshot] = {}
-    latest: dict[str, tuple[int, Chosen | UnusableSnapshot]] = {}
-    # The highest mark of a key's snapshots that are of its partition's log, whatever their
-    # layout or trust: a later one with a lower mark is a stale owner's, and never replaces it.
-    marks: dict[str, int] = {}
+    # sid -> (partition, its latest record's use, the highest mark of its snapshots that are of
+    # its partition's log whatever their layout or trust: a later one with a lower mark is a
+    # stale owner's, and never replaces it; -1 before any)
+    latest: dict[str, tuple[int, Chosen | UnusableSnapshot, int]] = {}
     out = Plan()
     for partition, at, key, value in records:
         if key is None:
@@ -231,16 +231,17 @@ def plan(
             continue
         if value is None:  # a tombstone: no snapshot
             latest.pop(sid, None)
-            marks.pop(sid, None)
             continue
+        highest = latest[sid][2] if sid in latest else -1
         try:
             record = codec.decode_snapshot(value)
         except MilpaError as e:
-            latest[sid] = (partition, UnusableSnapshot(CORRUPT, f"snapshot of {sid}: {e}"))
+            why = f"snapshot of {sid}: {e}"
+            latest[sid] = (partition, UnusableSnapshot(CORRUPT, why), highest)
             continue
         if record["session_id"] != sid:
             why = f"snapshot under key {sid!r} is of {record['session_id']!r}"
-            latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why))
+            latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why), highest)
             continue
         if record["partition"] != partition or (
             ends is not None and record["offset"] >= ends.get(partition, 0)
@@ -249,19 +250,19 @@ def plan(
                 f"snapshot of {sid} in partition {partition} covers {record['partition']}:"
                 f"{record['offset']}, not an event of that partition's log"
             )
-            latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why))
+            latest[sid] = (partition, UnusableSnapshot(UNREADABLE, why), highest)
             continue
-        if marks.get(sid, -1) > record["offset"]:
+        mark = record["offset"]
+        if highest > mark:
             continue  # a stale owner's late write: the newer one stands
-        marks[sid] = record["offset"]
         try:
             _believed(record, trust)
         except UnusableSnapshot as e:
-            latest[sid] = (partition, e)
+            latest[sid] = (partition, e, mark)
             continue
-        latest[sid] = (partition, Chosen(at, record["offset"]))
+        latest[sid] = (partition, Chosen(at, mark), mark)
     full: set[int] = set()  # partitions a session must be folded from 0 in
-    for sid, (partition, found) in latest.items():
+    for sid, (partition, found, _) in latest.items():
         if isinstance(found, UnusableSnapshot):
             out.ignore(found.reason, str(found))
             full.add(partition)
