@@ -275,6 +275,7 @@ def replay_cmd(
         "processes": report.processes,
         "refused": dict(report.refused),
         "restored_from_snapshots": report.restored,
+        "retired_from_snapshots": report.retired,
         "snapshots_ignored": dict(report.ignored),
         "offsets_skipped": report.skipped,
         "snapshots_taken": taken,
@@ -282,13 +283,14 @@ def replay_cmd(
     }
     refused = ", ".join(f"{n} {code}" for code, n in sorted(report.refused.items()))
     ignored = ", ".join(f"{n} {why}" for why, n in sorted(report.ignored.items()))
+    expired = f" ({report.retired} of them expired: tombstones)" if report.retired else ""
 
     def say() -> None:
         out.print(
             f"replayed {report.records} records into {report.applied_sessions} sessions"
             f" ({report.refused_total} refused{': ' + refused if refused else ''});"
-            f" {report.restored} restored from snapshots, {report.skipped} records before the"
-            f" checkpoints not read; {taken} snapshots taken"
+            f" {report.restored} restored from snapshots{expired}, {report.skipped} records"
+            f" before the checkpoints not read; {taken} snapshots taken"
         )
         if ignored:
             err.print(f"warning: snapshots ignored ({ignored}): their sessions were folded whole")

@@ -224,6 +224,11 @@ class StatsCollector(Collector):
             "(their partition's checkpoint stays below them: run it again).",
             s.half_built,
         )
+        yield _counter(
+            "milpa_snapshot_stubs",
+            "Snapshots of retired sessions (their projections expired) replaced with stubs.",
+            s.stubs,
+        )
         lag = GaugeMetricFamily(
             "milpa_snapshot_checkpoint_lag",
             "Offsets applied beyond the partition's last checkpoint (what a rebuild would fold "

@@ -59,7 +59,7 @@ from aiokafka.errors import KafkaError
 from producers.kafka_access import KafkaAccess
 from projections.projector import Projector
 from projections.redis_store import RedisProjectionStore
-from projections.requests import Restored
+from projections.requests import Restored, Retired
 from projections.snapshots import Chosen, Plan, UnusableSnapshot, chosen_snapshots
 from projections.snapshots import plan as plan_rebuild
 from schemas.codec import EventCodec
@@ -111,7 +111,8 @@ class ForkGuard:
 class ReplayReport:
     """What a rebuild read and applied, and what it refused (by refusal code).
 
-    `restored`: sessions started from their snapshots; `ignored`: snapshot records it could not
+    `restored`: sessions started from their snapshots; `retired`: sessions whose projection had
+    expired, brought back from their stubs as tombstones; `ignored`: snapshot records it could not
     use, by reason (`projections.snapshots`), each one a warning; `skipped`: events before
     the partitions' checkpoints it did not read; `processes`: how many folded them; `trust`:
     the fingerprint of the trust inputs it folded under (what its snapshots must name).
@@ -123,6 +124,7 @@ class ReplayReport:
     restored: int = 0
     ignored: Mapping[str, int] = dataclasses.field(default_factory=dict)
     skipped: int = 0
+    retired: int = 0
     ends: Mapping[int, int] = dataclasses.field(default_factory=dict)  # partition -> end read
     processes: int = 1  # that folded the partitions
     trust: str = ""  # `session_model.authority.trust_fingerprint` of its keys, mode, cut-over
@@ -398,7 +400,7 @@ class _Job:
     ) -> ReplayReport:
         # The rebuild owns the sessions it writes: keep their states instead of re-reading them.
         projector = Projector(self.store, self.folder, cache=True, cache_limit=self.cache_limit)
-        restored, ignored, again = self._restore(ends)
+        restored, retired, ignored, again = self._restore(ends)
         wanted = None if self.session_id is None else self.session_id.encode()
         admit = self.intake.admit
         read = 0
@@ -435,22 +437,26 @@ class _Job:
             restored=len(restored),
             ignored=dict(ignored),
             skipped=sum(starts.values()),
+            retired=retired,
         )
 
-    def _restore(self, ends: Mapping[int, int]) -> tuple[list[str], Counter[str], set[int]]:
+    def _restore(self, ends: Mapping[int, int]) -> tuple[list[str], int, Counter[str], set[int]]:
         """Write the chosen snapshots of these partitions' sessions, read again from the
-        snapshots topic a page at a time, for the fold to start from: the sessions restored,
-        the snapshots that could not be (by reason) and the partitions to fold whole for them."""
+        snapshots topic a page at a time, for the fold to start from: the sessions restored
+        (retired ones among them, as tombstones), how many of them were retired, the snapshots
+        that could not be (by reason) and the partitions to fold whole for them."""
         chosen = {p: self.snapshots[p] for p in ends if self.snapshots.get(p)}
         done: list[str] = []
         ignored: Counter[str] = Counter()
         again: set[int] = set()
+        retired = 0
         if not chosen or self.snapshots_topic is None:
-            return done, ignored, again
+            return done, retired, ignored, again
         # A partition's snapshots are in the snapshots topic's partition of the same number.
         starts = {p: min(c.at for c in found.values()) for p, found in chosen.items()}
         last = {p: max(c.at for c in found.values()) + 1 for p, found in chosen.items()}
         page: list[Restored] = []
+        stubs: list[Retired] = []
         with _Fetcher(self.bootstrap, self.snapshots_topic, last, 2000, starts) as fetcher:
             records = (record for batch in fetcher.batches() for record in batch)
             codec = self.intake.codec
@@ -461,13 +467,33 @@ class _Job:
                     if sum(ignored.values()) <= 20:
                         log.warning("snapshot ignored (the log is folded instead): %s", got)
                     continue
+                if isinstance(got, Retired):
+                    stubs.append(got)
+                    if len(stubs) >= _RESTORE_BATCH:
+                        done.extend(self._retire(stubs))
+                        retired += len(stubs)
+                        stubs = []
+                    continue
                 page.append(got)
                 if len(page) >= _RESTORE_BATCH:
                     done.extend(self._write(page))
                     page = []
         if page:
             done.extend(self._write(page))
-        return done, ignored, again
+        if stubs:
+            done.extend(self._retire(stubs))
+            retired += len(stubs)
+        return done, retired, ignored, again
+
+    def _retire(self, stubs: Sequence[Retired]) -> list[str]:
+        """Write these retired sessions' tombstones and counters from their stubs."""
+        refused = self.store.restore_retired(stubs)
+        if refused:
+            raise BackendError(
+                f"restoring retired sessions: {len(refused)} session(s) already had a tombstone "
+                f"or a projection (e.g. {refused[0]}): is a worker running?"
+            )
+        return [r.session_id for r in stubs]
 
     def _write(self, page: Sequence[Restored]) -> list[str]:
         """Write these sessions from their snapshots.
@@ -551,6 +577,7 @@ def _in_processes(
             ignored=dict(ignored),
             skipped=sum(r.skipped for r in reports.values()),
             processes=len(children),
+            retired=sum(r.retired for r in reports.values()),
         )
     finally:
         reported = len(reports) == len(children)

@@ -40,12 +40,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from processors.locks import acquire_within
-from projections.requests import RawState
+from projections.requests import RawState, Retired
 from projections.snapshots import (
     SNAPSHOT_MAX_BYTES,
     checkpoint_key,
     checkpoint_record,
     snapshot_record,
+    stub_record,
 )
 from schemas.codec import EventCodec
 from schemas.errors import MilpaError
@@ -66,6 +67,12 @@ class SnapshotStore(Protocol):
     async def snapped(
         self, partition: int, covered: Sequence[tuple[str, Position | None]]
     ) -> int | None: ...
+
+    async def retired(
+        self, partition: int, cursor: int = ..., limit: int = ...
+    ) -> tuple[int, list[Retired]]: ...
+
+    async def unretire(self, partition: int, session_ids: Sequence[str]) -> None: ...
 
 
 class PartitionWriter(Protocol):
@@ -92,6 +99,7 @@ class SnapshotStats:
     bytes: int = 0
     too_large: int = 0  # sessions left unsnapshotted: their record would exceed the topic's limit
     half_built: int = 0  # sessions left unsnapshotted: a `replay --session` of them has not ended
+    stubs: int = 0  # retired sessions' snapshots replaced with stubs
     checkpoint_lag: dict[int, int] = field(default_factory=dict)  # partition -> applied - covered
 
 
@@ -283,6 +291,7 @@ class Snapshotter:
             low = await self.store.snapped(partition, [*covered, *gone])
             if low is None:
                 break
+        await self._stubs(partition, writer)
         self.stats.rounds += 1
         self.stats.snapshots += written
         through = applied if low is None else min(applied, low - 1)
@@ -292,6 +301,33 @@ class Snapshotter:
         self.stats.checkpoints += 1
         self.stats.checkpoint_lag[partition] = applied - through
         return written
+
+    async def _stubs(self, partition: int, writer: PartitionWriter) -> None:
+        """Replace the snapshots of the partition's retired sessions (the retention sweep
+        dropped their projections) with stubs: their tombstones and counters, no state.
+
+        Each such session's last state is in a snapshot published by an earlier round (the
+        sweep waits for it), so its stub comes after it on the topic and replaces it. A
+        `replay --session` of one takes it out of the retired entries before it folds; one that
+        starts between this read and the stub's publication leaves the stub before its own
+        session's next snapshot, which replaces it.
+        """
+        cursor = 0
+        while True:
+            cursor, found = await self.store.retired(partition, cursor, self.page)
+            if found:
+                taken = self.now_ms()
+                records = [
+                    (r.session_id.encode(), self.codec.encode_snapshot(stub))
+                    for r in found
+                    for stub in (stub_record(r, taken, trust=self.trust),)
+                ]
+                await writer.publish(records)
+                await self.store.unretire(partition, [r.session_id for r in found])
+                self.stats.stubs += len(records)
+                self.stats.bytes += sum(len(v) for _, v in records)
+            if cursor == 0:
+                return
 
 
 async def snapshot_partitions(

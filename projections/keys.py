@@ -221,6 +221,12 @@ class Keys:
         retention sweep dropped its projection (`replay --session` deletes it)."""
         return f"{self.tag(partition)}:expired"
 
+    def retired(self, partition: int) -> str:
+        """Hash per partition: session id -> `<expired ms> <last mark> <counters JSON>`, left by
+        the retention sweep while snapshots are taken, until a snapshot round has replaced the
+        session's snapshot with a stub (`processors.snapshots`)."""
+        return f"{self.tag(partition)}:retired"
+
     def restoring(self, partition: int) -> str:
         """Hash per partition: session id -> `<ISO instant> <token>`, when a `replay --session` of
         it began and which one; set before it drops the session, deleted by that restore once

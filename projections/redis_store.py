@@ -36,6 +36,7 @@ from projections.requests import (
     RawState,
     Restored,
     Retention,
+    Retired,
     commit_call,
     drop_command,
     execute,
@@ -182,6 +183,16 @@ class RedisProjectionStore:
         request = requests.commit(self.keys, sids, calls, [r.mark.partition for r in sessions])
         return self._committed(execute(self.client, request, self.durability))
 
+    def restore_retired(self, sessions: Sequence[Retired]) -> list[str]:
+        """Write retired sessions from their snapshot stubs: their tombstones and their counters
+        (the fleet's too with `count_stats`), in one pipelined round trip; those refused (a
+        tombstone or a projection there already: nothing written for them)."""
+        self._fresh()
+        if not sessions:
+            return []
+        request = requests.retire(self.keys, sessions, self.count_stats)
+        return execute(self.client, request, self.durability)
+
     def _committed(self, done: requests.Committed) -> CommitResult:
         if done.stale_generation:  # the refused sessions are read again in the new generation
             self.refresh_generations()
@@ -324,7 +335,8 @@ class RedisProjectionStore:
         due = execute(self.client, request)
         if not due:
             return []
-        return execute(self.client, requests.expire(self.keys, due, now_ms), self.durability)
+        expire = requests.expire(self.keys, due, now_ms, retire=self.track)
+        return execute(self.client, expire, self.durability)
 
     def switch_generation(self, partition: int, current: int, new: int) -> int:
         """Move a partition to generation `new` if it committed at least as far there as in
@@ -545,7 +557,7 @@ class AsyncRedisProjectionStore:
         )
         if not due:
             return []
-        expire = requests.expire(self.keys, due, now_ms)
+        expire = requests.expire(self.keys, due, now_ms, retire=self.track)
         return await execute_async(self.client, expire, self.durability)
 
     async def unsnapshotted(
@@ -564,6 +576,24 @@ class AsyncRedisProjectionStore:
         await self._fresh()
         request = requests.raw_states(self.keys, partition, session_ids)
         return await execute_async(self.client, request)
+
+    async def retired(
+        self, partition: int, cursor: int = 0, limit: int = requests.SNAPSHOT_PAGE
+    ) -> tuple[int, list[Retired]]:
+        """A page of the partition's retired sessions, whose snapshots a round replaces with
+        stubs: the cursor to go on from (0: done) and the sessions."""
+        await self._fresh()
+        return await execute_async(
+            self.client, requests.retired(self.keys, partition, cursor, limit)
+        )
+
+    async def unretire(self, partition: int, session_ids: Sequence[str]) -> None:
+        """Forget retired sessions whose stubs were acknowledged."""
+        if not session_ids:
+            return
+        await self._fresh()
+        request = requests.unretire(self.keys, partition, session_ids)
+        await execute_async(self.client, request, self.durability)
 
     async def snapped(
         self, partition: int, covered: Sequence[tuple[str, Position | None]]

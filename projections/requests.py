@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar
 
+import orjson
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import (
@@ -417,6 +418,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 EXPIRE_BATCH = 500  # due sessions a sweep drops per partition and round trip
 
 
+def instant_ms(ms: int) -> datetime:
+    """The UTC instant of epoch milliseconds."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
 def floor_ms(moment: datetime) -> int:
     """Epoch milliseconds, rounded down: "now" never passes a deadline it has not reached."""
     return ceil_ms(moment) - (1 if moment.microsecond % 1000 else 0)
@@ -472,8 +478,7 @@ def parse_expired(raw: bytes | str | None, session_id: str) -> Expired | None:
     if raw is None:
         return None
     ms, mark = text(raw).split(" ", 1)
-    at = _EPOCH + timedelta(milliseconds=int(ms))
-    return Expired(session_id, at, Position.parse(mark))
+    return Expired(session_id, instant_ms(int(ms)), Position.parse(mark))
 
 
 def expired(keys: Keys, session_id: str, partition: int) -> Request[Expired | None]:
@@ -498,18 +503,20 @@ def drop_command(
     now_ms: int | None = None,
     *,
     hold: bool = False,
+    retire: bool = False,
 ) -> tuple[Any, ...]:
     """The drop script's call for one session (lua/drop.lua).
 
-    Without `now_ms`: forget it, its retention entry and tombstone too (a rebuild follows);
-    `hold`: keep it in the unsnapshotted index, at offset 0. With `now_ms`: expire it if its
-    retention deadline is at or before `now_ms`, leaving a tombstone.
+    Without `now_ms`: forget it, its retention entry, tombstone and retired entry too (a rebuild
+    follows); `hold`: keep it in the unsnapshotted index, at offset 0. With `now_ms`: expire it
+    if its retention deadline is at or before `now_ms`, leaving a tombstone, and with `retire`
+    (snapshots are taken) a retired entry for the next snapshot round.
     """
     k = keys.session(session_id, partition)
     return (
         "EVALSHA",
         scripts.DROP.sha,
-        18,
+        19,
         *k.all(),
         keys.waiting(partition),
         keys.waiting_cards(partition),
@@ -520,10 +527,12 @@ def drop_command(
         keys.unsnapshotted(partition),
         keys.deadlines(partition),
         keys.compaction_due(partition),
+        keys.retired(partition),
         session_id,
         keys.waiting_reason_prefix(partition),
         "" if now_ms is None else now_ms,
         "1" if hold else "",
+        "1" if retire else "",
     )
 
 
@@ -543,10 +552,13 @@ def retention_due(
     return Request(commands, parse, "reading the retention index failed")
 
 
-def expire(keys: Keys, due: dict[str, int], now_ms: int) -> Request[list[str]]:
-    """Drop these due sessions (each only if still due), leaving tombstones; those dropped."""
+def expire(
+    keys: Keys, due: dict[str, int], now_ms: int, *, retire: bool = False
+) -> Request[list[str]]:
+    """Drop these due sessions (each only if still due), leaving tombstones (and with `retire`,
+    snapshots being taken, retired entries); those dropped."""
     sids = list(due)
-    commands = [drop_command(keys, sid, due[sid], now_ms) for sid in sids]
+    commands = [drop_command(keys, sid, due[sid], now_ms, retire=retire) for sid in sids]
 
     def parse(replies: list[Any]) -> list[str]:
         return [sid for sid, r in zip(sids, replies, strict=True) if r == 1]
@@ -1017,3 +1029,90 @@ def snapped(
         return None if low is None else int(float(text(low)))
 
     return Request([command], parse, "marking sessions snapshotted failed", writes=True)
+
+
+# -- retired sessions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """A session whose projection expired (retention), as its snapshot stub holds it: its
+    tombstone and what it added to the fleet's counters (`Keys.counter_field` -> count)."""
+
+    expired: Expired
+    counters: Mapping[str, int]
+
+    @property
+    def session_id(self) -> str:
+        """The session."""
+        return self.expired.session_id
+
+
+def parse_retired(raw: bytes | str, session_id: str) -> Retired:
+    """A retired entry (`<expired ms> <last mark> <counters JSON>`, lua/drop.lua)."""
+    ms, mark, counters = text(raw).split(" ", 2)
+    at = instant_ms(int(ms))
+    found = orjson.loads(counters)
+    if not isinstance(found, dict):  # cjson's {} for none
+        raise ValueError(f"the retired entry of {session_id}: counters {counters!r}")
+    return Retired(
+        Expired(session_id, at, Position.parse(mark)), {str(k): int(v) for k, v in found.items()}
+    )
+
+
+def retired(
+    keys: Keys, partition: int, cursor: int = 0, limit: int = SNAPSHOT_PAGE
+) -> Request[tuple[int, list[Retired]]]:
+    """A page of a partition's retired entries (HSCAN from `cursor`, about `limit` of them):
+    the cursor to go on from (0: the scan has ended) and the entries."""
+
+    def parse(replies: list[Any]) -> tuple[int, list[Retired]]:
+        following, got = replies[0]
+        pairs = got.items() if isinstance(got, dict) else zip(got[::2], got[1::2], strict=True)
+        return int(following), [parse_retired(v, text(k)) for k, v in pairs]
+
+    command = ("HSCAN", keys.retired(partition), cursor, "COUNT", limit)
+    return Request([command], parse, "reading retired sessions failed")
+
+
+def unretire(keys: Keys, partition: int, session_ids: Sequence[str]) -> Request[None]:
+    """Take these sessions out of the partition's retired entries (their stubs were
+    acknowledged)."""
+    command = ("HDEL", keys.retired(partition), *session_ids)
+    return Request([command], lambda _: None, "marking retired sessions failed", writes=True)
+
+
+def retire_command(keys: Keys, retired: Retired, count: bool = True) -> tuple[Any, ...]:
+    """lua/retire.lua's call: restore a retired session's tombstone and (with `count`) add its
+    counters to the fleet's (a rebuild from its stub)."""
+    mark = retired.expired.mark
+    partition = mark.partition
+    hashes: dict[str, int] = {}
+    args: list[Any] = []
+    for name, n in retired.counters.items():
+        key, field = keys.counter_of(name, partition)
+        args += (3 + hashes.setdefault(key, len(hashes)), field, n)
+    tombstone = f"{floor_ms(retired.expired.at)} {mark}"
+    return (
+        "EVALSHA",
+        scripts.RETIRE.sha,
+        2 + len(hashes),
+        keys.expired(partition),
+        keys.session(retired.session_id, partition).state,
+        *hashes,
+        retired.session_id,
+        tombstone,
+        "1" if count else "",
+        *args,
+    )
+
+
+def retire(keys: Keys, sessions: Sequence[Retired], count: bool = True) -> Request[list[str]]:
+    """Restore these retired sessions from their stubs; those that had a tombstone or a
+    projection already (nothing written for them)."""
+    commands = [retire_command(keys, r, count) for r in sessions]
+
+    def parse(replies: list[Any]) -> list[str]:
+        return [r.session_id for r, got in zip(sessions, replies, strict=True) if got != 1]
+
+    return Request(commands, parse, "restoring retired sessions failed", writes=True)

@@ -43,7 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from projections.codec import STATE_VERSION, summary_from_stored
-from projections.requests import RawState, Restored, parse_read, text
+from projections.requests import (
+    Expired,
+    RawState,
+    Restored,
+    Retired,
+    floor_ms,
+    instant_ms,
+    parse_read,
+    text,
+)
 from schemas.codec import EventCodec
 from schemas.errors import MilpaError
 from session_model.projection import Position
@@ -95,6 +104,28 @@ def snapshot_record(
         "retain_until_ms": retain_until,
         "counters": [{"name": text(k), "count": int(v)} for k, v in _pairs(counters)],
         "trust": trust,
+        "expired_at_ms": None,
+    }
+
+
+def stub_record(retired: Retired, taken_at_ms: int, *, trust: str) -> dict[str, Any]:
+    """The Snapshot record that replaces a retired session's (its projection expired): its
+    tombstone and counters, no state (`expired_at_ms` set), written by a worker under `trust`."""
+    mark = retired.expired.mark
+    return {
+        "session_id": retired.session_id,
+        "partition": mark.partition,
+        "offset": mark.offset,
+        "layout": STATE_VERSION,
+        "taken_at_ms": taken_at_ms,
+        "state": b"",
+        "turns": [],
+        "event_ids": [],
+        "summary": None,
+        "retain_until_ms": None,
+        "counters": [{"name": k, "count": v} for k, v in retired.counters.items()],
+        "trust": trust,
+        "expired_at_ms": floor_ms(retired.expired.at),
     }
 
 
@@ -138,6 +169,19 @@ def restored(record: Mapping[str, Any], trust: str) -> Restored:
         record["taken_at_ms"],
         record.get("retain_until_ms"),
     )
+
+
+def recovered(record: Mapping[str, Any], trust: str) -> Restored | Retired:
+    """What a Snapshot record brings back for a rebuild folding under `trust`: the session
+    (`restored`), or its tombstone and counters if it is a retired session's stub;
+    `UnusableSnapshot` with the reason if neither."""
+    expired_at: int | None = record.get("expired_at_ms")
+    if expired_at is None:
+        return restored(record, trust)
+    sid = _believed(record, trust)
+    mark = Position(record["partition"], record["offset"])
+    counters = {c["name"]: c["count"] for c in record["counters"]}
+    return Retired(Expired(sid, instant_ms(expired_at), mark), counters)
 
 
 def _believed(record: Mapping[str, Any], trust: str) -> str:
@@ -291,8 +335,9 @@ def chosen_snapshots(
     codec: EventCodec,
     *,
     trust: str,
-) -> Iterator[tuple[int, Restored | UnusableSnapshot]]:
-    """(partition, the session restored or why it cannot be) for each chosen snapshot, read
+) -> Iterator[tuple[int, Restored | Retired | UnusableSnapshot]]:
+    """(partition, the session restored, or retired (a stub), or why it cannot be) for each
+    chosen snapshot, read
     from the snapshots topic's records (partition, offset, key, value) as they come; then each
     chosen one the records did not hold (`GONE`: compacted away since the plan)."""
     left = {(p, c.at): sid for p, found in chosen.items() for sid, c in found.items()}
@@ -307,7 +352,7 @@ def chosen_snapshots(
             record = codec.decode_snapshot(value)
             if record["session_id"] != sid:
                 raise UnusableSnapshot(UNREADABLE, f"snapshot under key {sid!r} is of another")
-            yield partition, restored(record, trust)
+            yield partition, recovered(record, trust)
         except MilpaError as e:
             yield partition, UnusableSnapshot(CORRUPT, f"snapshot of {sid}: {e}")
         except UnusableSnapshot as e:

@@ -4,16 +4,20 @@
 -- would read a dropped session again at every poll). KEYS: its state hash, turns list,
 -- timeline list, event-id list, then its partition's waiting zset, cards hash, waiting counts
 -- and fleet counts, then its five history lists, then its partition's retention zset and
--- tombstones hash, its partition's unsnapshotted zset, deadlines zset and compaction-due set.
--- ARGV: session id, the prefix of the partition's per-reason zsets, now ms, and "1" to hold it
--- in the unsnapshotted index at offset 0 instead of taking it out (a restore follows: no
--- checkpoint may pass its events before a snapshot of it, whole again, is taken).
--- Without now ("", a rebuild follows): drop it and forget its retention entry and tombstone;
--- returns how many keys were unlinked. With now (the retention sweep): only if its retention
--- deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`; returns 1 if
--- it was dropped, else 0 (restored meanwhile, expired by another sweep already, or its last
--- state not in a snapshot yet: then its deadline moves a minute on).
-local sid, rprefix, now, hold = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- tombstones hash, its partition's unsnapshotted zset, deadlines zset and compaction-due set, and
+-- its partition's retired hash.
+-- ARGV: session id, the prefix of the partition's per-reason zsets, now ms, "1" to hold it in
+-- the unsnapshotted index at offset 0 instead of taking it out (a restore follows: no
+-- checkpoint may pass its events before a snapshot of it, whole again, is taken), and "1" to
+-- retire it when it expires (snapshots are taken).
+-- Without now ("", a rebuild follows): drop it and forget its retention entry, tombstone and
+-- retired entry; returns how many keys were unlinked. With now (the retention sweep): only if
+-- its retention deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`
+-- (and, retiring, a retired entry `<now> <last mark> <its counters as JSON>`, which the next
+-- snapshot round replaces its snapshot with a stub by); returns 1 if it was dropped, else 0
+-- (restored meanwhile, expired by another sweep already, or its last state not in a snapshot
+-- yet: then its deadline moves a minute on).
+local sid, rprefix, now, hold, retire = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 if now ~= '' then
   local due = redis.call('ZSCORE', KEYS[14], sid)
   if not due or tonumber(due) > tonumber(now) then return 0 end
@@ -26,6 +30,16 @@ if now ~= '' then
   end
 end
 local got = redis.call('HMGET', KEYS[1], 'f', 'mark')
+local counters = nil
+if retire and now ~= '' and got[2] then
+  counters = {}
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 2) == 'c:' then
+      counters[string.sub(fields[i], 3)] = tonumber(fields[i + 1])
+    end
+  end
+end
 local was = got[1]
 if was then
   decrement(KEYS[8], status_mode(was))
@@ -43,8 +57,13 @@ redis.call('SREM', KEYS[18], sid)
 local unlinked = redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], unpack(KEYS, 9, 13))
 if now == '' then
   redis.call('HDEL', KEYS[15], sid)
+  redis.call('HDEL', KEYS[19], sid)
   return unlinked
 end
 if not got[2] then return 0 end  -- nothing was projected: nothing expired
 redis.call('HSET', KEYS[15], sid, now .. ' ' .. got[2])
+if counters then
+  -- cjson writes an empty table as {}; a counter is an integer well below 2^53.
+  redis.call('HSET', KEYS[19], sid, now .. ' ' .. got[2] .. ' ' .. cjson.encode(counters))
+end
 return 1

@@ -28,6 +28,7 @@ from projections.indexes import ceil_ms
 from projections.keys import Keys
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from projections.requests import Retired
 from schemas import events as ev
 from schemas.events import Event
 from session_model.fold import fold
@@ -38,6 +39,7 @@ from tests.contract_retention import PARTITIONS, RETENTION, TTL, PartitionedLog,
 from tests.contract_waiting import ask
 from tests.integration.conftest import with_keys
 from tests.integration.expected import assert_projection_matches, expected_projections
+from tests.integration.test_scale_and_crash import dump
 
 pytestmark = pytest.mark.integration
 
@@ -126,6 +128,70 @@ def test_an_expired_session_leaves_no_deadline_or_compaction_entry_behind(
     assert projection_store.expired("timed") is not None
     assert projection_store.client.zscore(deadlines, "timed") is None
     assert not projection_store.client.sismember(projection_store.keys.compaction_due(p), "timed")
+
+
+def test_the_sweep_retires_an_expired_session_with_its_counters_and_a_rebuild_brings_them_back(
+    projection_store: RedisProjectionStore, secured: Settings
+) -> None:
+    """With snapshots taken, the sweep leaves a retired entry (its tombstone and what the session
+    added to the fleet's counters) for the next snapshot round's stub; a rebuild restoring the
+    stub writes the tombstone and adds the counters, once; a restore of the session forgets it."""
+    store = dataclasses.replace(projection_store, track=True)
+    log = PartitionedLog()
+    log.started("gone")
+    ask(log, "gone", "q1", reason="signature")  # type: ignore[arg-type]
+    ending = log.ended("gone")
+    store.retention = RETENTION
+    _project(store, log.records)
+    p = ending.position.partition
+    state = store.keys.session("gone", p).state
+    own = {k.decode()[2:]: int(v) for k, v in store.client.hgetall(state).items() if k[:2] == b"c:"}
+    assert own, "the session's own counters (kept while snapshots are taken)"
+    stats = {k: v for k, v in dump(store).items() if ":stats:" in k}
+    store.client.zrem(store.keys.unsnapshotted(p), "gone")  # its last state is in a snapshot
+    assert store.expire_due(ending.event.occurred_at + TTL) == ["gone"]
+    tombstone = store.expired("gone")
+    assert tombstone is not None and tombstone.mark == ending.position
+    cursor, found = asyncio.run(_retired_page(secured, store.keys, p))
+    assert (cursor, found) == (0, [Retired(tombstone, own)])
+
+    # A rebuild restores the stub into cleared keys: the tombstone, and the counters once.
+    store.clear()
+    assert store.restore_retired(found) == []
+    assert store.expired("gone") == tombstone and store.load("gone") is None
+    assert {k: v for k, v in dump(store).items() if ":stats:" in k} == stats
+    assert store.restore_retired(found) == ["gone"]  # a second time: refused, nothing added
+    assert {k: v for k, v in dump(store).items() if ":stats:" in k} == stats
+
+    # A restore (`replay --session`) drops the session: its retired entry goes with the rest.
+    store.client.hset(store.keys.retired(p), "gone", "1 0:1 {}")
+    store.drop("gone", restoring=True)
+    assert store.client.hlen(store.keys.retired(p)) == 0 and store.expired("gone") is None
+
+
+def test_without_snapshots_the_sweep_leaves_no_retired_entry(
+    projection_store: RedisProjectionStore,
+) -> None:
+    log = PartitionedLog()
+    log.started("gone")
+    ending = log.ended("gone")
+    projection_store.retention = RETENTION
+    _project(projection_store, log.records)
+    assert projection_store.expire_due(ending.event.occurred_at + TTL) == ["gone"]
+    assert (
+        projection_store.client.hlen(projection_store.keys.retired(ending.position.partition)) == 0
+    )
+
+
+async def _retired_page(
+    settings: Settings, keys: Keys, partition: int
+) -> tuple[int, list[Retired]]:
+    """The worker's read of a partition's retired entries (its asyncio store), from cursor 0."""
+    client = async_client(settings.redis_url, auth=settings.redis_auth())
+    try:
+        return await AsyncRedisProjectionStore(client, keys).retired(partition)
+    finally:
+        await client.aclose()
 
 
 # -- end to end: a worker indexes, a sweep expires, `show` says so, `replay --session` restores --

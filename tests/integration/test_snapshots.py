@@ -12,7 +12,7 @@ import dataclasses
 import gc
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from bench.infra import trusted_keys_dir
+from deploy.harness import wait_for
 from milpa_sessions import wiring
 from milpa_sessions.settings import Settings
 from processors.replay import CACHE_LIMIT, ReplayReport, _snapshot_ends, _snapshot_plan, replay
@@ -37,6 +38,7 @@ from projections.snapshots import (
 from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.errors import LogError
+from schemas.events import Event
 from session_model.authority import Cutover, trust_fingerprint
 from session_model.modes import Mode
 from session_model.partitioning import partition_for
@@ -500,3 +502,66 @@ def test_a_session_dropped_for_a_restore_holds_its_partitions_checkpoint_at_the_
     found = checkpoints(settings)
     assert found[p] == -1  # nothing of the partition is taken as covered
     assert all(c == report.applied_through()[q] for q, c in found.items() if q != p)
+
+
+def test_an_expired_session_s_snapshot_becomes_a_stub_a_rebuild_restores_as_its_tombstone(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    """Once the worker's sweep dropped an ended session, its next snapshot round replaces the
+    session's snapshot with a stub (no state: its tombstone and counters). A rebuild from the
+    snapshots then brings back the tombstone (`show` says it expired) and what it added to the
+    fleet's counters, and restores no projection of it."""
+    taking = with_keys(settings, projection_ttl_s=1.0, snapshot_interval_s=0.2)
+    worker = start_worker(taking)
+    long_ago = datetime.now(UTC) - timedelta(minutes=5)  # its retention deadline has passed
+    done, live = "stub-done", "stub-live"
+
+    def event(sid: str, n: int, type_: str, payload: dict[str, Any]) -> Any:
+        return Event(f"{sid}-e{n}", sid, type_, long_ago, "it-agent", payload)
+
+    question = {"question_id": "q1", "question": "deploy?", "reason": "signature"}
+    answer = {"question_id": "q1", "answer": "yes", "by": {"id": "ops", "verified": False}}
+    sent = [
+        event(done, 1, ev.STARTED, {"goal": "ship it", "mode": "ask"}),
+        event(done, 2, ev.QUESTION_ASKED, question),
+        event(done, 3, ev.QUESTION_ANSWERED, answer),
+        event(done, 4, ev.ENDED, {"because": "shipped"}),
+        event(live, 1, ev.STARTED, {"goal": "wait", "mode": "ask"}),
+        event(live, 2, ev.QUESTION_ASKED, question),
+    ]
+    positions = [kafka_log.append(e) for e in sent]
+    assert projections.load(live, at_least=positions[-1], timeout=60) is not None
+    p = partition_for(done, settings.partitions)
+    codec = EventCodec()
+
+    def latest(sid: str) -> dict[str, Any] | None:
+        return next(
+            (
+                codec.decode_snapshot(v)
+                for _, _, k, v in reversed(snapshot_records(settings))
+                if k == sid.encode() and v is not None
+            ),
+            None,
+        )
+
+    wait_for(lambda: projections.expired(done) is not None, timeout=60)
+    wait_for(lambda: projections.client.hlen(projections.keys.retired(p)) == 0, timeout=60)
+    stub = latest(done)
+    assert stub is not None and stub["expired_at_ms"] is not None
+    assert (stub["state"], stub["turns"], stub["event_ids"]) == (b"", [], [])
+    assert stub["offset"] == positions[3].offset and stub["counters"]
+    assert latest(live) is not None  # (a session of its own, not retired)
+    worker.stop()
+    incremental = fleet_wide(projections)  # the tombstone, the live session's indexes, counters
+    tombstone = projections.expired(done)
+
+    projections.clear()
+    report = rebuild(taking)
+    assert report.retired == 1 and report.ignored == {}
+    assert projections.expired(done) == tombstone and projections.load(done) is None
+    assert projections.load(live) is not None
+    assert fleet_wide(projections) == incremental
+    assert projections.ids() == [live]

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,7 +18,8 @@ from milpa_sessions.cli import main
 from processors.replay import ReplayReport
 from processors.snapshots import Snapshotter, snapshot_partitions
 from projections.codec import session_to_blob
-from projections.snapshots import CHECKPOINT_KEY, snapshot_record
+from projections.requests import Expired, Retired
+from projections.snapshots import CHECKPOINT_KEY, checkpoint_key, recovered, snapshot_record
 from schemas.codec import EventCodec
 from schemas.errors import LogError
 from session_model.authority import Cutover, trust_fingerprint
@@ -39,6 +41,23 @@ class FakeStore:
     commit_between: dict[str, int] = field(default_factory=dict)  # applied after the read
     half_built: set[str] = field(default_factory=set)  # a restore of them has not ended
     reads: int = 0
+    retiring: dict[str, Retired] = field(default_factory=dict)  # the sweep's retired entries
+    scan: list[str] = field(default_factory=list)
+
+    async def retired(
+        self, partition: int, cursor: int = 0, limit: int = 500
+    ) -> tuple[int, list[Retired]]:
+        # As HSCAN: a cursor to go on from, 0 once the scan has ended; an entry there all
+        # along is returned whatever is deleted meanwhile.
+        if cursor == 0:
+            self.scan = sorted(self.retiring)
+        found = [s for s in self.scan[cursor : cursor + limit] if s in self.retiring]
+        after = cursor + limit
+        return (after if after < len(self.scan) else 0), [self.retiring[s] for s in found]
+
+    async def unretire(self, partition: int, session_ids: Sequence[str]) -> None:
+        for sid in session_ids:
+            del self.retiring[sid]
 
     async def unsnapshotted(self, partition: int, limit: int = 500) -> list[tuple[str, int]]:
         return sorted(self.index.items(), key=lambda kv: kv[1])[:limit]
@@ -112,6 +131,36 @@ def _checkpoints(sink: FakeSink) -> list[int]:
 
 def _taker(store: FakeStore, sink: FakeSink, applied: int | None) -> Snapshotter:
     return Snapshotter(store, sink, lambda: {0}, lambda p: applied, page=2, trust=TRUST)
+
+
+def test_a_round_replaces_retired_sessions_snapshots_with_stubs_before_its_checkpoint() -> None:
+    at = datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)
+    gone = {
+        sid: Retired(Expired(sid, at, Position(0, offset)), {"pauses\tpermission": offset})
+        for sid, offset in (("r1", 4), ("r2", 6), ("r3", 8))
+    }
+    store = FakeStore({"a": 10}, {"a": 9}, retiring=dict(gone))
+    sink = FakeSink()
+    taker = _taker(store, sink, applied=12)
+    asyncio.run(taker.round(0))
+    assert store.retiring == {}  # three stubs over two pages (page=2), then taken out
+    keys = [k.decode() for _, k, _ in sink.sent]
+    assert keys == ["a", "r1", "r2", "r3", CHECKPOINT_KEY.decode() + "0"]
+    assert _checkpoints(sink) == [12]  # stubs cover nothing new: the checkpoint is as before
+    assert taker.stats.stubs == 3
+    for _, k, v in sink.sent[1:4]:
+        record = CODEC.decode_snapshot(v)
+        assert record["state"] == b"" and record["turns"] == [] and record["event_ids"] == []
+        assert recovered(record, TRUST) == gone[k.decode()]  # tombstone and counters come back
+
+
+def test_a_round_without_retired_sessions_writes_no_stub() -> None:
+    store = FakeStore({"a": 10}, {"a": 9})
+    sink = FakeSink()
+    taker = _taker(store, sink, applied=12)
+    asyncio.run(taker.round(0))
+    assert [k for _, k, _ in sink.sent] == [b"a", checkpoint_key(0)]
+    assert taker.stats.stubs == 0
 
 
 def test_a_round_snapshots_every_changed_session_then_vouches_for_what_was_applied() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tracemalloc
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from projections.codec import (
     summary_to_stored,
     turn_to_json,
 )
+from projections.requests import Expired, Restored, Retired
 from projections.snapshots import (
     CORRUPT,
     GONE,
@@ -31,8 +33,10 @@ from projections.snapshots import (
     checkpoint_record,
     chosen_snapshots,
     plan,
+    recovered,
     restored,
     snapshot_record,
+    stub_record,
 )
 from schemas.codec import EventCodec, SchemaRegistry
 from session_model.authority import Authority, Cutover, kafka_form, trust_fingerprint
@@ -381,7 +385,7 @@ def test_a_snapshot_or_checkpoint_written_before_they_named_their_trust_is_ignor
     older = EventCodec(SchemaRegistry(SCHEMAS / "released" / "v4"))
     snapshot = CODEC.decode_snapshot(_snapshot("a", 3))
     checkpoint = CODEC.decode_checkpoint(_checkpoint(0, 4))
-    del snapshot["trust"], checkpoint["trust"]
+    del snapshot["trust"], snapshot["expired_at_ms"], checkpoint["trust"]
     records = [
         (0, b"a", older.encode_snapshot(snapshot)),
         (0, checkpoint_key(0), older.encode_checkpoint(checkpoint)),
@@ -430,3 +434,59 @@ def test_the_trust_fingerprint_names_the_keys_the_start_mode_and_the_cutover() -
         trust_fingerprint(trusted(), Mode.ASK, Cutover()),
     ]
     assert len({base, *others}) == len(others) + 1
+
+
+# -- retired sessions' stubs -------------------------------------------------------------------
+
+AT = datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)
+
+
+def _stub(sid: str, offset: int, partition: int = 0, trust: str = OURS) -> bytes:
+    gone = Retired(Expired(sid, AT, Position(partition, offset)), {"pauses\tsignature": 2})
+    return CODEC.encode_snapshot(stub_record(gone, 11, trust=trust))
+
+
+def test_a_stub_brings_back_the_tombstone_and_the_counters_and_is_small() -> None:
+    counters = {"pauses\tpermission": 3, "events\tfolded": 1_234_567}
+    gone = Retired(Expired("s-1", AT, Position(2, 41)), counters)
+    value = CODEC.encode_snapshot(stub_record(gone, 1_700_000_000_000, trust=OURS))
+    record = CODEC.decode_snapshot(value)
+    assert record["offset"] == 41 and record["partition"] == 2 and record["state"] == b""
+    assert recovered(record, OURS) == gone
+    assert len(value) < 160  # no state: its id, mark, trust and counters (108 bytes here)
+    with pytest.raises(UnusableSnapshot) as raised:
+        recovered(CODEC.decode_snapshot(_stub("s-1", 41, trust=OTHER)), OURS)
+    assert raised.value.reason == TRUST
+    with pytest.raises(UnusableSnapshot) as raised:
+        restored(record, OURS)  # as a session: it has none
+    assert raised.value.reason == UNREADABLE
+
+
+def test_a_full_snapshot_is_recovered_as_the_session() -> None:
+    got = recovered(CODEC.decode_snapshot(_snapshot("a", 3)), OURS)
+    assert isinstance(got, Restored) and got.folded.state.id == "a"
+
+
+def test_a_stub_replaces_the_session_s_snapshot_in_the_plan_and_is_restored_as_retired() -> None:
+    records = [
+        (0, b"a", _snapshot("a", 3)),
+        (0, b"b", _snapshot("b", 5)),
+        (0, b"a", _stub("a", 3)),  # a's last state, then its stub at the same mark
+        (0, checkpoint_key(0), _checkpoint(0, 6)),
+    ]
+    got = plan(_numbered(records), [0], CODEC, trust=OURS)
+    assert got.sessions == {0: {"a": Chosen(2, 3), "b": Chosen(1, 5)}} and got.starts == {0: 7}
+    found = dict(chosen_snapshots(_numbered(records), got.sessions, CODEC, trust=OURS))
+    back = [g for _, g in chosen_snapshots(_numbered(records), got.sessions, CODEC, trust=OURS)]
+    assert found.keys() == {0}
+    retired = [g for g in back if isinstance(g, Retired)]
+    assert [r.session_id for r in retired] == ["a"] and retired[0].expired.at == AT
+    assert [g.folded.state.id for g in back if isinstance(g, Restored)] == ["b"]
+
+
+def test_a_later_full_snapshot_of_a_restored_session_replaces_its_stub() -> None:
+    """`replay --session` restores an expired session; its next snapshot (the same or a later
+    mark) stands over the stub."""
+    records = [(0, b"a", _stub("a", 3)), (0, b"a", _snapshot("a", 3))]
+    got = plan(_numbered(records), [0], CODEC, trust=OURS)
+    assert got.sessions == {0: {"a": Chosen(1, 3)}}
