@@ -1,4 +1,4 @@
-"""`python -m bench.replay_memory [--sessions N] [--long EVENTS] [--tail F] [--repeat R]`
+"""`python -m bench.replay_memory [--sessions N] [--long EVENTS] [--tail F] [--repeat R] [--expire]`
 
 The memory a rebuild from snapshots takes, by the number of sessions it restores. On the local
 default stack (`deploy/stack.py up`, or the one this starts), with topics and keys of its own:
@@ -12,8 +12,15 @@ and its rebuild processes' largest (`ru_maxrss` of its children), with the time 
 took (`--repeat`: that many times, one process each). The topics and keys are removed at the
 end.
 
+With `--expire`, the projections keep ended sessions one day (`MILPA_PROJECTION_TTL_S`), and
+before the measured rebuild the retention sweep drops every ended session (nine in ten of the
+workload's) with a clock ten years on, and a snapshot round replaces their snapshots with stubs,
+as a worker's sweep and rounds do. Each line also gives the bytes of the snapshots topic's
+latest record per key (what compaction keeps).
+
 What it is for: the rebuild's plan once held every snapshot's state in the parent process, so
-its memory grew with the fleet (docs/PERFORMANCE.md, "The rebuild's memory").
+its memory grew with the fleet (docs/PERFORMANCE.md, "the rebuild's memory"); and a rebuild
+restored every expired session whole until their snapshots became stubs ("retired sessions").
 """
 
 from __future__ import annotations
@@ -27,7 +34,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from kafka import KafkaConsumer, TopicPartition
 
 from bench import infra, workload
 from bench.figures.common import produce_all
@@ -45,8 +56,52 @@ def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _settings(stack: harness.Stack, tag: str, keys_dir: Path) -> Settings:
-    return infra.figure_settings(stack, tag, "replaymem", trusted_keys_dir=keys_dir)
+def _settings(stack: harness.Stack, tag: str, keys_dir: Path, expire: bool) -> Settings:
+    ttl = 86_400.0 if expire else None
+    return infra.figure_settings(
+        stack, tag, "replaymem", trusted_keys_dir=keys_dir, projection_ttl_s=ttl
+    )
+
+
+def _expire_all(settings: Settings, applied: Mapping[int, int], trust: str) -> int:
+    """Drop every ended session as the sweep does ten years on, then take a round of each
+    partition (its stubs); the sessions dropped."""
+    store = wiring.projection_store_for_rebuild(settings)
+    dropped = 0
+    try:
+        later = datetime.now(UTC) + timedelta(days=3650)
+        while got := store.expire_due(later, limit=10_000):
+            dropped += len(got)
+    finally:
+        store.close()
+    wiring.take_snapshots(settings, applied, trust)
+    return dropped
+
+
+def _latest_bytes(settings: Settings) -> int:
+    """The bytes of the snapshots topic's latest record per key (what compaction keeps)."""
+    consumer = KafkaConsumer(
+        **settings.kafka_access().kafka_python(),
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    try:
+        parts = [
+            TopicPartition(settings.snapshots_topic, p)
+            for p in consumer.partitions_for_topic(settings.snapshots_topic) or ()
+        ]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        ends = consumer.end_offsets(parts)
+        latest: dict[bytes, int] = {}
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            for messages in consumer.poll(timeout_ms=500).values():
+                for m in messages:
+                    if m.key is not None:
+                        latest[m.key] = len(m.value or b"")
+        return sum(latest.values())
+    finally:
+        consumer.close()
 
 
 def _measure(settings: Settings) -> dict[str, object]:
@@ -66,6 +121,7 @@ def _measure(settings: Settings) -> dict[str, object]:
     seconds = time.perf_counter() - started
     return {
         "restored": report.restored,
+        "retired": report.retired,
         "records_read": report.records,
         "ignored": dict(report.ignored),
         "processes": report.processes,
@@ -100,12 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tail", type=float, default=0.05, help="the part of the topic after the snapshots"
     )
+    parser.add_argument(
+        "--expire",
+        action="store_true",
+        help="expire the ended sessions and replace their snapshots with stubs first",
+    )
     parser.add_argument("--measure-only", metavar="TAG", help=argparse.SUPPRESS)
     parser.add_argument("--keys-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     stack = harness.ensure_stack(log)
     if args.measure_only:
-        settings = _settings(stack, args.measure_only, args.keys_dir)
+        settings = _settings(stack, args.measure_only, args.keys_dir, args.expire)
         print(json.dumps(_measure(settings)))
         return 0
     cleanup = harness.Cleanup(log)
@@ -113,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as workdir:
             keys_dir = infra.trusted_keys_dir(Path(workdir), workload.OPERATOR)
-            settings = _settings(stack, tag, keys_dir)
+            settings = _settings(stack, tag, keys_dir, args.expire)
             infra.create_topics(settings, cleanup)
             infra.register_prefix(settings, cleanup)
             partitions = settings.partitions
@@ -134,13 +195,20 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     store.close()
                 taken = wiring.take_snapshots(settings, built.applied_through(), built.trust)
+                expired = (
+                    _expire_all(settings, built.applied_through(), built.trust)
+                    if args.expire
+                    else 0
+                )
                 produce_all(events, produced[cut:])
             log(f"{len(produced)} events of {args.sessions} sessions, {taken} snapshots")
             command = [sys.executable, "-m", "bench.replay_memory", "--measure-only", tag]
-            command += ["--keys-dir", str(keys_dir)]
+            command += ["--keys-dir", str(keys_dir), *(["--expire"] if args.expire else [])]
             head = {
                 "sessions": args.sessions,
                 "snapshots": taken,
+                "expired": expired,
+                "snapshot_topic_bytes": _latest_bytes(settings),
                 "events_after": len(produced) - cut,
             }
             # The stack by its address: the measuring process starts nothing (a stack started

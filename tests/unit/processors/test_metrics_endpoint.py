@@ -29,7 +29,7 @@ def test_the_metrics_bind_address_is_a_setting_and_defaults_to_loopback() -> Non
 
 
 def test_the_snapshot_rounds_are_metrics_too() -> None:
-    stats = SnapshotStats(rounds=3, snapshots=40, failures=1, bytes=9000, too_large=2)
+    stats = SnapshotStats(rounds=3, snapshots=40, failures=1, bytes=9000, too_large=2, stubs=7)
     stats.checkpoint_lag.update({0: 5, 3: 0})
     taker: list[SnapshotStats] = []
     metrics = Metrics(WorkerStats, lambda: None, dict, lambda: taker[0] if taker else None)
@@ -50,5 +50,6 @@ def test_the_snapshot_rounds_are_metrics_too() -> None:
     assert got[("milpa_snapshot_failures_total", ())] == 1
     assert got[("milpa_snapshot_bytes_total", ())] == 9000
     assert got[("milpa_snapshots_too_large_total", ())] == 2
+    assert got[("milpa_snapshot_stubs_total", ())] == 7
     assert got[("milpa_snapshot_checkpoint_lag", (("partition", "0"),))] == 5
     assert got[("milpa_snapshot_checkpoint_lag", (("partition", "3"),))] == 0
