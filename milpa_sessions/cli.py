@@ -283,7 +283,7 @@ def replay_cmd(
     }
     refused = ", ".join(f"{n} {code}" for code, n in sorted(report.refused.items()))
     ignored = ", ".join(f"{n} {why}" for why, n in sorted(report.ignored.items()))
-    expired = f" ({report.retired} of them expired: tombstones)" if report.retired else ""
+    expired = f" and {report.retired} expired sessions' tombstones" if report.retired else ""
 
     def say() -> None:
         out.print(
@@ -355,6 +355,7 @@ def _replay_live(ctx: Ctx, full: bool, processes: int | None) -> None:
         "processes": first.processes,
         "refused": dict(first.refused),
         "restored_from_snapshots": first.restored,
+        "retired_from_snapshots": first.retired,
         "caught_up": report.caught_up,
         "rounds": report.rounds,
         "old_keys_dropped": report.dropped,

@@ -205,7 +205,9 @@ class StatsCollector(Collector):
     def _snapshot_metrics(self, s: SnapshotStats) -> Iterator[Metric]:
         yield _counter("milpa_snapshot_rounds", "Snapshot rounds completed.", s.rounds)
         yield _counter("milpa_snapshots", "Session snapshots published.", s.snapshots)
-        yield _counter("milpa_snapshot_bytes", "Bytes of session snapshots published.", s.bytes)
+        yield _counter(
+            "milpa_snapshot_bytes", "Bytes of session snapshots (and stubs) published.", s.bytes
+        )
         yield _counter(
             "milpa_snapshot_failures",
             "Snapshot rounds that failed (fenced by a newer writer, or Kafka or Redis refused), "

@@ -112,7 +112,8 @@ class ReplayReport:
     """What a rebuild read and applied, and what it refused (by refusal code).
 
     `restored`: sessions started from their snapshots; `retired`: sessions whose projection had
-    expired, brought back from their stubs as tombstones; `ignored`: snapshot records it could not
+    expired, their tombstones brought back from their stubs (not among `applied_sessions`,
+    nor `restored`); `ignored`: snapshot records it could not
     use, by reason (`projections.snapshots`), each one a warning; `skipped`: events before
     the partitions' checkpoints it did not read; `processes`: how many folded them; `trust`:
     the fingerprint of the trust inputs it folded under (what its snapshots must name).
@@ -442,16 +443,16 @@ class _Job:
 
     def _restore(self, ends: Mapping[int, int]) -> tuple[list[str], int, Counter[str], set[int]]:
         """Write the chosen snapshots of these partitions' sessions, read again from the
-        snapshots topic a page at a time, for the fold to start from: the sessions restored
-        (retired ones among them, as tombstones), how many of them were retired, the snapshots
-        that could not be (by reason) and the partitions to fold whole for them."""
+        snapshots topic a page at a time, for the fold to start from: the sessions restored,
+        how many retired ones' tombstones were (from their stubs), the snapshots that could not
+        be (by reason) and the partitions to fold whole for them."""
         chosen = {p: self.snapshots[p] for p in ends if self.snapshots.get(p)}
         done: list[str] = []
         ignored: Counter[str] = Counter()
         again: set[int] = set()
-        retired = 0
+        retired: list[Retired] = []
         if not chosen or self.snapshots_topic is None:
-            return done, retired, ignored, again
+            return done, 0, ignored, again
         # A partition's snapshots are in the snapshots topic's partition of the same number.
         starts = {p: min(c.at for c in found.values()) for p, found in chosen.items()}
         last = {p: max(c.at for c in found.values()) + 1 for p, found in chosen.items()}
@@ -466,26 +467,21 @@ class _Job:
                     again.add(partition)
                     if sum(ignored.values()) <= 20:
                         log.warning("snapshot ignored (the log is folded instead): %s", got)
-                    continue
-                if isinstance(got, Retired):
+                elif isinstance(got, Retired):
                     stubs.append(got)
                     if len(stubs) >= _RESTORE_BATCH:
-                        done.extend(self._retire(stubs))
-                        retired += len(stubs)
+                        retired.extend(self._retire(stubs))
                         stubs = []
-                    continue
-                page.append(got)
-                if len(page) >= _RESTORE_BATCH:
-                    done.extend(self._write(page))
-                    page = []
-        if page:
-            done.extend(self._write(page))
-        if stubs:
-            done.extend(self._retire(stubs))
-            retired += len(stubs)
-        return done, retired, ignored, again
+                else:
+                    page.append(got)
+                    if len(page) >= _RESTORE_BATCH:
+                        done.extend(self._write(page))
+                        page = []
+        done.extend(self._write(page))
+        retired.extend(self._retire(stubs))
+        return done, len(retired), ignored, again
 
-    def _retire(self, stubs: Sequence[Retired]) -> list[str]:
+    def _retire(self, stubs: list[Retired]) -> list[Retired]:
         """Write these retired sessions' tombstones and counters from their stubs."""
         refused = self.store.restore_retired(stubs)
         if refused:
@@ -493,7 +489,7 @@ class _Job:
                 f"restoring retired sessions: {len(refused)} session(s) already had a tombstone "
                 f"or a projection (e.g. {refused[0]}): is a worker running?"
             )
-        return [r.session_id for r in stubs]
+        return stubs
 
     def _write(self, page: Sequence[Restored]) -> list[str]:
         """Write these sessions from their snapshots.
@@ -503,6 +499,8 @@ class _Job:
         so a rebuild process holds the states of the sessions it folds, not of every session
         it restores (docs/PERFORMANCE.md, "The rebuild's memory").
         """
+        if not page:
+            return []
         result = self.store.restore(page)
         if result.conflicts:
             raise BackendError(

@@ -22,6 +22,10 @@ not necessarily what every commit of it trusted: two workers folding under diffe
 once (a rolling change of keys) leave states folded partly under each, which is why a change of
 trust is made with every worker stopped and followed by `replay --full`.
 
+After the checkpoint, each round replaces the snapshots of the sessions the retention sweep
+dropped since (their retired entries) with stubs: their tombstones and counters, no state. A
+partition with nothing applied since this worker took it over gets a round of stubs only.
+
 Why from Redis and not the worker's cache: the index is written by the same script call as the
 commit, so a worker that crashed, or a partition that moved, leaves nothing unaccounted for; the
 next owner's round snapshots what the last one did not.
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from processors.locks import acquire_within
-from projections.requests import RawState, Retired
+from projections.requests import RawState, RetiredEntry, parse_retired
 from projections.snapshots import (
     SNAPSHOT_MAX_BYTES,
     checkpoint_key,
@@ -70,9 +74,9 @@ class SnapshotStore(Protocol):
 
     async def retired(
         self, partition: int, cursor: int = ..., limit: int = ...
-    ) -> tuple[int, list[Retired]]: ...
+    ) -> tuple[int, list[RetiredEntry]]: ...
 
-    async def unretire(self, partition: int, session_ids: Sequence[str]) -> None: ...
+    async def unretire(self, partition: int, entries: Sequence[RetiredEntry]) -> None: ...
 
 
 class PartitionWriter(Protocol):
@@ -214,22 +218,33 @@ class Snapshotter:
         snapshots written."""
         self._last[partition] = self.clock()
         self._since[partition] = 0
-        if partition not in self.owned() or self.applied(partition) is None:
-            # Not ours, or nothing applied here yet (just assigned, or revoked: the worker
-            # forgets what it applied then): nothing of ours to cover, and opening a writer
-            # would fence off the partition's owner. The next round after a batch is the one.
-            return 0
+        if partition not in self.owned():
+            return 0  # not ours: opening a writer would fence off the partition's owner
+        if self.applied(partition) is None:
+            # Nothing applied here yet (just assigned, or revoked: the worker forgets what it
+            # applied then): nothing of ours to cover. Only stubs, if the sweep retired sessions
+            # (a quiet partition whose sessions all ended sees no batch); else no writer.
+            cursor, found = await self.store.retired(partition, 0, 1)
+            if not found and cursor == 0:
+                return 0
         # The writer is opened (the broker fences earlier writers) before the guard is taken:
         # starting it takes a round trip or three, which a revocation need not wait for. A
         # partition revoked while it starts can so fence its new owner's writer once: that
         # round fails and is tried again `retry_s` later, and this one finds nothing applied.
         async with self.sink.fenced(partition) as writer:
             if self.guard is None:
-                return await self._round(partition, writer)
+                return await self._take(partition, writer)
             async with self.guard:
                 if partition not in self.owned():
                     return 0  # revoked while it waited
-                return await self._round(partition, writer)
+                return await self._take(partition, writer)
+
+    async def _take(self, partition: int, writer: PartitionWriter) -> int:
+        """The round proper, or only its stubs while nothing is applied here."""
+        if self.applied(partition) is None:
+            await self._stubs(partition, writer)
+            return 0
+        return await self._round(partition, writer)
 
     async def _round(self, partition: int, writer: PartitionWriter) -> int:
         applied = self.applied(partition)  # before the index is read: a lower bound
@@ -291,7 +306,6 @@ class Snapshotter:
             low = await self.store.snapped(partition, [*covered, *gone])
             if low is None:
                 break
-        await self._stubs(partition, writer)
         self.stats.rounds += 1
         self.stats.snapshots += written
         through = applied if low is None else min(applied, low - 1)
@@ -300,32 +314,40 @@ class Snapshotter:
         await writer.publish([(checkpoint_key(partition), value)])
         self.stats.checkpoints += 1
         self.stats.checkpoint_lag[partition] = applied - through
+        # After the checkpoint: the stubs cover nothing it vouches for, and a failure among
+        # them must not keep it from moving.
+        await self._stubs(partition, writer)
         return written
 
     async def _stubs(self, partition: int, writer: PartitionWriter) -> None:
         """Replace the snapshots of the partition's retired sessions (the retention sweep
         dropped their projections) with stubs: their tombstones and counters, no state.
 
-        Each such session's last state is in a snapshot published by an earlier round (the
-        sweep waits for it), so its stub comes after it on the topic and replaces it. A
-        `replay --session` of one takes it out of the retired entries before it folds; one that
-        starts between this read and the stub's publication leaves the stub before its own
-        session's next snapshot, which replaces it.
+        The sweep drops a session only once it is out of the unsnapshotted index, so its last
+        state's snapshot was acknowledged before, by this writer or one it fenced off: its stub
+        comes after it on the topic and replaces it. A `replay --session` of a retired session
+        takes its entry away before it folds; one that starts between this read and the stub's
+        publication leaves the stub after the session's older snapshot but before its next one
+        (a round after the restore), which replaces it. An entry that does not read is logged
+        and forgotten: its session keeps its full snapshot.
         """
         cursor = 0
         while True:
-            cursor, found = await self.store.retired(partition, cursor, self.page)
-            if found:
-                taken = self.now_ms()
-                records = [
-                    (r.session_id.encode(), self.codec.encode_snapshot(stub))
-                    for r in found
-                    for stub in (stub_record(r, taken, trust=self.trust),)
-                ]
+            cursor, entries = await self.store.retired(partition, cursor, self.page)
+            records: list[tuple[bytes, bytes]] = []
+            taken = self.now_ms()
+            for sid, raw in entries:
+                try:
+                    stub = stub_record(parse_retired(raw, sid), taken, trust=self.trust)
+                except ValueError as e:
+                    log.warning("no stub for %s (its full snapshot stays): %s", sid, e)
+                    continue
+                records.append((sid.encode(), self.codec.encode_snapshot(stub)))
+            if records:
                 await writer.publish(records)
-                await self.store.unretire(partition, [r.session_id for r in found])
                 self.stats.stubs += len(records)
                 self.stats.bytes += sum(len(v) for _, v in records)
+            await self.store.unretire(partition, entries)
             if cursor == 0:
                 return
 

@@ -37,6 +37,7 @@ from projections.requests import (
     Restored,
     Retention,
     Retired,
+    RetiredEntry,
     commit_call,
     drop_command,
     execute,
@@ -184,9 +185,8 @@ class RedisProjectionStore:
         return self._committed(execute(self.client, request, self.durability))
 
     def restore_retired(self, sessions: Sequence[Retired]) -> list[str]:
-        """Write retired sessions from their snapshot stubs: their tombstones and their counters
-        (the fleet's too with `count_stats`), in one pipelined round trip; those refused (a
-        tombstone or a projection there already: nothing written for them)."""
+        """Write retired sessions' tombstones and counters from their stubs (one round trip);
+        those refused, a tombstone or a projection being there already."""
         self._fresh()
         if not sessions:
             return []
@@ -328,7 +328,8 @@ class RedisProjectionStore:
 
     def expire_due(self, now: datetime, limit: int = EXPIRE_BATCH) -> list[str]:
         """Drop the ended sessions of every partition whose retention deadline is at or before
-        `now` (up to `limit` per partition), leaving tombstones; the ids dropped."""
+        `now` (up to `limit` per partition), leaving tombstones (and with `track`, retired
+        entries for the snapshot rounds' stubs); the ids dropped."""
         self._fresh()
         now_ms = floor_ms(now)
         request = requests.retention_due(self.keys, range(self.partitions), now_ms, limit)
@@ -545,7 +546,8 @@ class AsyncRedisProjectionStore:
         self, partitions: Iterable[int], now: datetime, limit: int = EXPIRE_BATCH
     ) -> list[str]:
         """Drop the ended sessions of these partitions whose retention deadline is at or before
-        `now` (up to `limit` per partition, two round trips), leaving tombstones; the ids dropped.
+        `now` (up to `limit` per partition, two round trips), leaving tombstones (and with
+        `track`, retired entries for the snapshot rounds' stubs); the ids dropped.
 
         Each drop checks its deadline again inside the script: a session restored meanwhile, or
         expired by another worker's sweep (a rebalance), is left as it is.
@@ -579,20 +581,20 @@ class AsyncRedisProjectionStore:
 
     async def retired(
         self, partition: int, cursor: int = 0, limit: int = requests.SNAPSHOT_PAGE
-    ) -> tuple[int, list[Retired]]:
-        """A page of the partition's retired sessions, whose snapshots a round replaces with
-        stubs: the cursor to go on from (0: done) and the sessions."""
+    ) -> tuple[int, list[RetiredEntry]]:
+        """A page of the partition's retired entries, as stored: the cursor to go on from (0:
+        done) and the entries."""
         await self._fresh()
         return await execute_async(
             self.client, requests.retired(self.keys, partition, cursor, limit)
         )
 
-    async def unretire(self, partition: int, session_ids: Sequence[str]) -> None:
-        """Forget retired sessions whose stubs were acknowledged."""
-        if not session_ids:
+    async def unretire(self, partition: int, entries: Sequence[RetiredEntry]) -> None:
+        """Forget retired entries whose stubs were acknowledged (each only if unchanged)."""
+        if not entries:
             return
         await self._fresh()
-        request = requests.unretire(self.keys, partition, session_ids)
+        request = requests.unretire(self.keys, partition, entries)
         await execute_async(self.client, request, self.durability)
 
     async def snapped(

@@ -1049,37 +1049,53 @@ class Retired:
 
 
 def parse_retired(raw: bytes | str, session_id: str) -> Retired:
-    """A retired entry (`<expired ms> <last mark> <counters JSON>`, lua/drop.lua)."""
-    ms, mark, counters = text(raw).split(" ", 2)
-    at = instant_ms(int(ms))
-    found = orjson.loads(counters)
-    if not isinstance(found, dict):  # cjson's {} for none
-        raise ValueError(f"the retired entry of {session_id}: counters {counters!r}")
-    return Retired(
-        Expired(session_id, at, Position.parse(mark)), {str(k): int(v) for k, v in found.items()}
-    )
+    """A retired entry (`<expired ms> <last mark> <counters JSON>`, lua/drop.lua); ValueError
+    if it does not read."""
+    try:
+        ms, mark, counters = text(raw).split(" ", 2)
+        found = orjson.loads(counters)
+        if found == []:  # an empty table, as a cjson that writes arrays for them has it
+            found = {}
+        if not isinstance(found, dict):
+            raise ValueError(f"counters {counters!r}")
+        tombstone = Expired(session_id, instant_ms(int(ms)), Position.parse(mark))
+        return Retired(tombstone, {str(k): int(v) for k, v in found.items()})
+    except (ValueError, TypeError, orjson.JSONDecodeError) as e:
+        raise ValueError(f"the retired entry of {session_id} does not read: {e}") from e
+
+
+RetiredEntry = tuple[str, str]
+"""A retired entry as stored: (session id, `<expired ms> <last mark> <counters JSON>`)."""
 
 
 def retired(
     keys: Keys, partition: int, cursor: int = 0, limit: int = SNAPSHOT_PAGE
-) -> Request[tuple[int, list[Retired]]]:
+) -> Request[tuple[int, list[RetiredEntry]]]:
     """A page of a partition's retired entries (HSCAN from `cursor`, about `limit` of them):
-    the cursor to go on from (0: the scan has ended) and the entries."""
+    the cursor to go on from (0: the scan has ended) and the entries as stored."""
 
-    def parse(replies: list[Any]) -> tuple[int, list[Retired]]:
+    def parse(replies: list[Any]) -> tuple[int, list[RetiredEntry]]:
         following, got = replies[0]
-        pairs = got.items() if isinstance(got, dict) else zip(got[::2], got[1::2], strict=True)
-        return int(following), [parse_retired(v, text(k)) for k, v in pairs]
+        return int(following), [(text(k), text(v)) for k, v in pairs(got)]
 
     command = ("HSCAN", keys.retired(partition), cursor, "COUNT", limit)
     return Request([command], parse, "reading retired sessions failed")
 
 
-def unretire(keys: Keys, partition: int, session_ids: Sequence[str]) -> Request[None]:
-    """Take these sessions out of the partition's retired entries (their stubs were
-    acknowledged)."""
-    command = ("HDEL", keys.retired(partition), *session_ids)
+def unretire(keys: Keys, partition: int, entries: Sequence[RetiredEntry]) -> Request[None]:
+    """Take these entries out of the partition's retired ones, each only if still as read (a
+    session restored and expired again meanwhile has a newer one: lua/unretire.lua)."""
+    args = [x for entry in entries for x in entry]
+    command = ("EVALSHA", scripts.UNRETIRE.sha, 1, keys.retired(partition), *args)
     return Request([command], lambda _: None, "marking retired sessions failed", writes=True)
+
+
+def pairs(reply: Any) -> Iterable[tuple[Any, Any]]:
+    """A hash's fields and values from a reply: a dict (a client's callback) or a flat list."""
+    if isinstance(reply, dict):
+        return reply.items()
+    flat = iter(reply or ())
+    return zip(flat, flat, strict=True)
 
 
 def retire_command(keys: Keys, retired: Retired, count: bool = True) -> tuple[Any, ...]:

@@ -71,4 +71,18 @@ LEASE = load("lease")
 SIGN_IN_ATTEMPT = load("sign_in_attempt")
 UNMARK = load("unmark")
 RETIRE = load("retire")
-ALL = (COMMIT, READ, DUE, WAITING, DROP, SNAPPED, SWITCH, LEASE, SIGN_IN_ATTEMPT, UNMARK, RETIRE)
+UNRETIRE = load("unretire")
+ALL = (
+    COMMIT,
+    READ,
+    DUE,
+    WAITING,
+    DROP,
+    SNAPPED,
+    SWITCH,
+    LEASE,
+    SIGN_IN_ATTEMPT,
+    UNMARK,
+    RETIRE,
+    UNRETIRE,
+)

@@ -21,6 +21,10 @@ signed; a rebuild believes only snapshots of its own trust, so after any change 
 the log is folded again, whether or not every snapshot was replaced since (a snapshotting that
 failed, a partition no round has visited, a session too large to snapshot).
 
+A session whose projection expired (retention) has a stub for its latest snapshot once a round
+has replaced it (`stub_record`, schema v6: `expired_at_ms` set, no state): a rebuild restores its
+tombstone and what it added to the fleet's counters, not the session (`recovered`).
+
 Unusable snapshots are counted, never fatal (`Plan.ignored`, by reason): an undecodable record
 (`corrupt`), another layout (`layout`: after an upgrade the log is folded whole), another trust
 (`trust`: or none named, written before schema v5), a state that does not read (`unreadable`),
@@ -50,6 +54,7 @@ from projections.requests import (
     Retired,
     floor_ms,
     instant_ms,
+    pairs,
     parse_read,
     text,
 )
@@ -102,7 +107,7 @@ def snapshot_record(
         # The text: the record's schema says string, and a restore stores it again.
         "summary": None if summary is None else summary_from_stored(summary, session_id),
         "retain_until_ms": retain_until,
-        "counters": [{"name": text(k), "count": int(v)} for k, v in _pairs(counters)],
+        "counters": [{"name": text(k), "count": int(v)} for k, v in pairs(counters)],
         "trust": trust,
         "expired_at_ms": None,
     }
@@ -165,23 +170,21 @@ def restored(record: Mapping[str, Any], trust: str) -> Restored:
     return Restored(
         folded,
         tuple(record["event_ids"]),
-        {c["name"]: c["count"] for c in record["counters"]},
+        _counters(record),
         record["taken_at_ms"],
         record.get("retain_until_ms"),
     )
 
 
 def recovered(record: Mapping[str, Any], trust: str) -> Restored | Retired:
-    """What a Snapshot record brings back for a rebuild folding under `trust`: the session
-    (`restored`), or its tombstone and counters if it is a retired session's stub;
-    `UnusableSnapshot` with the reason if neither."""
+    """The session a Snapshot record holds, or a retired one's stub (`UnusableSnapshot` if
+    neither can be used under `trust`)."""
     expired_at: int | None = record.get("expired_at_ms")
     if expired_at is None:
         return restored(record, trust)
     sid = _believed(record, trust)
     mark = Position(record["partition"], record["offset"])
-    counters = {c["name"]: c["count"] for c in record["counters"]}
-    return Retired(Expired(sid, instant_ms(expired_at), mark), counters)
+    return Retired(Expired(sid, instant_ms(expired_at), mark), _counters(record))
 
 
 def _believed(record: Mapping[str, Any], trust: str) -> str:
@@ -336,10 +339,10 @@ def chosen_snapshots(
     *,
     trust: str,
 ) -> Iterator[tuple[int, Restored | Retired | UnusableSnapshot]]:
-    """(partition, the session restored, or retired (a stub), or why it cannot be) for each
-    chosen snapshot, read
-    from the snapshots topic's records (partition, offset, key, value) as they come; then each
-    chosen one the records did not hold (`GONE`: compacted away since the plan)."""
+    """(partition, the session restored, a retired one's stub, or why it cannot be) for each
+    chosen snapshot, read from the snapshots topic's records (partition, offset, key, value) as
+    they come; then each chosen one the records did not hold (`GONE`: compacted away since the
+    plan)."""
     left = {(p, c.at): sid for p, found in chosen.items() for sid, c in found.items()}
     for partition, at, key, value in records:
         sid = left.pop((partition, at), None)
@@ -388,8 +391,6 @@ def _folded_under(record: Mapping[str, Any]) -> str:
     return "of no named trust (before schema v5)" if found is None else f"folded under {found}"
 
 
-def _pairs(counters: Any) -> Iterable[tuple[Any, Any]]:
-    if isinstance(counters, dict):
-        return counters.items()
-    flat = iter(counters or ())
-    return zip(flat, flat, strict=True)
+def _counters(record: Mapping[str, Any]) -> dict[str, int]:
+    """A Snapshot record's counters (`Keys.counter_field` -> count)."""
+    return {c["name"]: c["count"] for c in record["counters"]}

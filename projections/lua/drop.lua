@@ -32,12 +32,15 @@ end
 local got = redis.call('HMGET', KEYS[1], 'f', 'mark')
 local counters = nil
 if retire and now ~= '' and got[2] then
+  -- Its own counters: the `c:` fields (the names, then their values: not the state's chunks).
   counters = {}
-  local fields = redis.call('HGETALL', KEYS[1])
-  for i = 1, #fields, 2 do
-    if string.sub(fields[i], 1, 2) == 'c:' then
-      counters[string.sub(fields[i], 3)] = tonumber(fields[i + 1])
-    end
+  local names = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(f, 1, 2) == 'c:' then names[#names + 1] = f end
+  end
+  if #names > 0 then
+    local values = redis.call('HMGET', KEYS[1], unpack(names))
+    for i, f in ipairs(names) do counters[string.sub(f, 3)] = tonumber(values[i]) end
   end
 end
 local was = got[1]
@@ -63,7 +66,8 @@ end
 if not got[2] then return 0 end  -- nothing was projected: nothing expired
 redis.call('HSET', KEYS[15], sid, now .. ' ' .. got[2])
 if counters then
-  -- cjson writes an empty table as {}; a counter is an integer well below 2^53.
+  -- cjson writes an empty table as {} and a number with 14 significant digits: exact for
+  -- counts below 10^14.
   redis.call('HSET', KEYS[19], sid, now .. ' ' .. got[2] .. ' ' .. cjson.encode(counters))
 end
 return 1

@@ -28,7 +28,7 @@ from projections.indexes import ceil_ms
 from projections.keys import Keys
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
-from projections.requests import Retired
+from projections.requests import Retired, parse_retired
 from schemas import events as ev
 from schemas.events import Event
 from session_model.fold import fold
@@ -152,7 +152,8 @@ def test_the_sweep_retires_an_expired_session_with_its_counters_and_a_rebuild_br
     assert store.expire_due(ending.event.occurred_at + TTL) == ["gone"]
     tombstone = store.expired("gone")
     assert tombstone is not None and tombstone.mark == ending.position
-    cursor, found = asyncio.run(_retired_page(secured, store.keys, p))
+    cursor, entries = asyncio.run(_retired_page(secured, store.keys, p))
+    found = [parse_retired(raw, sid) for sid, raw in entries]
     assert (cursor, found) == (0, [Retired(tombstone, own)])
 
     # A rebuild restores the stub into cleared keys: the tombstone, and the counters once.
@@ -167,6 +168,41 @@ def test_the_sweep_retires_an_expired_session_with_its_counters_and_a_rebuild_br
     store.client.hset(store.keys.retired(p), "gone", "1 0:1 {}")
     store.drop("gone", restoring=True)
     assert store.client.hlen(store.keys.retired(p)) == 0 and store.expired("gone") is None
+
+
+def test_a_retired_session_without_counters_reads_back_with_none(
+    projection_store: RedisProjectionStore, secured: Settings
+) -> None:
+    """An empty Lua table, as the script's cjson writes it, reads back as no counters; and the
+    round's delete takes only the entry it read."""
+    store = dataclasses.replace(projection_store, track=True)
+    log = PartitionedLog()
+    log.started("bare")
+    ending = log.ended("bare")
+    store.retention = RETENTION
+    _project(store, log.records)
+    p = ending.position.partition
+    state = store.keys.session("bare", p).state
+    own = [k for k in store.client.hkeys(state) if k[:2] == b"c:"]
+    if own:
+        store.client.hdel(state, *own)
+    store.client.zrem(store.keys.unsnapshotted(p), "bare")
+    assert store.expire_due(ending.event.occurred_at + TTL) == ["bare"]
+    _, entries = asyncio.run(_retired_page(secured, store.keys, p))
+    ((sid, raw),) = entries
+    assert raw.endswith(" {}") and parse_retired(raw, sid).counters == {}
+
+    async def unretire(entries: list[tuple[str, str]]) -> None:
+        client = async_client(secured.redis_url, auth=secured.redis_auth())
+        try:
+            await AsyncRedisProjectionStore(client, store.keys).unretire(p, entries)
+        finally:
+            await client.aclose()
+
+    asyncio.run(unretire([(sid, raw + " ")]))  # not the entry as stored: it stays
+    assert store.client.hlen(store.keys.retired(p)) == 1
+    asyncio.run(unretire([(sid, raw)]))
+    assert store.client.hlen(store.keys.retired(p)) == 0
 
 
 def test_without_snapshots_the_sweep_leaves_no_retired_entry(
@@ -185,7 +221,7 @@ def test_without_snapshots_the_sweep_leaves_no_retired_entry(
 
 async def _retired_page(
     settings: Settings, keys: Keys, partition: int
-) -> tuple[int, list[Retired]]:
+) -> tuple[int, list[tuple[str, str]]]:
     """The worker's read of a partition's retired entries (its asyncio store), from cursor 0."""
     client = async_client(settings.redis_url, auth=settings.redis_auth())
     try:

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from bench.infra import trusted_keys_dir
 from deploy.harness import wait_for
 from milpa_sessions import wiring
+from milpa_sessions.cli import main
 from milpa_sessions.settings import Settings
 from processors.replay import CACHE_LIMIT, ReplayReport, _snapshot_ends, _snapshot_plan, replay
 from processors.sinks import FencedSnapshotSink
@@ -565,3 +567,17 @@ def test_an_expired_session_s_snapshot_becomes_a_stub_a_rebuild_restores_as_its_
     assert projections.load(live) is not None
     assert fleet_wide(projections) == incremental
     assert projections.ids() == [live]
+    projections.clear()
+    assert rebuild(taking, processes=2) == dataclasses.replace(report, processes=2)
+    assert fleet_wide(projections) == incremental
+
+    # `replay --session` folds it whole from the log; its next snapshot replaces the stub.
+    result = CliRunner().invoke(main, ["replay", "--session", done, "--force"], env=taking.to_env())
+    assert result.exit_code == 0, result.output
+    assert projections.load(done) is not None and projections.expired(done) is None
+    wiring.take_snapshots(taking, report.applied_through(), report.trust)
+    whole = latest(done)
+    assert whole is not None and whole["expired_at_ms"] is None and whole["state"]
+    projections.clear()
+    again = rebuild(taking)
+    assert again.retired == 0 and projections.load(done) is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,23 +42,24 @@ class FakeStore:
     commit_between: dict[str, int] = field(default_factory=dict)  # applied after the read
     half_built: set[str] = field(default_factory=set)  # a restore of them has not ended
     reads: int = 0
-    retiring: dict[str, Retired] = field(default_factory=dict)  # the sweep's retired entries
+    retiring: dict[str, str] = field(default_factory=dict)  # the sweep's retired entries
     scan: list[str] = field(default_factory=list)
 
     async def retired(
         self, partition: int, cursor: int = 0, limit: int = 500
-    ) -> tuple[int, list[Retired]]:
+    ) -> tuple[int, list[tuple[str, str]]]:
         # As HSCAN: a cursor to go on from, 0 once the scan has ended; an entry there all
         # along is returned whatever is deleted meanwhile.
         if cursor == 0:
             self.scan = sorted(self.retiring)
         found = [s for s in self.scan[cursor : cursor + limit] if s in self.retiring]
         after = cursor + limit
-        return (after if after < len(self.scan) else 0), [self.retiring[s] for s in found]
+        return (after if after < len(self.scan) else 0), [(s, self.retiring[s]) for s in found]
 
-    async def unretire(self, partition: int, session_ids: Sequence[str]) -> None:
-        for sid in session_ids:
-            del self.retiring[sid]
+    async def unretire(self, partition: int, entries: Sequence[tuple[str, str]]) -> None:
+        for sid, raw in entries:  # as lua/unretire.lua: only the entry as read
+            if self.retiring.get(sid) == raw:
+                del self.retiring[sid]
 
     async def unsnapshotted(self, partition: int, limit: int = 500) -> list[tuple[str, int]]:
         return sorted(self.index.items(), key=lambda kv: kv[1])[:limit]
@@ -133,25 +135,81 @@ def _taker(store: FakeStore, sink: FakeSink, applied: int | None) -> Snapshotter
     return Snapshotter(store, sink, lambda: {0}, lambda p: applied, page=2, trust=TRUST)
 
 
-def test_a_round_replaces_retired_sessions_snapshots_with_stubs_before_its_checkpoint() -> None:
+def _entry(gone: Retired) -> str:
+    """A retired entry as lua/drop.lua writes it."""
+    ms = int(gone.expired.at.timestamp() * 1000)
+    return f"{ms} {gone.expired.mark} {json.dumps(dict(gone.counters))}"
+
+
+def test_a_round_replaces_retired_sessions_snapshots_with_stubs_after_its_checkpoint() -> None:
     at = datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)
     gone = {
         sid: Retired(Expired(sid, at, Position(0, offset)), {"pauses\tpermission": offset})
         for sid, offset in (("r1", 4), ("r2", 6), ("r3", 8))
     }
-    store = FakeStore({"a": 10}, {"a": 9}, retiring=dict(gone))
+    store = FakeStore({"a": 10}, {"a": 9}, retiring={s: _entry(g) for s, g in gone.items()})
     sink = FakeSink()
     taker = _taker(store, sink, applied=12)
     asyncio.run(taker.round(0))
     assert store.retiring == {}  # three stubs over two pages (page=2), then taken out
     keys = [k.decode() for _, k, _ in sink.sent]
-    assert keys == ["a", "r1", "r2", "r3", CHECKPOINT_KEY.decode() + "0"]
+    assert keys == ["a", CHECKPOINT_KEY.decode() + "0", "r1", "r2", "r3"]
     assert _checkpoints(sink) == [12]  # stubs cover nothing new: the checkpoint is as before
     assert taker.stats.stubs == 3
-    for _, k, v in sink.sent[1:4]:
+    for _, k, v in sink.sent[2:]:
         record = CODEC.decode_snapshot(v)
         assert record["state"] == b"" and record["turns"] == [] and record["event_ids"] == []
         assert recovered(record, TRUST) == gone[k.decode()]  # tombstone and counters come back
+
+
+def test_an_entry_that_does_not_read_is_forgotten_and_the_others_get_their_stubs() -> None:
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    good = Retired(Expired("ok", at, Position(0, 3)), {})
+    store = FakeStore({}, {}, retiring={"bad": "not an entry", "ok": _entry(good)})
+    sink = FakeSink()
+    taker = _taker(store, sink, applied=12)
+    asyncio.run(taker.round(0))
+    assert store.retiring == {}
+    assert [k for _, k, _ in sink.sent] == [checkpoint_key(0), b"ok"]
+    assert taker.stats.stubs == 1
+
+
+def test_a_stub_that_was_not_acknowledged_keeps_its_entry() -> None:
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    store = FakeStore({}, {}, retiring={"r": _entry(Retired(Expired("r", at, Position(0, 3)), {}))})
+    sink = FakeSink(refuse_after=1)  # the checkpoint goes, the stubs' page is refused
+    taker = _taker(store, sink, applied=12)
+    asyncio.run(taker.round_safely(0))
+    assert list(store.retiring) == ["r"] and taker.stats.failures == 1
+    assert _checkpoints(sink) == [12]  # the checkpoint moved all the same
+
+
+def test_an_entry_renewed_while_its_stub_was_published_stays() -> None:
+    """A session restored and expired again meanwhile has a newer entry: its own stub is due."""
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    store = FakeStore({}, {}, retiring={"r": _entry(Retired(Expired("r", at, Position(0, 3)), {}))})
+    read = store.unretire
+
+    async def renewed_first(partition: int, entries: Sequence[tuple[str, str]]) -> None:
+        store.retiring["r"] = "1 0:9 {}"  # expired again between the read and the delete
+        await read(partition, entries)
+
+    store.unretire = renewed_first  # type: ignore[method-assign]
+    asyncio.run(_taker(store, FakeSink(), applied=12).round(0))
+    assert store.retiring == {"r": "1 0:9 {}"}
+
+
+def test_a_partition_with_nothing_applied_still_gets_its_stubs() -> None:
+    """A quiet partition whose sessions all ended sees no batch after a restart or hand-over:
+    its rounds write the stubs of what the sweep retired there, and no checkpoint."""
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    store = FakeStore({}, {}, retiring={"r": _entry(Retired(Expired("r", at, Position(0, 3)), {}))})
+    sink = FakeSink()
+    assert asyncio.run(_taker(store, sink, applied=None).round(0)) == 0
+    assert [k for _, k, _ in sink.sent] == [b"r"] and store.retiring == {}
+    idle = FakeSink()
+    asyncio.run(_taker(store, idle, applied=None).round(0))
+    assert idle.log == []  # nothing retired, nothing applied: no writer opened
 
 
 def test_a_round_without_retired_sessions_writes_no_stub() -> None:
@@ -549,3 +607,22 @@ def test_the_replay_command_snapshots_under_the_trust_its_rebuild_folded_under(
     result = CliRunner().invoke(main, ["replay", "--force", "--full"], env=env)
     assert result.exit_code == 0, result.output
     assert taken == [({0: 11}, OTHER)]
+
+
+def test_the_replay_command_reports_the_tombstones_it_restored_from_stubs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fake_replay(*args: Any, **kwargs: Any) -> ReplayReport:
+        return ReplayReport(12, 2, restored=3, retired=5, ends={0: 12}, trust=TRUST)
+
+    monkeypatch.setattr(processors.replay, "replay", fake_replay)
+    monkeypatch.setattr(wiring, "take_snapshots", lambda *args: 0)
+    env = {"MILPA_KAFKA_BOOTSTRAP": "127.0.0.1:1", "MILPA_REDIS_URL": "redis://127.0.0.1:1/0"}
+    result = CliRunner().invoke(main, ["replay", "--force"], env=env)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "3 restored from snapshots and 5 expired sessions' tombstones" in said
+    result = CliRunner().invoke(main, ["--json", "replay", "--force"], env=env)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert (data["restored_from_snapshots"], data["retired_from_snapshots"]) == (3, 5)
