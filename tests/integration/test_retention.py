@@ -33,6 +33,7 @@ from schemas import events as ev
 from schemas.events import Event
 from session_model.fold import fold
 from session_model.partitioning import partition_for
+from session_model.projection import Record
 from session_model.signing import TrustedKeys
 from tests.contract_projection import _project
 from tests.contract_retention import PARTITIONS, RETENTION, TTL, PartitionedLog, RetentionContract
@@ -63,17 +64,28 @@ class TestRedisRetention(RetentionContract):
     scripts keep the retention index, the tombstones, the waiting index and fleet counts)."""
 
 
+def _ended_while_tracked(
+    projection_store: RedisProjectionStore, sid: str, asked: str | None = None
+) -> tuple[RedisProjectionStore, Record]:
+    """A store taking snapshots (`track`) and keeping ended sessions `RETENTION`, with `sid`
+    started, asked a question of reason `asked` (if given) and ended; the store and the ending."""
+    store = dataclasses.replace(projection_store, track=True)
+    log = PartitionedLog()
+    log.started(sid)
+    if asked is not None:
+        ask(log, sid, "q1", reason=asked)  # type: ignore[arg-type]
+    ending = log.ended(sid)
+    store.retention = RETENTION
+    _project(store, log.records)
+    return store, ending
+
+
 def test_an_ended_session_is_not_expired_before_a_snapshot_round_took_its_last_state(
     projection_store: RedisProjectionStore,
 ) -> None:
     """With snapshots taken, the sweep leaves an ended session in its partition's unsnapshotted
     index (a rebuild from snapshots would miss its last events); once a round took it, it goes."""
-    store = dataclasses.replace(projection_store, track=True)
-    log = PartitionedLog()
-    log.started("done")
-    ending = log.ended("done")
-    store.retention = RETENTION
-    _project(store, log.records)
+    store, ending = _ended_while_tracked(projection_store, "done")
     index = store.keys.unsnapshotted(ending.position.partition)
     assert store.client.zscore(index, "done") == 0
     later = ending.event.occurred_at + timedelta(days=1)
@@ -136,13 +148,7 @@ def test_the_sweep_retires_an_expired_session_with_its_counters_and_a_rebuild_br
     """With snapshots taken, the sweep leaves a retired entry (its tombstone and what the session
     added to the fleet's counters) for the next snapshot round's stub; a rebuild restoring the
     stub writes the tombstone and adds the counters, once; a restore of the session forgets it."""
-    store = dataclasses.replace(projection_store, track=True)
-    log = PartitionedLog()
-    log.started("gone")
-    ask(log, "gone", "q1", reason="signature")  # type: ignore[arg-type]
-    ending = log.ended("gone")
-    store.retention = RETENTION
-    _project(store, log.records)
+    store, ending = _ended_while_tracked(projection_store, "gone", asked="signature")
     p = ending.position.partition
     state = store.keys.session("gone", p).state
     own = {k.decode()[2:]: int(v) for k, v in store.client.hgetall(state).items() if k[:2] == b"c:"}
@@ -175,12 +181,7 @@ def test_a_retired_session_without_counters_reads_back_with_none(
 ) -> None:
     """An empty Lua table, as the script's cjson writes it, reads back as no counters; and the
     round's delete takes only the entry it read."""
-    store = dataclasses.replace(projection_store, track=True)
-    log = PartitionedLog()
-    log.started("bare")
-    ending = log.ended("bare")
-    store.retention = RETENTION
-    _project(store, log.records)
+    store, ending = _ended_while_tracked(projection_store, "bare")
     p = ending.position.partition
     state = store.keys.session("bare", p).state
     own = [k for k in store.client.hkeys(state) if k[:2] == b"c:"]
