@@ -389,9 +389,7 @@ def _load(ctx: Ctx, store: SessionStore, session_id: str) -> Session:
     try:
         return store.load(session_id)
     except UnknownSessionError as e:
-        projections = wiring.projection_store(ctx.settings)
-        close_at_end(projections.close)
-        expired = projections.expired(session_id)
+        expired = store.projections.expired(session_id)
         if expired is None:
             raise
         raise SessionExpiredError(

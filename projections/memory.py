@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from projections.indexes import ceil_ms
-from projections.requests import EXPIRE_BATCH, Expired, Retention, floor_ms
+from projections.requests import EXPIRE_BATCH, Retention, floor_ms
 from schemas.errors import NotYetVisibleError
 from session_model.ports import CommitResult
-from session_model.projection import Folded, Position, SessionUpdate
+from session_model.projection import Expired, Folded, Position, SessionUpdate
 from session_model.questions import (
     Cursor,
     WaitingPage,

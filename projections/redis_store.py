@@ -32,7 +32,6 @@ from projections.requests import (
     EXPIRE_BATCH,
     NOT_DURABLE,
     Durability,
-    Expired,
     RawState,
     Restored,
     Retention,
@@ -49,7 +48,7 @@ from projections.requests import (
 )
 from schemas.errors import NotYetVisibleError, ProjectionError, SessionRestoringError
 from session_model.ports import CommitResult
-from session_model.projection import Folded, Position, SessionUpdate
+from session_model.projection import Expired, Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
 from session_model.session import HISTORY_KINDS, Decision, History, Session, Turn, history_kinds
 from session_model.timeline import TimelineEntry, last

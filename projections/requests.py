@@ -58,7 +58,7 @@ from schemas.errors import ConfigurationError, ProjectionError, ReplicationLagEr
 from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
 from session_model.ports import CommitResult
-from session_model.projection import Folded, Position, SessionUpdate
+from session_model.projection import Expired, Folded, Position, SessionUpdate
 from session_model.session import HISTORY_KINDS, Decision, HistoryRecord
 from session_model.timeline import TimelineEntry
 
@@ -462,15 +462,6 @@ class Retention:
             return None
         last = max(s.event.occurred_at for s in update.steps if s.state.ended)
         return max(ceil_ms(last) + self.ttl_ms, self.floor_ms)
-
-
-@dataclass(frozen=True, slots=True)
-class Expired:
-    """A session's tombstone: its projection was dropped at `at`, last applied at `mark`."""
-
-    session_id: str
-    at: datetime
-    mark: Position
 
 
 def parse_expired(raw: bytes | str | None, session_id: str) -> Expired | None:

@@ -48,7 +48,6 @@ from typing import Any, Final
 
 from projections.codec import STATE_VERSION, summary_from_stored
 from projections.requests import (
-    Expired,
     RawState,
     Restored,
     Retired,
@@ -60,7 +59,7 @@ from projections.requests import (
 )
 from schemas.codec import EventCodec
 from schemas.errors import MilpaError
-from session_model.projection import Position
+from session_model.projection import Expired, Position
 
 CHECKPOINT_KEY: Final = b"\x00checkpoint:"
 # The largest record the topic takes (its `max.message.bytes`) and its writers send.

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from schemas.events import Event
-from session_model.projection import Folded, Position, SessionUpdate
+from session_model.projection import Expired, Folded, Position, SessionUpdate
 from session_model.questions import Cursor, WaitingPage
 from session_model.session import History, Session, Turn
 from session_model.timeline import TimelineEntry
@@ -64,9 +64,9 @@ class ProjectionStore(Protocol):
         """Every session id with a projection, sorted."""
         ...
 
-    def expired(self, session_id: str) -> object | None:
-        """The session's tombstone (the store's own record of it) if its projection expired by
-        retention, else None: its id is taken, its events are in the log."""
+    def expired(self, session_id: str) -> Expired | None:
+        """The session's tombstone if its projection expired by retention, else None: its id is
+        taken, its events are in the log."""
         ...
 
     def facts(self, session_id: str, kinds: Iterable[str] | None = None) -> History:

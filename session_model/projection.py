@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from schemas import events as ev
@@ -52,6 +53,15 @@ class Position:
         """Read `partition:offset`."""
         partition, _, offset = text.partition(":")
         return cls(int(partition), int(offset))
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A session's tombstone: its projection was dropped at `at`, last applied at `mark`."""
+
+    session_id: str
+    at: datetime
+    mark: Position
 
 
 @fast_init

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
-from projections.requests import Expired, Retention
+from projections.requests import Retention
 from schemas import events as ev
 from schemas.events import Event
 from session_model.fold import fold
 from session_model.partitioning import partition_for
-from session_model.projection import BatchFolder, Position, Record
+from session_model.projection import BatchFolder, Expired, Position, Record
 from tests.contract_projection import BASE_TIME, _project
 from tests.contract_waiting import ask
 

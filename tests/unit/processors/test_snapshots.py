@@ -19,13 +19,13 @@ from milpa_sessions.cli import main
 from processors.replay import ReplayReport
 from processors.snapshots import Snapshotter, snapshot_partitions
 from projections.codec import session_to_blob
-from projections.requests import Expired, Retired
+from projections.requests import Retired
 from projections.snapshots import CHECKPOINT_KEY, checkpoint_key, recovered, snapshot_record
 from schemas.codec import EventCodec
 from schemas.errors import LogError
 from session_model.authority import Cutover, trust_fingerprint
 from session_model.modes import Mode
-from session_model.projection import Position
+from session_model.projection import Expired, Position
 from session_model.session import Session
 from session_model.signing import TrustedKeys
 

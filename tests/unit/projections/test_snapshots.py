@@ -20,7 +20,7 @@ from projections.codec import (
     summary_to_stored,
     turn_to_json,
 )
-from projections.requests import Expired, Restored, Retired
+from projections.requests import Restored, Retired
 from projections.snapshots import (
     CORRUPT,
     GONE,
@@ -42,7 +42,7 @@ from schemas.codec import EventCodec, SchemaRegistry
 from session_model.authority import Authority, Cutover, kafka_form, trust_fingerprint
 from session_model.fold import fold, step
 from session_model.modes import Mode
-from session_model.projection import Position
+from session_model.projection import Expired, Position
 from session_model.session import Session
 from session_model.signing import Signer, TrustedKeys
 from tests.unit.builders import OPERATOR, fresh_ids, started, tool, trusted, turn
