@@ -8,11 +8,12 @@ clock it passes in (no real TTL is waited for), and restores one with `replay --
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,7 +27,7 @@ from processors.scheduler import RetentionSweep
 from producers.kafka_log import KafkaEventLog
 from projections.indexes import ceil_ms
 from projections.keys import Keys
-from projections.redis_client import async_client
+from projections.redis_client import SyncCluster, async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
 from projections.requests import Retired, parse_retired
 from schemas import events as ev
@@ -45,14 +46,23 @@ from tests.integration.test_scale_and_crash import dump
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def projection_store(secured: Settings) -> Iterator[RedisProjectionStore]:
-    """A Redis projection store under a unique prefix, empty before and after the test."""
-    store = RedisProjectionStore.from_url(
-        secured.redis_url,
-        Keys(f"itr{uuid.uuid4().hex[:10]}", partitions=secured.partitions),
-        auth=secured.redis_auth(),
-    )
+@pytest.fixture(
+    params=[
+        "single",
+        pytest.param("cluster", marks=(pytest.mark.plain_stack, pytest.mark.redis_cluster)),
+    ]
+)
+def projection_store(
+    request: pytest.FixtureRequest, secured: Settings
+) -> Iterator[RedisProjectionStore]:
+    """A Redis projection store under a unique prefix, empty before and after the test: on the
+    single Redis, and on the Redis Cluster (plain stack only: `up --secure` starts none)."""
+    keys = Keys(f"itr{uuid.uuid4().hex[:10]}", partitions=secured.partitions)
+    if request.param == "cluster":
+        url = request.getfixturevalue("redis_cluster_url")
+        store = RedisProjectionStore.from_url(url, keys, cluster=True)
+    else:
+        store = RedisProjectionStore.from_url(secured.redis_url, keys, auth=secured.redis_auth())
     store.clear()
     yield store
     store.clear()
@@ -158,7 +168,7 @@ def test_the_sweep_retires_an_expired_session_with_its_counters_and_a_rebuild_br
     assert store.expire_due(ending.event.occurred_at + TTL) == ["gone"]
     tombstone = store.expired("gone")
     assert tombstone is not None and tombstone.mark == ending.position
-    cursor, entries = asyncio.run(_retired_page(secured, store.keys, p))
+    cursor, entries = asyncio.run(_retired_page(store, secured, p))
     found = [parse_retired(raw, sid) for sid, raw in entries]
     assert (cursor, found) == (0, [Retired(tombstone, own)])
 
@@ -189,16 +199,13 @@ def test_a_retired_session_without_counters_reads_back_with_none(
         store.client.hdel(state, *own)
     store.client.zrem(store.keys.unsnapshotted(p), "bare")
     assert store.expire_due(ending.event.occurred_at + TTL) == ["bare"]
-    _, entries = asyncio.run(_retired_page(secured, store.keys, p))
+    _, entries = asyncio.run(_retired_page(store, secured, p))
     ((sid, raw),) = entries
     assert raw.endswith(" {}") and parse_retired(raw, sid).counters == {}
 
     async def unretire(entries: list[tuple[str, str]]) -> None:
-        client = async_client(secured.redis_url, auth=secured.redis_auth())
-        try:
-            await AsyncRedisProjectionStore(client, store.keys).unretire(p, entries)
-        finally:
-            await client.aclose()
+        async with _worker_store(store, secured) as worker:
+            await worker.unretire(p, entries)
 
     asyncio.run(unretire([(sid, raw + " ")]))  # not the entry as stored: it stays
     assert store.client.hlen(store.keys.retired(p)) == 1
@@ -220,15 +227,32 @@ def test_without_snapshots_the_sweep_leaves_no_retired_entry(
     )
 
 
+def _worker_store(
+    store: RedisProjectionStore, settings: Settings
+) -> contextlib.AbstractAsyncContextManager[AsyncRedisProjectionStore]:
+    """A worker's asyncio store on the same Redis (or Redis Cluster) and keys as `store`."""
+
+    @contextlib.asynccontextmanager
+    async def opened() -> AsyncIterator[AsyncRedisProjectionStore]:
+        if isinstance(store.client, SyncCluster):
+            nodes = store.client.get_nodes()  # type: ignore[no-untyped-call]
+            client = async_client(f"redis://{nodes[0].host}:{nodes[0].port}/0", cluster=True)
+        else:
+            client = async_client(settings.redis_url, auth=settings.redis_auth())
+        try:
+            yield AsyncRedisProjectionStore(client, store.keys)
+        finally:
+            await client.aclose()
+
+    return opened()
+
+
 async def _retired_page(
-    settings: Settings, keys: Keys, partition: int
+    store: RedisProjectionStore, settings: Settings, partition: int
 ) -> tuple[int, list[tuple[str, str]]]:
     """The worker's read of a partition's retired entries (its asyncio store), from cursor 0."""
-    client = async_client(settings.redis_url, auth=settings.redis_auth())
-    try:
-        return await AsyncRedisProjectionStore(client, keys).retired(partition)
-    finally:
-        await client.aclose()
+    async with _worker_store(store, settings) as worker:
+        return await worker.retired(partition)
 
 
 # -- end to end: a worker indexes, a sweep expires, `show` says so, `replay --session` restores --
