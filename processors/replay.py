@@ -450,9 +450,9 @@ class _Job:
         done: list[str] = []
         ignored: Counter[str] = Counter()
         again: set[int] = set()
-        retired: list[Retired] = []
+        retired = 0
         if not chosen or self.snapshots_topic is None:
-            return done, 0, ignored, again
+            return done, retired, ignored, again
         # A partition's snapshots are in the snapshots topic's partition of the same number.
         starts = {p: min(c.at for c in found.values()) for p, found in chosen.items()}
         last = {p: max(c.at for c in found.values()) + 1 for p, found in chosen.items()}
@@ -467,29 +467,28 @@ class _Job:
                     again.add(partition)
                     if sum(ignored.values()) <= 20:
                         log.warning("snapshot ignored (the log is folded instead): %s", got)
-                elif isinstance(got, Retired):
+                    continue
+                if isinstance(got, Retired):
                     stubs.append(got)
-                    if len(stubs) >= _RESTORE_BATCH:
-                        retired.extend(self._retire(stubs))
-                        stubs = []
                 else:
                     page.append(got)
-                    if len(page) >= _RESTORE_BATCH:
-                        done.extend(self._write(page))
-                        page = []
+                if len(page) + len(stubs) >= _RESTORE_BATCH:
+                    done.extend(self._write(page))
+                    retired += self._retire(stubs)
+                    page, stubs = [], []
         done.extend(self._write(page))
-        retired.extend(self._retire(stubs))
-        return done, len(retired), ignored, again
+        retired += self._retire(stubs)
+        return done, retired, ignored, again
 
-    def _retire(self, stubs: list[Retired]) -> list[Retired]:
-        """Write these retired sessions' tombstones and counters from their stubs."""
+    def _retire(self, stubs: Sequence[Retired]) -> int:
+        """Write these retired sessions' tombstones and counters from their stubs; how many."""
         refused = self.store.restore_retired(stubs)
         if refused:
             raise BackendError(
                 f"restoring retired sessions: {len(refused)} session(s) already had a tombstone "
                 f"or a projection (e.g. {refused[0]}): is a worker running?"
             )
-        return stubs
+        return len(stubs)
 
     def _write(self, page: Sequence[Restored]) -> list[str]:
         """Write these sessions from their snapshots.

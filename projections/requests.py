@@ -946,10 +946,8 @@ def unsnapshotted(
 
     def parse(replies: list[Any]) -> list[tuple[str, int]]:
         got = replies[0]
-        if got and isinstance(got[0], (list, tuple)):  # redis-py pairs them (its callback)
-            return [(text(m), int(float(score))) for m, score in got]
-        flat = iter(got)
-        return [(text(m), int(float(score))) for m, score in zip(flat, flat, strict=True)]
+        paired = got if got and isinstance(got[0], (list, tuple)) else pairs(got)  # (callback)
+        return [(text(m), int(float(score))) for m, score in paired]
 
     return Request(
         [("ZRANGE", keys.unsnapshotted(partition), 0, limit - 1, "WITHSCORES")],
