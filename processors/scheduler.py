@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from schemas.errors import ProjectionError
 from schemas.events import Event
 from session_model.compaction import Compactor, compaction_due
 from session_model.projection import Folded, SessionUpdate
-from session_model.scheduled import compacted, window_closed
+from session_model.scheduled import ID_KEY_BYTES, ScheduledIds, compacted, window_closed
 from session_model.session import Session
 
 log = logging.getLogger(__name__)
@@ -87,8 +88,11 @@ class Scheduler:
         prepare_chunk: int = 32,
         max_unacknowledged_ticks: int = 256,
         closes: bool = True,
+        ids: ScheduledIds | None = None,
     ) -> None:
         self._states = states
+        # Its own key unless given: see `ScheduledIds` for why nobody else may know its ids.
+        self.ids = ids or ScheduledIds(secrets.token_bytes(ID_KEY_BYTES))
         self._due_index = due_index
         self._events = events
         self.compactor = compactor
@@ -478,7 +482,8 @@ class Scheduler:
         return self._closing_event(sid, question_id, seq, now), deadline
 
     def _closing_event(self, sid: str, question_id: str, seq: int, now: datetime) -> Event:
-        return window_closed(sid, question_id, seq, now, self.producer)
+        event_id = self.ids.closing(sid, seq)
+        return window_closed(sid, question_id, seq, now, self.producer, event_id=event_id)
 
     def _awaiting_fold(self, session: Session) -> bool:
         """Whether a compaction emitted for this session is not folded into this state yet."""
@@ -488,7 +493,10 @@ class Scheduler:
     def _compaction(self, session: Session, now: datetime) -> Event | None:
         """The `compacted` event to append, or None when nothing is due."""
         plan = self.compactor.plan(session)
-        return None if plan is None else compacted(session.id, plan, now, self.producer)
+        if plan is None:
+            return None
+        event_id = self.ids.compaction(session.id, plan.through)
+        return compacted(session.id, plan, now, self.producer, event_id=event_id)
 
     async def _emit(
         self,

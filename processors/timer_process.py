@@ -17,6 +17,7 @@ import bisect
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +34,7 @@ from processors.sinks import LazyProducer, ProducerSink
 from processors.timer import Closing, Frames, Timetable
 from producers.kafka_access import KafkaAccess
 from schemas.codec import EventCodec
-from session_model.scheduled import window_closed
+from session_model.scheduled import ID_KEY_BYTES, ScheduledIds, window_closed
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ class TimerService:
         self.counters = counters
         self.table = Timetable()
         self.codec = codec or EventCodec()
+        # A key of this process's own: see `ScheduledIds` for why nobody else may know its ids.
+        self._ids = ScheduledIds(secrets.token_bytes(ID_KEY_BYTES))
         self._frames = Frames()
         self._producer: LazyProducer | None = None
         if sink is None:
@@ -195,10 +198,13 @@ class TimerService:
     def _send(self, due: Sequence[Closing], now: int) -> None:
         """Encode every due closing now; a task sends them together and awaits the acks."""
         at = datetime.fromtimestamp(now / 1e6, UTC)
-        producer, encode = self.config.producer, self.codec.encode
+        producer, encode, ids = self.config.producer, self.codec.encode, self._ids
         records: list[OutRecord] = []
         for c in due:
-            event = window_closed(c.session_id, c.question_id, c.question_seq, at, producer)
+            event_id = ids.closing(c.session_id, c.question_seq)
+            event = window_closed(
+                c.session_id, c.question_id, c.question_seq, at, producer, event_id=event_id
+            )
             records.append((c.session_id.encode(), encode(event), ()))
         task = asyncio.get_running_loop().create_task(self._publish(due, records))
         self._sending.add(task)

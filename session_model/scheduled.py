@@ -1,12 +1,13 @@
 """The events the scheduler appends, built in one place (the scheduler and `SessionStore` use it).
 
-The scheduler's ids are derived from what they close or compact, so two schedulers emitting the
-same closing (around a rebalance) append duplicates the fold ignores. A writer that means a new
-event (`SessionStore.compact` called twice) passes its own id.
+Every one carries the id its writer gives: a scheduler's come from `ScheduledIds`, a writer that
+means a new event (`SessionStore.compact` called twice) passes a fresh one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import uuid
 from datetime import datetime
 
@@ -14,7 +15,39 @@ from schemas import events as ev
 from schemas.events import Event, utc_millis
 from session_model.compaction import CompactionPlan
 
-_NAMESPACE = uuid.UUID("9a4c2f57-1a0e-4f3b-8d1e-6d696c706173")
+ID_KEY_BYTES = 32
+
+
+class ScheduledIds:
+    """A scheduler's event ids: derived from what they close or compact under a key of its own.
+
+    Derived, so that a send tried again (its ack lost) appends a duplicate the fold drops by id.
+    Keyed, so that nobody else can tell them in advance: the fold drops any event whose id it has
+    seen, and an agent that appended an event of its own under a closing's id first would have
+    the closing dropped as a duplicate, so that its question's deadline never ended the session
+    (and its late answer was taken). Two schedulers (around a rebalance) hold different keys: the
+    later of their two closings, or compactions, is folded as the no-op the fold makes of a
+    closing of a question already resolved, or of a cut already made.
+    """
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("a scheduler's id key needs at least 16 bytes")
+        self._key = key
+
+    def closing(self, session_id: str, question_seq: int) -> str:
+        """The id of the closing of the question asked at `question_seq`."""
+        return self._derive(f"{session_id}:window:{question_seq}")
+
+    def compaction(self, session_id: str, through: int) -> str:
+        """The id of the compaction of the session through `through`."""
+        return self._derive(f"{session_id}:compact:{through}")
+
+    def _derive(self, name: str) -> str:
+        digest = hmac.new(self._key, name.encode(), hashlib.sha256).digest()
+        return str(uuid.UUID(bytes=digest[:16], version=4))
 
 
 def window_closed(
@@ -24,13 +57,13 @@ def window_closed(
     now: datetime,
     producer: str,
     *,
-    event_id: str | None = None,
+    event_id: str,
 ) -> Event:
     """`answer_window_closed` for the question asked at `question_seq` (named in it: the fold
     ignores it once another asking of the id is open), closed at `now`."""
     at = utc_millis(now)
     return Event(
-        event_id=event_id or str(uuid.uuid5(_NAMESPACE, f"{session_id}:window:{question_seq}")),
+        event_id=event_id,
         session_id=session_id,
         type=ev.ANSWER_WINDOW_CLOSED,
         occurred_at=at,
@@ -45,11 +78,11 @@ def compacted(
     now: datetime,
     producer: str,
     *,
-    event_id: str | None = None,
+    event_id: str,
 ) -> Event:
     """`compacted` with the plan's summary, through the plan's seq."""
     return Event(
-        event_id=event_id or str(uuid.uuid5(_NAMESPACE, f"{session_id}:compact:{plan.through}")),
+        event_id=event_id,
         session_id=session_id,
         type=ev.COMPACTED,
         occurred_at=utc_millis(now),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -204,7 +205,15 @@ def _grow(
         batch = []
         plan = compactor.plan(state)
         if plan is not None:  # the scheduler's compaction, first in the next batch
-            pending.append(compacted(sid, plan, datetime.now(UTC), "bench-scheduler"))
+            pending.append(
+                compacted(
+                    sid,
+                    plan,
+                    datetime.now(UTC),
+                    "bench-scheduler",
+                    event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/compact/{plan.through}")),
+                )
+            )
         if seq >= n:
             break
     return {age: 1e6 * spent[age] / max(counted[age], 1) for age in ages}

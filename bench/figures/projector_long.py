@@ -15,6 +15,7 @@ in the topic: same id) is folded like any record and counted in the figure's par
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -95,7 +96,13 @@ def with_compactions(
         if plan is None:
             continue
         at = event.occurred_at + timedelta(milliseconds=1)
-        compaction = compacted(state.id, plan, at, producer)
+        compaction = compacted(
+            state.id,
+            plan,
+            at,
+            producer,
+            event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{state.id}/compact/{plan.through}")),
+        )
         state = step(state, compaction, auth).state
         out.append(compaction)
         count += 1

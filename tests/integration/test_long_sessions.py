@@ -4,6 +4,7 @@ worker that saw the original is gone."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -73,9 +74,20 @@ def _with_compactions(sid: str, events: list[Event]) -> Iterator[Event]:
         state = step(state, event, auth).state
         plan = compactor.plan(state)
         if plan is not None:
-            summary = compacted(sid, plan, event.occurred_at, "long-scheduler")
+            summary = compacted(
+                sid,
+                plan,
+                event.occurred_at,
+                "long-scheduler",
+                event_id=_compaction_id(sid, plan.through),
+            )
             state = step(state, summary, auth).state
             yield summary
+
+
+def _compaction_id(sid: str, through: int) -> str:
+    """A compaction's id, the same in every run (the scheduler's are keyed per process)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/compact/{through}"))
 
 
 def _hot_bytes(store: RedisProjectionStore, sid: str) -> int:

@@ -508,12 +508,12 @@ def test_a_closing_naming_an_earlier_asking_leaves_a_re_asked_question_with_no_d
 
 
 def test_the_scheduler_s_closing_names_the_asking_it_closes() -> None:
-    closing = scheduled_window_closed("s1", "q1", 4, AFTER, "milpa-scheduler")
+    closing = scheduled_window_closed("s1", "q1", 4, AFTER, "milpa-scheduler", event_id="c4")
     assert closing.payload["asked_seq"] == 4
     state = fold_all([started(), ask("q1", expires_at=DEADLINE), answer("q1", "no")])
     reasked = step(state, ask("q1", expires_at=DEADLINE)).state
     assert reasked.question is not None and reasked.question.seq == 4
-    first = scheduled_window_closed("s1", "q1", 2, AFTER, "milpa-scheduler")
+    first = scheduled_window_closed("s1", "q1", 2, AFTER, "milpa-scheduler", event_id="c2")
     assert step(reasked, first).outcome.kind is Kind.NOOP
     assert step(reasked, closing).state.ended
 
