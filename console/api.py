@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from console import service
+from console.auth import Identity
 from console.guards import ApiCaller, identify
 from console.inputs import (
     MAX_LATEST,
@@ -164,7 +165,6 @@ async def events(caller: ApiCaller, request: Request) -> StreamingResponse:
     `console_streams_per_caller` of them at once: one more is a 429 `too_many_streams`.
     """
     rt = runtime(request)
-    session = caller.session_id if caller.via == "cookie" else None
     limit = rt.settings.console_streams_per_caller
     try:
         sub = rt.hub.subscribe(caller.principal.id, limit)
@@ -179,7 +179,7 @@ async def events(caller: ApiCaller, request: Request) -> StreamingResponse:
         event_stream(
             rt.hub,
             request.is_disconnected,
-            still_signed_in=functools.partial(_still_signed_in, request, session),
+            still_signed_in=functools.partial(_still_signed_in, request, caller),
             sub=sub,
         ),
         release=functools.partial(rt.hub.unsubscribe, sub),
@@ -203,13 +203,16 @@ class _HeldStream(StreamingResponse):
             self._release()
 
 
-async def _still_signed_in(request: Request, session: str | None) -> bool:
-    """Whether a stream's cookie session still holds: not signed out, and its operator's password
-    unchanged in the users file (read as a request's cookie is: off the loop)."""
-    if session is None:
-        return True
+async def _still_signed_in(request: Request, caller: Identity) -> bool:
+    """Whether a stream's caller still holds, read as a request's credentials are (off the
+    loop): a cookie session not signed out, its operator's password unchanged in the users file;
+    a bearer token still in the tokens file."""
     found = await run_in_threadpool(identify, request)
-    return found is not None and found.session_id == session
+    if found is None:
+        return False
+    if caller.via == "cookie":
+        return found.session_id == caller.session_id
+    return found.principal == caller.principal
 
 
 @document.get("/openapi.json")

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import re
 import secrets
-import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import quote
@@ -24,8 +23,8 @@ from console.auth import (
     Passwords,
     SignInThrottle,
     Tokens,
-    UsersFile,
-    load_tokens,
+    tokens_file,
+    users_file,
 )
 from console.guards import CsrfRefused, LoginRequired, login_redirect
 from console.inputs import MAX_BODY_BYTES
@@ -36,7 +35,7 @@ from console.settings import WebConsoleSettings
 from schemas.errors import ConfigurationError
 from schemas.secret_files import read_secret
 from session_model.narration import short_instant
-from session_model.policy import APPROVAL
+from session_model.policy import APPROVAL, written_out
 
 __all__ = ["ConsoleDeps", "create_app"]
 
@@ -132,17 +131,8 @@ def path_segment(value: object) -> str:
 
 
 def visible(value: object) -> str:
-    """`value` with every character that shows nothing, or moves what follows (format and
-    control characters: bidirectional overrides, zero-width ones), written out as `<U+XXXX>`:
-    what an operator signs must read as the bytes signed (`\u202e` shows `gnp.exe` for
-    `exe.png`)."""
-    return "".join(
-        f"<U+{ord(c):04X}>" if unicodedata.category(c) in _INVISIBLE and c != "\n" else c
-        for c in str(value)
-    )
-
-
-_INVISIBLE = frozenset({"Cf", "Cc", "Co", "Cs", "Cn", "Zl", "Zp"})
+    """`value` as `written_out` writes it, line breaks kept (see there)."""
+    return written_out(str(value), keep="\n")
 
 
 def _templates() -> Jinja2Templates:
@@ -158,10 +148,11 @@ def _templates() -> Jinja2Templates:
 
 def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
     """The console's ASGI app over `deps`; reads the users, tokens and secret files now (and the
-    users file again whenever it changes)."""
+    users and tokens files again whenever they change)."""
     passwords = Passwords({})
-    users = UsersFile(settings.console_users_file, passwords, clock=deps.monotonic)
-    tokens = Tokens(load_tokens(settings.console_tokens_file))
+    users = users_file(settings.console_users_file, passwords, clock=deps.monotonic)
+    tokens = Tokens({})
+    tokens_watch = tokens_file(settings.console_tokens_file, tokens, clock=deps.monotonic)
     if not passwords and not tokens:
         log.warning("no operators (MILPA_CONSOLE_USERS_FILE) and no tokens: nobody can sign in")
     if deps.store.signer is None:
@@ -188,6 +179,7 @@ def create_app(deps: ConsoleDeps, settings: WebConsoleSettings) -> FastAPI:
             source_limit=settings.console_login_source_attempts,
         ),
         tokens=tokens,
+        tokens_file=tokens_watch,
         cookies=CookieSigner(secret, hours * 3600, deps.sign_outs),
         hub=hub,
         templates=_templates(),

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -264,30 +264,39 @@ def settled(stamp: FileStamp, now_ns: int) -> bool:
     return now_ns - max(stamp.mtime_ns, stamp.ctime_ns) >= SETTLED_NS
 
 
-USERS_RECHECK_SECONDS = 1.0  # how often, at most, the users file is looked at for a change
+USERS_RECHECK_SECONDS = 1.0  # how often, at most, a credentials file is looked at for a change
+
+_Loaded = TypeVar("_Loaded", bound=Mapping[str, Any])
 
 
-class UsersFile:
-    """The users file behind `passwords`: read now (a bad file stops the console), then read again
-    when it changed, so a changed password or a removed operator holds without a restart.
+class WatchedFile(Generic[_Loaded]):
+    """A credentials file behind what checks callers: read now (a bad file stops the console),
+    then read again when it changed, so a changed password, a removed operator or a withdrawn
+    token holds without a restart.
 
-    Why a stamp, looked at once per `recheck_s` at most: every request that reads a session
-    cookie asks, and a `stat` is cheap where a read and a parse are not. A file that fails to read
-    or parse after a change keeps the operators read before (a half-edited file must not lock
-    everyone out) and is warned about once per version, by its path only (its lines hold names
-    and hashes). `refresh` blocks: call it off the event loop.
+    Why a stamp, looked at once per `recheck_s` at most: every request that authenticates asks,
+    and a `stat` is cheap where a read and a parse are not. A file that fails to read or parse
+    after a change keeps the entries read before (a half-edited file must not lock everyone out)
+    and is warned about once per version, by its path only (its lines hold names and secrets'
+    digests). `refresh` blocks: call it off the event loop.
     """
 
     def __init__(
         self,
         path: Path | None,
-        passwords: Passwords,
+        load: Callable[[Path | None], _Loaded],
+        apply: Callable[[_Loaded], None],
         *,
+        what: str,
+        entries: str,
         recheck_s: float = USERS_RECHECK_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
-        self.passwords = passwords
+        self._load = load
+        self._apply = apply
+        self._what = what
+        self._entries_are = entries
         self._recheck_s = recheck_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -295,8 +304,8 @@ class UsersFile:
         self._refused: FileStamp | None = None  # the version last warned about
         self._next = clock() + recheck_s
         stamp = file_stamp(path) if path is not None else MISSING
-        self._users = load_users(path)  # at start a bad file is a ConfigurationError
-        passwords.replace(self._users)
+        self._entries = load(path)  # at start a bad file is a ConfigurationError
+        apply(self._entries)
         self._stamped(stamp)
 
     def _stamped(self, stamp: FileStamp) -> None:
@@ -306,7 +315,7 @@ class UsersFile:
 
     def refresh(self) -> bool:
         """Read the file again if it may have changed since it was last read (at most once per
-        `recheck_s`); whether its operators changed."""
+        `recheck_s`); whether its entries changed."""
         if self.path is None or self._clock() < self._next:
             return False
         if not self._lock.acquire(blocking=False):
@@ -318,52 +327,86 @@ class UsersFile:
                 return False
             self._stamped(stamp)
             try:
-                users = load_users(self.path)
+                entries = self._load(self.path)
             except ConfigurationError:
                 if stamp != self._refused:
                     self._refused = stamp
-                    # Not the error's text: it may name an operator.
+                    # Not the error's text: it may name an operator or a service.
                     log.warning(
-                        "the users file %s changed but cannot be read: the operators read "
-                        "before stay until it is fixed",
+                        "the %s %s changed but cannot be read: the %s read before stay until it "
+                        "is fixed",
+                        self._what,
                         self.path,
+                        self._entries_are,
                     )
                 return False
             self._refused = None
-            if users == self._users:
+            if entries == self._entries:
                 return False
-            self._users = users
-            self.passwords.replace(users)
-            log.info("the users file %s was read again: %d operator(s)", self.path, len(users))
+            self._entries = entries
+            self._apply(entries)
+            log.info(
+                "the %s %s was read again: %d %s",
+                self._what,
+                self.path,
+                len(entries),
+                self._entries_are,
+            )
             return True
         finally:
             self._lock.release()
+
+
+def users_file(
+    path: Path | None, passwords: Passwords, *, clock: Callable[[], float] = time.monotonic
+) -> WatchedFile[dict[str, str]]:
+    """The users file behind `passwords` (operators' argon2 hashes), read again when it changes."""
+    return WatchedFile(
+        path, load_users, passwords.replace, what="users file", entries="operators", clock=clock
+    )
+
+
+def tokens_file(
+    path: Path | None, tokens: Tokens, *, clock: Callable[[], float] = time.monotonic
+) -> WatchedFile[dict[str, ServiceToken]]:
+    """The tokens file behind `tokens` (services' token digests), read again when it changes."""
+    return WatchedFile(
+        path, load_tokens, tokens.replace, what="tokens file", entries="tokens", clock=clock
+    )
 
 
 class Tokens:
     """Matches bearer tokens by their sha256 digest."""
 
     def __init__(self, tokens: Mapping[str, ServiceToken | str]) -> None:
+        self.replace(tokens)
+
+    def replace(self, tokens: Mapping[str, ServiceToken | str]) -> None:
+        """Match these tokens from now on (a check in flight keeps what it read)."""
         entries = {
             n: t if isinstance(t, ServiceToken) else ServiceToken(t) for n, t in tokens.items()
         }
-        self._digests = tuple((name, t.digest.encode("ascii")) for name, t in entries.items())
-        self._operators = frozenset(name for name, t in entries.items() if t.operator)
+        # One assignment: a concurrent check reads either the old pair or the new one.
+        self._table = (
+            tuple((name, t.digest.encode("ascii")) for name, t in entries.items()),
+            frozenset(name for name, t in entries.items() if t.operator),
+        )
 
     def __len__(self) -> int:
-        return len(self._digests)
+        return len(self._table[0])
 
     def caller(self, token: str) -> Identity | None:
         """The service a token belongs to, with its scope, if any (every digest compared in
         constant time)."""
         presented = token_digest(token).encode("ascii")
+        digests, operators = self._table
         found: str | None = None
-        for name, digest in self._digests:
+        for name, digest in digests:
             if hmac.compare_digest(presented, digest):
                 found = name
         if found is None:
             return None
-        return Identity(service_principal(found), "bearer", relaxes=found in self._operators)
+        return Identity(service_principal(found), "bearer", relaxes=found in operators)
 
 
 class SignOuts(Protocol):

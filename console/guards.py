@@ -48,12 +48,15 @@ class CsrfRefused(Exception):  # noqa: N818 - a condition, raised to refuse
 
 def identify(request: Request) -> Identity | None:
     """The caller, from a bearer token or else the session cookie; None if neither holds (blocks:
-    the users file may be read again, the sign-outs are read in Redis)."""
+    the tokens or users file may be read again, the sign-outs are read in Redis)."""
     rt = runtime(request)
     authorization = request.headers.get("authorization")
     if authorization is not None:
         token = bearer_token(authorization)
-        return rt.tokens.caller(token) if token else None
+        if not token:
+            return None
+        rt.tokens_file.refresh()  # a withdrawn token is refused from now on
+        return rt.tokens.caller(token)
     rt.users.refresh()  # a changed password or a removed operator ends the session now
     named = cookie_name(SESSION_COOKIE, rt.settings.console_cookie_secure)
     session = rt.cookies.read(request.cookies.get(named), rt.passwords.hash_of)

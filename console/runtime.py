@@ -17,11 +17,12 @@ from fastapi.templating import Jinja2Templates
 from console.auth import (
     CookieSigner,
     Passwords,
+    ServiceToken,
     SignInFailures,
     SignInThrottle,
     SignOuts,
     Tokens,
-    UsersFile,
+    WatchedFile,
 )
 from console.live import Hub, QuestionSource
 from console.settings import WebConsoleSettings
@@ -77,9 +78,10 @@ class Runtime:
     deps: ConsoleDeps
     settings: WebConsoleSettings
     passwords: Passwords
-    users: UsersFile  # read again when it changes (`refresh`, off the event loop)
+    users: WatchedFile[dict[str, str]]  # read again when it changes (`refresh`, off the loop)
     throttle: SignInThrottle
     tokens: Tokens
+    tokens_file: WatchedFile[dict[str, ServiceToken]]  # as `users`
     cookies: CookieSigner
     hub: Hub
     templates: Jinja2Templates

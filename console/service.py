@@ -223,7 +223,7 @@ def answer(
     )
     if granting is not None:
         log.info("%s granted %r in %s", caller.principal.id, granting, session_id)
-    log.info("%s answered %s in %s at %s", caller.principal.id, question_id, session_id, position)
+    log.info("%s answered %r in %s at %s", caller.principal.id, question_id, session_id, position)
     return position
 
 
@@ -272,8 +272,11 @@ def grant(rt: Runtime, caller: Identity, session_id: str, operation: str) -> Pos
 
 
 def revoke(rt: Runtime, caller: Identity, session_id: str, operation: str) -> Position:
-    """Revoke a granted operation."""
-    position = rt.deps.store.revoke(session_id, operation.strip())
+    """Revoke a granted operation: the name as sent if it is granted so (a grant made with a
+    writer of its own may hold spaces around it), else without the spaces around it."""
+    store = rt.deps.store
+    name = operation if store.load(session_id).allows(operation) else operation.strip()
+    position = store.revoke(session_id, name)
     log.info("%s revoked %r in %s at %s", caller.principal.id, operation, session_id, position)
     return position
 

@@ -9,6 +9,7 @@ child of an `ask` session run in `auto`.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -90,12 +91,42 @@ APPROVAL = "approved"  # the one answer to a signature question: answering it si
 
 def check_signature_answer(question: Question, answer: str) -> None:
     """Refuse (InvalidAnswerError) an answer to a signature question other than its approval:
-    answering it signs the call, so a "no" would be signed as an approval."""
-    if question.reason == SIGNATURE and answer != APPROVAL:
+    answering it signs the call, so a "no" would be signed as an approval. Nor is a call signed
+    whose operation's name (the agent's) holds a character that shows nothing or moves what
+    follows: the name the operator reads would not be the name signed."""
+    if question.reason != SIGNATURE:
+        return
+    if answer != APPROVAL:
         raise InvalidAnswerError(
             f"{question.id!r} asks for a signature: it is answered only by approving the call "
             f"({APPROVAL!r}); to decline, let its window close or end the session"
         )
+    operation, _ = question.signed_call()
+    if not operation or len(operation) > SIGNABLE_NAME_CHARS or written_out(operation) != operation:
+        raise InvalidAnswerError(
+            f"{question.id!r} asks to sign an operation whose name would not read as the name "
+            f"signed ({written_out(operation[:SIGNABLE_NAME_CHARS])!r}: empty, over "
+            f"{SIGNABLE_NAME_CHARS} characters, or with characters that show nothing or move "
+            "what follows), so it cannot be signed; let its window close or end the session"
+        )
+
+
+SIGNABLE_NAME_CHARS = 512  # the longest operation name a signature is given for
+
+# What shows nothing or moves what follows: control and format characters (bidirectional
+# overrides and marks, zero-width ones), private-use, surrogates, unassigned, line and paragraph
+# separators.
+_UNSEEN = frozenset({"Cf", "Cc", "Co", "Cs", "Cn", "Zl", "Zp"})
+
+
+def written_out(text: str, keep: str = "") -> str:
+    """`text` with every character that shows nothing, or moves what follows (but those in
+    `keep`), written out as `<U+XXXX>`: what an operator signs must read as the bytes signed
+    (`\u202e` shows `gnp.exe` for `exe.png`)."""
+    return "".join(
+        f"<U+{ord(c):04X}>" if c not in keep and unicodedata.category(c) in _UNSEEN else c
+        for c in text
+    )
 
 
 def signature_question(

@@ -377,6 +377,25 @@ def test_a_signature_question_is_answered_only_by_approving_it(
     assert store.load("s-b").approvals == ()
 
 
+def test_a_call_whose_operation_shows_as_another_name_is_not_signed(
+    api: TestClient, store: SessionStore
+) -> None:
+    """The agent names the operation: with a bidirectional override it would read as another
+    name on the page and in the confirmation typed back."""
+    store.start("s-odd", "g")
+    odd = "drop_table\u202e\u2066staging\u2069"
+    store.ask("s-odd", signature_question(odd, {"target": "prod"}, expires_at=at(600)))
+    asked = store.load("s-odd").question
+    assert asked is not None
+    before = _records(store)
+    body = {"question_id": asked.id, "answer": "approved", "confirm": odd, "asked_seq": asked.seq}
+    response = api.post("/api/v1/sessions/s-odd/answer", json=body)
+    assert response.status_code == 422
+    assert response.json()["code"] == "invalid_answer"
+    assert "<U+202E>" in response.json()["detail"]
+    assert _records(store) == before and store.load("s-odd").approvals == ()
+
+
 def test_a_signature_question_needs_the_operation_typed_back(
     api: TestClient, store: SessionStore
 ) -> None:

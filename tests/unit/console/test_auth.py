@@ -27,13 +27,13 @@ from console.auth import (
     Passwords,
     ServiceToken,
     Tokens,
-    UsersFile,
     bearer_token,
     hash_password,
     load_tokens,
     load_users,
     settled,
     token_digest,
+    users_file,
 )
 from console.settings import WebConsoleSettings
 from milpa_sessions import console_cli
@@ -550,7 +550,7 @@ def test_the_users_file_is_looked_at_once_a_second_at_most(
     path.write_text(f"alice:{alice_hash}\n")
     now = [0.0]
     passwords = Passwords({})
-    users = UsersFile(path, passwords, clock=lambda: now[0])
+    users = users_file(path, passwords, clock=lambda: now[0])
     assert passwords.hash_of("alice") == alice_hash
     looked: list[Path] = []
     stamp = auth.file_stamp
@@ -567,7 +567,7 @@ def test_the_users_file_is_looked_at_once_a_second_at_most(
     now[0] = 1.0
     assert users.refresh() and passwords.hash_of("bob") == alice_hash
     assert not users.refresh() and looked == [path]  # once in the second
-    assert not UsersFile(None, Passwords({})).refresh()  # no file: nothing to look at
+    assert not users_file(None, Passwords({})).refresh()  # no file: nothing to look at
 
 
 def test_a_users_file_is_read_again_while_its_stamp_may_hide_a_change(
@@ -581,7 +581,7 @@ def test_a_users_file_is_read_again_while_its_stamp_may_hide_a_change(
     passwords = Passwords({})
     fresh = FileStamp(1, 2, 3, time.time_ns(), time.time_ns())
     monkeypatch.setattr(auth, "file_stamp", lambda at: fresh)
-    users = UsersFile(path, passwords, clock=lambda: now[0])
+    users = users_file(path, passwords, clock=lambda: now[0])
     path.write_text(f"bob:{alice_hash}\n")  # the very same stamp
     now[0] += 1.0
     assert users.refresh() and passwords.hash_of("bob") == alice_hash
@@ -603,7 +603,7 @@ def test_a_users_file_gone_after_a_change_keeps_the_operators_and_is_read_when_b
     path.write_text(f"alice:{alice_hash}\n")
     now = [0.0]
     passwords = Passwords({})
-    users = UsersFile(path, passwords, clock=lambda: now[0])
+    users = users_file(path, passwords, clock=lambda: now[0])
     path.unlink()
     assert auth.file_stamp(path) == MISSING
     with caplog.at_level(logging.WARNING, logger="console.auth"):
@@ -617,7 +617,7 @@ def test_a_users_file_gone_after_a_change_keeps_the_operators_and_is_read_when_b
     assert users.refresh()
     assert passwords.hash_of("alice") is None and passwords.hash_of("bob") == alice_hash
     with pytest.raises(ConfigurationError, match="cannot read"):
-        UsersFile(path.with_name("nowhere"), passwords)  # at start, a missing file stops it
+        users_file(path.with_name("nowhere"), passwords)  # at start, a missing file stops it
 
 
 def test_a_session_holds_a_keyed_fingerprint_of_its_password_hash() -> None:

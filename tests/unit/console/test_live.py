@@ -15,7 +15,14 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from console.api import _still_signed_in
-from console.auth import SESSION_COOKIE, hash_password
+from console.auth import (
+    SESSION_COOKIE,
+    Identity,
+    hash_password,
+    operator_principal,
+    service_principal,
+    token_digest,
+)
 from console.live import (
     CLOSED,
     RESYNC,
@@ -31,7 +38,7 @@ from milpa_sessions.console_cli import write_user
 from producers.store import SessionStore
 from session_model.principal import Principal
 from session_model.questions import QuestionChange, QuestionStatus
-from tests.unit.console.conftest import NOW, TOKEN, at, make_app, sign_in
+from tests.unit.console.conftest import NOW, READER_TOKEN, TOKEN, at, make_app, sign_in
 
 
 def change(
@@ -493,7 +500,37 @@ def _signed_in(app: FastAPI, cookie: str, session_id: str) -> bool:
     """What a live stream opened with this session cookie is told when it checks."""
     header = (b"cookie", f"{SESSION_COOKIE}={cookie}".encode())
     request = Request({"type": "http", "app": app, "headers": [header]})
-    return bool(run(_still_signed_in(request, session_id)))
+    caller = Identity(operator_principal("alice"), "cookie", "", session_id, relaxes=True)
+    return bool(run(_still_signed_in(request, caller)))
+
+
+def _bearer_holds(app: FastAPI, token: str, name: str) -> bool:
+    """What a live stream opened with this bearer token, as service `name`, is told."""
+    header = (b"authorization", f"Bearer {token}".encode())
+    request = Request({"type": "http", "app": app, "headers": [header]})
+    caller = Identity(service_principal(name), "bearer")
+    return bool(run(_still_signed_in(request, caller)))
+
+
+def test_a_bearer_stream_ends_once_its_token_is_taken_out_of_the_tokens_file(
+    store: SessionStore, settings: WebConsoleSettings
+) -> None:
+    """A withdrawn token is refused within a second, no restart, its live streams included."""
+    now = [0.0]
+    app = make_app(store, settings, monotonic=lambda: now[0])
+    with TestClient(app) as client:
+        bearer = {"Authorization": f"Bearer {READER_TOKEN}"}
+        assert client.get("/api/v1/questions", headers=bearer).status_code == 200
+        assert _bearer_holds(app, READER_TOKEN, "bridge")
+        assert not _bearer_holds(app, READER_TOKEN, "deployer")  # another service's stream
+        assert settings.console_tokens_file is not None
+        settings.console_tokens_file.write_text(f"deployer:{token_digest(TOKEN)}:operator\n")
+        now[0] += 1.0
+        assert not _bearer_holds(app, READER_TOKEN, "bridge")
+        assert client.get("/api/v1/questions", headers=bearer).status_code == 401
+        deployer = {"Authorization": f"Bearer {TOKEN}"}
+        assert client.get("/api/v1/questions", headers=deployer).status_code == 200
+        assert _bearer_holds(app, TOKEN, "deployer")
 
 
 def test_a_cookie_stream_ends_once_its_sign_in_no_longer_holds(
@@ -515,7 +552,6 @@ def test_a_cookie_stream_ends_once_its_sign_in_no_longer_holds(
     ]
     assert _signed_in(app, one, sid_one) and _signed_in(app, two, sid_two)
     assert not _signed_in(app, one, sid_two)  # another session's cookie is not this stream's
-    assert run(_still_signed_in(Request({"type": "http", "app": app}), None))  # a bearer's
     rt.cookies.revoke(sid_one)
     assert not _signed_in(app, one, sid_one) and _signed_in(app, two, sid_two)  # signed out
     assert settings.console_users_file is not None

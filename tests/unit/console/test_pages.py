@@ -299,7 +299,7 @@ def test_a_form_the_api_would_refuse_is_not_done_and_appends_nothing(
     assert len(store.log.records) == before  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("name", [_LONG_NAME, "a\tb", "rm\x1b[2J"])
+@pytest.mark.parametrize("name", [_LONG_NAME, "a\tb", "rm\x1b[2J", " rm", "rm\t"])
 def test_any_granted_name_can_be_revoked_from_the_page(
     operator: TestClient, store: SessionStore, name: str
 ) -> None:

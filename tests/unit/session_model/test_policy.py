@@ -12,12 +12,14 @@ from datetime import UTC, datetime
 import pytest
 
 from producers.store import SessionStore
-from schemas.errors import MissingCeilingError, PolicyError
+from schemas.errors import InvalidAnswerError, MissingCeilingError, PolicyError
 from session_model.modes import Mode, strictest
 from session_model.policy import (
+    APPROVAL,
     SessionPolicy,
     Verdict,
     ceiling_for,
+    check_signature_answer,
     permission_question,
     signature_question,
 )
@@ -272,6 +274,20 @@ def test_signature_question_has_no_options() -> None:
     assert q.options == ()
     assert q.reason == "signature"
     assert q.why == '{"amount":10}'
+
+
+@pytest.mark.parametrize(
+    "operation",
+    ["drop_table\u202e\u2066staging\u2069", "rm\u200b", "a\x1b[2Jb", "x" * 513, "line\u2028two"],
+)
+def test_a_call_whose_operation_would_not_read_as_signed_is_not_signed(operation: str) -> None:
+    """The agent names the operation: one that shows as another name (bidirectional overrides,
+    zero-width or control characters) is refused before anything is signed."""
+    q = signature_question(operation, {"target": "prod"})
+    with pytest.raises(InvalidAnswerError, match="would not read as the name signed") as e:
+        check_signature_answer(q, APPROVAL)
+    assert "\u202e" not in str(e.value) and "\x1b" not in str(e.value)  # written out
+    check_signature_answer(signature_question("drop_table «staging»", {}), APPROVAL)  # shows
 
 
 def test_signature_question_passes_expires_at_through() -> None:
