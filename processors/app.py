@@ -258,11 +258,14 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         def left() -> float:
             return max(0.0, deadline - loop.time())
 
-        if not await acquire_within(folding, settings.revoke_grace):
+        # Faust stopped the flow before this signal: no batch is handed over from now on. The one
+        # in flight covers the one being folded, if any (the consumer chains it before its fold):
+        # waited for without the folding lock, which that fold may still have to take.
+        if not await app.settle_within(left()):
+            await stalled("the batches being folded and committed")
+        if not await acquire_within(folding, left()):
             await stalled("a batch being folded")
         try:
-            if not await app.settle_within(left()):
-                await stalled("the batch being committed")
             worker().forget()
         finally:
             folding.release()

@@ -92,6 +92,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
             while not (consumer_stopped() or fetcher_stopped()):
                 records, _ = await self._wait_next_records(1.0)
                 await asyncio.sleep(0)  # a fetch that returns at once must not starve the loop
+                in_flight = self._in_flight
+                if in_flight is not None and in_flight.done():
+                    await self.settle()  # a batch that failed fails the loop now, records or not
                 if not records or self.should_stop:
                     continue
                 await self._deliver(records, handlers)
@@ -109,14 +112,23 @@ class BatchConsumer(faust_aiokafka.Consumer):
             raise
 
     async def _deliver(self, records: Any, handlers: dict[str, BatchHandler]) -> None:
+        if not self.flow_active:
+            # A rebalance is under way (Faust stopped the flow before the revocation's signal):
+            # these records were fetched before it. Faust reads the partitions again from their
+            # committed offsets once they are assigned.
+            return
         batches: dict[str, list[Consumed]] = {}
         ends: dict[TP, int] = {}
         read_offset = self._read_offset
+        assigned = self.assignment()
         for tp, fetched in records.items():
             handler = handlers.get(tp.topic)
             if handler is None:
                 for record in fetched:  # Faust's own per-record route for any other topic
                     await self.callback(self._to_message(tp, record))
+                continue
+            if tp not in assigned:
+                # Fetched before a rebalance took the partition away: its new owner reads it.
                 continue
             # Faust's rule: after a seek the read offset is the next record to read.
             after = read_offset[tp]
@@ -127,18 +139,47 @@ class BatchConsumer(faust_aiokafka.Consumer):
             ends[tp] = fresh[-1].offset
         for tp, last in ends.items():
             read_offset[tp] = last
-        completions: list[Awaitable[None]] = []
-        for topic, raws in batches.items():
-            completion = await _finish(handlers[topic](raws))
-            if completion is not None:
-                completions.append(completion)
-        await self.settle()  # the previous batch is committed before this one starts to be
+        # In flight from before its fold starts: this batch is folded onto the previous one's
+        # states, so whoever waits for the batch in flight (a revocation, before it lets the
+        # partitions go and forgets those states) waits for both. Handed over the second phases
+        # once folded, it runs them after the previous batch's, which finish first.
+        previous = self._in_flight
+        handed: asyncio.Future[list[Awaitable[None]]] = asyncio.get_running_loop().create_future()
         n = sum(len(raws) for raws in batches.values())
-        self._in_flight = asyncio.ensure_future(self._complete(completions, ends, n))
+        in_flight = asyncio.ensure_future(self._complete(previous, handed, ends, n))
+        # What it raises is raised here (the previous batch's), or by `settle`: not left unread.
+        in_flight.add_done_callback(_retrieved)
+        self._in_flight = in_flight
+        completions: list[Awaitable[None]] = []
+        try:
+            for topic, raws in batches.items():
+                completion = await _finish(handlers[topic](raws))
+                if completion is not None:
+                    completions.append(completion)
+        except BaseException:
+            handed.cancel()  # not folded whole, never written: its records are read again
+            raise
+        handed.set_result(completions)
+        if previous is not None:
+            await asyncio.shield(previous)  # one batch folded ahead of the one committing, no more
 
     async def _complete(
-        self, completions: list[Awaitable[None]], ends: dict[TP, int], n: int
+        self,
+        previous: asyncio.Future[None] | None,
+        handed: asyncio.Future[list[Awaitable[None]]],
+        ends: dict[TP, int],
+        n: int,
     ) -> None:
+        if previous is not None:
+            # Shielded: this batch cancelled must not cancel the one before it. Raises what that
+            # one raised, and this one is then never written (it was folded onto its states).
+            await asyncio.shield(previous)
+        try:
+            completions = await handed
+        except asyncio.CancelledError:
+            if not handed.cancelled():
+                raise
+            return  # its fold failed or was cut short: nothing of it is written, no offset moves
         for completion in completions:
             await completion
         # A partition revoked meanwhile belongs to another worker now: it commits from there on.
@@ -227,6 +268,12 @@ class BatchConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
         for tp in revoked:
             self._finished.pop(tp, None)
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """Mark what a finished batch raised as read (whoever waits for it gets it raised)."""
+    if not done.cancelled():
+        done.exception()
 
 
 async def _finish(work: Awaitable[Completion]) -> Completion:

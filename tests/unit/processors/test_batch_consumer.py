@@ -293,6 +293,101 @@ def test_a_batch_still_committing_after_the_grace_is_left_going_and_the_next_wai
     asyncio.run(main())
 
 
+def test_a_revocation_waits_for_the_batch_folded_next_not_only_the_one_committing() -> None:
+    """Batch 1 is folded onto batch 0's states: a revocation that let the partitions go (and
+    forgot those states) once batch 0 was written would leave batch 1 to be written after."""
+
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        release = [asyncio.Event(), asyncio.Event()]
+
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            first = raws[0].offset
+            log.append(f"fold {first}")
+
+            async def commit() -> None:
+                await release[first].wait()
+                log.append(f"commit {first}")
+
+            return commit()
+
+        async def revocation() -> None:
+            assert await h.app.settle_within(5.0)
+            log.append("let go")
+
+        h.app.batch_handlers["ev"] = handler
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        second = asyncio.ensure_future(
+            h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        )
+        await asyncio.sleep(0.01)  # batch 1 folded, waiting for batch 0
+        revoked = asyncio.ensure_future(revocation())
+        await asyncio.sleep(0.01)
+        release[0].set()
+        await asyncio.sleep(0.02)
+        assert log == ["fold 0", "fold 1", "commit 0"]  # still waiting, for batch 1
+        release[1].set()
+        await asyncio.gather(second, revoked)
+        assert log == ["fold 0", "fold 1", "commit 0", "commit 1", "let go"]
+
+    asyncio.run(main())
+
+
+def test_a_revocation_that_comes_while_a_batch_is_handed_over_waits_for_its_fold() -> None:
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        folding = asyncio.Event()
+
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            await folding.wait()  # the fold takes a while
+            log.append("fold")
+
+            async def commit() -> None:
+                log.append("commit")
+
+            return commit()
+
+        async def revocation() -> None:
+            assert await h.app.settle_within(5.0)
+            log.append("let go")
+
+        h.app.batch_handlers["ev"] = handler
+        delivering = asyncio.ensure_future(
+            h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        )
+        await asyncio.sleep(0.01)
+        revoked = asyncio.ensure_future(revocation())
+        await asyncio.sleep(0.01)
+        assert log == []
+        folding.set()
+        await asyncio.gather(delivering, revoked)
+        assert log == ["fold", "commit", "let go"]
+
+    asyncio.run(main())
+
+
+def test_records_fetched_before_a_rebalance_are_not_handed_over() -> None:
+    """Faust stops the flow before the revocation's signal, and reads the partitions again from
+    their committed offsets once assigned; a partition no longer assigned is its new owner's."""
+
+    async def main() -> None:
+        h = Harness()
+        h.assigned = {EV1}
+        await h.deliver({EV0: [record(EV0, 0)], EV1: [record(EV1, 3)]})
+        assert [[(r.partition, r.offset) for r in call] for call in h.calls] == [[(1, 3)]]
+        assert h.consumer._new_offset(EV0) is None and h.consumer._new_offset(EV1) == 4
+        h.consumer.stop_flow()
+        await h.deliver({EV1: [record(EV1, 4)]})
+        assert len(h.calls) == 1 and h.consumer._new_offset(EV1) == 4
+        h.consumer.resume_flow()
+        await h.deliver({EV1: [record(EV1, 4)]})
+        assert len(h.calls) == 2 and h.consumer._new_offset(EV1) == 5
+
+    asyncio.run(main())
+
+
 def test_a_stopping_fetch_loop_leaves_the_batch_in_flight_to_finish() -> None:
     async def main() -> None:
         h = Harness()
