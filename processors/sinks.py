@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 import aiokafka
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
 from processors.ports import OutRecord
 from producers.kafka_access import KafkaAccess
@@ -144,6 +144,9 @@ class FencedSnapshotSink:
         publish_timeout_s: float = 60.0,
     ) -> None:
         self.access = KafkaAccess.of(access)
+        # Built once: with TLS each build makes an SSL context (~16 ms, on the event loop), and a
+        # round opens a writer per partition.
+        self._options = self.access.aiokafka()
         self.topic = topic
         self.start_timeout_s = start_timeout_s
         self.publish_timeout_s = publish_timeout_s
@@ -153,7 +156,7 @@ class FencedSnapshotSink:
         """The partition's writer, started (earlier writers fenced) before the round reads."""
         writer_id = snapshot_writer_id(self.topic, partition)
         producer = aiokafka.AIOKafkaProducer(
-            **self.access.aiokafka(),
+            **self._options,
             transactional_id=writer_id,
             enable_idempotence=True,
             acks="all",
@@ -253,7 +256,7 @@ class FencedWriter:
                 f"publishing to {self.topic} partition {self.partition} took over "
                 f"{self.timeout_s:g} s (its leader or transaction coordinator out of reach?)"
             ) from e
-        except (KafkaError, AssertionError) as e:
+        except (KafkaError, AssertionError, IllegalOperation) as e:
             raise LogError(f"publishing to {self.topic} failed: {e!r}") from e
 
     async def _send_and_commit(self, records: Sequence[tuple[bytes, bytes]]) -> None:

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from aiokafka.errors import IllegalOperation, KafkaConnectionError, KafkaTimeoutError
 
 from processors import sinks as sinks_module
 from processors.sinks import FencedSnapshotSink, FencedWriter, LazyProducer, ProducerSink
@@ -160,6 +160,23 @@ def test_a_snapshot_page_that_is_never_acknowledged_fails_the_round_in_bounded_t
     with pytest.raises(LogError, match=r"snaps partition 3 took over 0.05 s"):
         asyncio.run(writer.publish([(b"s1", b"v1"), (b"s2", b"v2")]))
     assert producer.calls == ["begin", "send", "send", "abort"]  # never committed
+
+
+class RefusedTransactions(StuckTransactions):
+    """A producer whose transaction manager refuses the send (aiokafka's `IllegalOperation`, not
+    a `KafkaError`: e.g. a transaction aborted under it)."""
+
+    async def send(self, topic: str, *, value: bytes, key: bytes, partition: int) -> Any:
+        self.calls.append("send")
+        raise IllegalOperation("no transaction in progress")
+
+
+def test_a_send_the_transaction_refuses_fails_the_round_as_a_log_error() -> None:
+    producer = RefusedTransactions()
+    writer = FencedWriter(producer, "snaps", 3, timeout_s=5)  # type: ignore[arg-type]
+    with pytest.raises(LogError, match="publishing to snaps failed: IllegalOperation"):
+        asyncio.run(writer.publish([(b"s1", b"v1")]))
+    assert producer.calls == ["begin", "send", "abort"]
 
 
 def _hanging_starts(monkeypatch: pytest.MonkeyPatch) -> list[StuckTransactions]:
