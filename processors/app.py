@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import faust.auth
 from faust.exceptions import ConsumerNotStarted
+from faust.types import TP
 
 from processors import running
 from processors.batch_consumer import BatchApp, leave_group_supported
@@ -178,7 +179,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                 holder["feed"] = feed
             if settings.projection_ttl_s is not None:
                 every = sweep_interval(settings.projection_ttl_s)
-                holder["sweep"] = RetentionSweep(store.expire_due, lambda: s.owned, every=every)
+                holder["sweep"] = RetentionSweep(store.expire_due, settled_partitions, every=every)
             if snapshot_output is not None:
                 snapshots = Snapshotter(
                     store,
@@ -205,6 +206,12 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         return {
             tp.partition for tp in app.consumer.assignment() if tp.topic == events.get_topic_name()
         }
+
+    def settled_partitions() -> dict[int, int]:
+        """The owned partitions whose settled offset is known, each with it (`BatchApp.settled`)."""
+        topic = events.get_topic_name()
+        offsets = {p: app.settled(TP(topic, p)) for p in scheduler().owned}
+        return {p: offset for p, offset in offsets.items() if offset is not None}
 
     async def project(raws: Sequence[Consumed]) -> Awaitable[Any]:
         # Fold now; the consumer commits (the returned phase) while it fetches the next batch.

@@ -251,6 +251,13 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 seen.add(tp)
                 yield tp
 
+    def settled(self, tp: TP) -> int | None:
+        """The offset before which every record of `tp` is applied and what it made published:
+        what this worker finished, or what the group had committed when it took the partition
+        over (committed only once finished); None while neither is known."""
+        known = [o for o in (self._finished.get(tp), self._committed_offset.get(tp)) if o]
+        return max(known) if known else None
+
     def _new_offset(self, tp: TP) -> int | None:
         finished = self._finished.get(tp)
         if finished is not None:
@@ -326,6 +333,10 @@ class BatchApp(faust.App):
     async def settle_within(self, timeout: float) -> bool:
         """Wait at most `timeout` s for the batch being committed: False if it is still going."""
         return await cast(BatchConsumer, self.consumer).settle_within(timeout)
+
+    def settled(self, tp: TP) -> int | None:
+        """The offset before which everything of `tp` is applied and published (None: unknown)."""
+        return cast(BatchConsumer, self.consumer).settled(tp)
 
     async def leave_group(self, timeout: float) -> bool:
         """Leave the consumer group (LeaveGroup) within `timeout` s; whether it was sent."""

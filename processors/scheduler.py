@@ -620,7 +620,8 @@ def _backoff(previous_s: float) -> float:
 
 
 # (partitions, now) -> the ids of the ended sessions dropped (at most a batch per partition).
-Expire = Callable[[Iterable[int], datetime], Awaitable[list[str]]]
+# (partition -> its settled offset, now) -> the sessions dropped.
+Expire = Callable[[Mapping[int, int], datetime], Awaitable[list[str]]]
 
 
 class RetentionSweep:
@@ -634,18 +635,24 @@ class RetentionSweep:
     clock runs fast can only make its sessions last longer. Each drop re-checks its deadline in
     the script (lua/drop.lua), so a second worker's sweep after a rebalance drops nothing twice,
     and removes the session from its partition's waiting index and fleet counts in the same call.
+
+    Each partition is swept with its settled offset (`settled`: the owned partitions whose one is
+    known), before which everything of it is applied and what that made published: a session
+    whose last event is at or past it is left for a later sweep. Dropped before its batch's
+    decisions were acknowledged (a worker killed in between), its records would be read again
+    onto a tombstone, and those decisions never published.
     """
 
     def __init__(
         self,
         expire: Expire,
-        owned: Callable[[], Iterable[int]],
+        settled: Callable[[], Mapping[int, int]],
         *,
         every: float = 60.0,
         clock: Callable[[], datetime] = _now,
     ) -> None:
         self._expire = expire
-        self._owned = owned
+        self._settled = settled
         self.every = every
         self._clock = clock
         self.expired = 0  # projections dropped so far
@@ -654,7 +661,7 @@ class RetentionSweep:
         """Drop everything due at `now` (default: the clock's), batch after batch; the ids."""
         at = self._clock() if now is None else now
         dropped: list[str] = []
-        while partitions := sorted(self._owned()):
+        while partitions := dict(sorted(self._settled().items())):
             batch = await self._expire(partitions, at)
             if not batch:
                 break

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -542,23 +542,25 @@ class AsyncRedisProjectionStore:
         return await execute_async(self.client, requests.due_work(self.keys, partitions, until_ms))
 
     async def expire_due(
-        self, partitions: Iterable[int], now: datetime, limit: int = EXPIRE_BATCH
+        self, settled: Mapping[int, int], now: datetime, limit: int = EXPIRE_BATCH
     ) -> list[str]:
-        """Drop the ended sessions of these partitions whose retention deadline is at or before
-        `now` (up to `limit` per partition, two round trips), leaving tombstones (and with
+        """Drop the ended sessions of these partitions (each with its settled offset) whose
+        retention deadline is at or before `now` and whose last event is below the settled
+        offset (up to `limit` per partition, two round trips), leaving tombstones (and with
         `track`, retired entries for the snapshot rounds' stubs); the ids dropped.
 
-        Each drop checks its deadline again inside the script: a session restored meanwhile, or
-        expired by another worker's sweep (a rebalance), is left as it is.
+        Each drop checks inside the script: a session restored meanwhile, expired by another
+        worker's sweep (a rebalance), or whose last batch is not settled yet, is left as it is
+        (the last looked at again a minute later).
         """
         await self._fresh()
         now_ms = floor_ms(now)
         due = await execute_async(
-            self.client, requests.retention_due(self.keys, partitions, now_ms, limit)
+            self.client, requests.retention_due(self.keys, settled, now_ms, limit)
         )
         if not due:
             return []
-        expire = requests.expire(self.keys, due, now_ms, retire=self.track)
+        expire = requests.expire(self.keys, due, now_ms, retire=self.track, settled=settled)
         return await execute_async(self.client, expire, self.durability)
 
     async def unsnapshotted(

@@ -495,13 +495,15 @@ def drop_command(
     *,
     hold: bool = False,
     retire: bool = False,
+    below: int | None = None,
 ) -> tuple[Any, ...]:
     """The drop script's call for one session (lua/drop.lua).
 
     Without `now_ms`: forget it, its retention entry, tombstone and retired entry too (a rebuild
     follows); `hold`: keep it in the unsnapshotted index, at offset 0. With `now_ms`: expire it
     if its retention deadline is at or before `now_ms`, leaving a tombstone, and with `retire`
-    (snapshots are taken) a retired entry for the next snapshot round.
+    (snapshots are taken) a retired entry for the next snapshot round; with `below`, only if its
+    last event's offset is below it (its partition's settled offset).
     """
     k = keys.session(session_id, partition)
     return (
@@ -524,6 +526,7 @@ def drop_command(
         "" if now_ms is None else now_ms,
         "1" if hold else "",
         "1" if retire else "",
+        "" if below is None else below,
     )
 
 
@@ -544,12 +547,22 @@ def retention_due(
 
 
 def expire(
-    keys: Keys, due: dict[str, int], now_ms: int, *, retire: bool = False
+    keys: Keys,
+    due: dict[str, int],
+    now_ms: int,
+    *,
+    retire: bool = False,
+    settled: Mapping[int, int] | None = None,
 ) -> Request[list[str]]:
-    """Drop these due sessions (each only if still due), leaving tombstones (and with `retire`,
+    """Drop these due sessions (each only if still due, and with `settled`, partition -> its
+    settled offset, only if its last event is below it), leaving tombstones (and with `retire`,
     snapshots being taken, retired entries); those dropped."""
     sids = list(due)
-    commands = [drop_command(keys, sid, due[sid], now_ms, retire=retire) for sid in sids]
+    bound = settled or {}
+    commands = [
+        drop_command(keys, sid, due[sid], now_ms, retire=retire, below=bound.get(due[sid]))
+        for sid in sids
+    ]
 
     def parse(replies: list[Any]) -> list[str]:
         return [sid for sid, r in zip(sids, replies, strict=True) if r == 1]

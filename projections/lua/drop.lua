@@ -9,18 +9,30 @@
 -- ARGV: session id, the prefix of the partition's per-reason zsets, now ms, "1" to hold it in
 -- the unsnapshotted index at offset 0 instead of taking it out (a restore follows: no
 -- checkpoint may pass its events before a snapshot of it, whole again, is taken), and "1" to
--- retire it when it expires (snapshots are taken).
+-- retire it when it expires (snapshots are taken), and (the sweep) its partition's settled
+-- offset ("": none), before which everything applied has what it made published.
 -- Without now ("", a rebuild follows): drop it and forget its retention entry, tombstone and
 -- retired entry; returns how many keys were unlinked. With now (the retention sweep): only if
 -- its retention deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`
 -- (and, retiring, a retired entry `<now> <last mark> <its counters as JSON>`, which the next
 -- snapshot round replaces its snapshot with a stub by); returns 1 if it was dropped, else 0
 -- (restored meanwhile, expired by another sweep already, or its last state not in a snapshot
--- yet: then its deadline moves a minute on).
+-- yet, or its last event not below the settled offset: then its deadline moves a minute on).
 local sid, rprefix, now, hold, retire = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
+local settled = ARGV[6]
 if now ~= '' then
   local due = redis.call('ZSCORE', KEYS[14], sid)
   if not due or tonumber(due) > tonumber(now) then return 0 end
+  -- Not before what its last batch made (decisions, question changes) is published: dropped
+  -- first, a redelivery of that batch would find a tombstone, and publish nothing.
+  if settled and settled ~= '' then
+    local mark = redis.call('HGET', KEYS[1], 'mark')
+    local offset = mark and tonumber(string.match(mark, ':(%d+)$'))
+    if offset and offset >= tonumber(settled) then
+      redis.call('ZADD', KEYS[14], 'XX', tonumber(now) + 60000, sid)
+      return 0
+    end
+  end
   -- Not before its last state is in a snapshot: a rebuild from snapshots would miss it. Looked
   -- at again in a minute: the sweep reads the earliest due first, and sessions waiting for a
   -- snapshot (or too large for one) must not keep it from those due after them.

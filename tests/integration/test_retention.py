@@ -255,6 +255,32 @@ async def _retired_page(
         return await worker.retired(partition)
 
 
+def test_the_worker_s_sweep_leaves_a_session_whose_last_batch_is_not_settled(
+    projection_store: RedisProjectionStore, secured: Settings
+) -> None:
+    """Its last batch's decisions may not be published yet (a worker killed between the commit
+    and their acks): dropped first, the redelivery would find a tombstone and publish nothing.
+    The drop script compares its last event's offset with the partition's settled offset."""
+    store = projection_store
+    log = PartitionedLog()
+    log.started("late")
+    ending = log.ended("late")
+    store.retention = RETENTION
+    _project(store, log.records)
+    p, offset = ending.position.partition, ending.position.offset
+    later = ending.event.occurred_at + timedelta(days=1)
+
+    async def sweep(settled: int, now: datetime) -> list[str]:
+        async with _worker_store(store, secured) as worker:
+            return await worker.expire_due({p: settled}, now)
+
+    assert asyncio.run(sweep(offset, later)) == []  # its own record is not settled yet
+    assert store.load("late") is not None and store.expired("late") is None
+    assert asyncio.run(sweep(offset + 1, later)) == []  # looked at again a minute later
+    assert asyncio.run(sweep(offset + 1, later + timedelta(minutes=1))) == ["late"]
+    assert store.load("late") is None and store.expired("late") is not None
+
+
 # -- end to end: a worker indexes, a sweep expires, `show` says so, `replay --session` restores --
 
 TTL_S = 3600.0
@@ -276,8 +302,9 @@ def _sweep(settings: Settings, now: datetime) -> list[str]:
         client = async_client(settings.redis_url, auth=settings.redis_auth())
         try:
             store = AsyncRedisProjectionStore(client, settings.redis_keys())
-            owned = range(settings.partitions)
-            return await RetentionSweep(store.expire_due, lambda: owned).sweep(now)
+            # Every record read settled (the test's worker has published what they made).
+            settled = dict.fromkeys(range(settings.partitions), 2**62)
+            return await RetentionSweep(store.expire_due, lambda: settled).sweep(now)
         finally:
             await client.aclose()
 

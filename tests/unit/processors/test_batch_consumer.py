@@ -552,3 +552,20 @@ def test_without_aiokafkas_leave_group_call_the_worker_warns_at_start_and_sends_
     consumer._thread = thread  # type: ignore[assignment]
     assert asyncio.run(consumer.leave_group(1.0)) is False
     assert sent == []
+
+
+def test_a_partition_is_settled_through_what_was_finished_or_committed_before() -> None:
+    """What the retention sweep may drop: applied and published by this worker (finished), or
+    by whoever committed before it took the partition over."""
+
+    async def main() -> None:
+        h = Harness()
+        assert h.consumer.settled(EV0) is None  # nothing known: nothing is swept there
+        await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)]})
+        assert h.consumer.settled(EV0) == 2
+        h.consumer._committed_offset[EV1] = 9  # read when it was assigned
+        assert h.consumer.settled(EV1) == 9 == h.app.settled(EV1)
+        await h.deliver({EV1: [record(EV1, 9), record(EV1, 10)]})
+        assert h.consumer.settled(EV1) == 11
+
+    asyncio.run(main())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -57,28 +57,30 @@ class FakeExpire:
 
     def __init__(self, due: list[str], batch: int) -> None:
         self.due, self.batch = due, batch
-        self.calls: list[tuple[list[int], datetime]] = []
+        self.calls: list[tuple[dict[int, int], datetime]] = []
 
-    async def __call__(self, partitions: Iterable[int], now: datetime) -> list[str]:
-        self.calls.append((list(partitions), now))
+    async def __call__(self, partitions: Mapping[int, int], now: datetime) -> list[str]:
+        self.calls.append((dict(partitions), now))
         out, self.due = self.due[: self.batch], self.due[self.batch :]
         return out
 
 
 def test_a_sweep_drains_the_backlog_of_the_owned_partitions_at_its_clock() -> None:
     expire = FakeExpire([f"s{i}" for i in range(5)], batch=2)
-    sweep = RetentionSweep(expire, lambda: {3, 1}, clock=lambda: NOW)
+    sweep = RetentionSweep(expire, lambda: {3: 70, 1: 12}, clock=lambda: NOW)
     assert asyncio.run(sweep.sweep()) == ["s0", "s1", "s2", "s3", "s4"]
-    assert expire.calls == [([1, 3], NOW)] * 4  # the last one finds nothing more
+    assert expire.calls == [({1: 12, 3: 70}, NOW)] * 4  # the last one finds nothing more
     assert sweep.expired == 5
     later = NOW + timedelta(days=1)
     assert asyncio.run(sweep.sweep(later)) == []
-    assert expire.calls[-1] == ([1, 3], later)
+    assert expire.calls[-1] == ({1: 12, 3: 70}, later)
 
 
-def test_a_worker_owning_nothing_sweeps_nothing() -> None:
+def test_a_worker_owning_nothing_settled_sweeps_nothing() -> None:
+    """Owned partitions whose settled offset is not known yet (nothing finished, nothing
+    committed) are left out: `settled` names none."""
     expire = FakeExpire(["s0"], batch=1)
-    assert asyncio.run(RetentionSweep(expire, set).sweep(NOW)) == []
+    assert asyncio.run(RetentionSweep(expire, dict).sweep(NOW)) == []
     assert expire.calls == []
 
 
@@ -90,13 +92,13 @@ def test_the_loop_survives_a_redis_failure_and_sweeps_again() -> None:
     store.commit(BatchFolder().fold({}, log.records))
     failures = [ProjectionError("redis down")]
 
-    async def expire(partitions: Iterable[int], now: datetime) -> list[str]:
+    async def expire(partitions: Mapping[int, int], now: datetime) -> list[str]:
         if failures:
             raise failures.pop()
         return store.expire_due(now)
 
     async def run() -> None:
-        sweep = RetentionSweep(expire, lambda: {0}, every=0.01, clock=lambda: NOW)
+        sweep = RetentionSweep(expire, lambda: {0: 2}, every=0.01, clock=lambda: NOW)
         task = asyncio.ensure_future(sweep.run())
         for _ in range(200):
             await asyncio.sleep(0.01)
