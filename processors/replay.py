@@ -91,6 +91,8 @@ _POLL_S: Final = 0.2  # how often the parent looks for a rebuild process that di
 # A read that gets no further for this long fails (LogError) instead of waiting for ever: aiokafka
 # retries some failures (a partition without a leader, a refused fetch) silently and endlessly.
 STALL_S: Final = 60.0
+# A fetcher thread that hands nothing over for this long is stuck where it cannot notice itself.
+SILENT_S: Final = 5 * STALL_S
 _RESTORE_BATCH: Final = 500  # sessions restored from snapshots per round trip
 
 RawRecord = tuple[int, int, bytes | None, bytes | None]
@@ -351,13 +353,26 @@ def _groups(
         # One per CPU, unless this process runs other threads: a forked child inherits the
         # locks they hold at that instant (a logging handler's, stderr's) and could wait on one
         # forever. A live rebuild's lease renewer is guarded; the CLI runs no other thread.
-        here = threading.current_thread()
-        alone = all(t is here or t in guarded for t in threading.enumerate())
-        processes = len(os.sched_getaffinity(0)) if alone else 1
+        processes = len(os.sched_getaffinity(0)) if not _unguarded(guarded) else 1
+    elif processes > 1 and (others := _unguarded(guarded)):
+        log.warning(
+            "forking %d rebuild processes while other threads run (%s): a child waits for ever "
+            "on a lock one of them held at the fork (OpenSSL's, with TLS; a logging handler's), "
+            "which fails the rebuild after %gs; run it where no other thread does (the CLI)",
+            processes,
+            ", ".join(sorted(t.name for t in others)),
+            SILENT_S,
+        )
     if "fork" not in multiprocessing.get_all_start_methods():
         processes = 1
     count = max(1, min(processes, len(partitions)))
     return [list(partitions[i::count]) for i in range(count)] if partitions else []
+
+
+def _unguarded(guarded: Sequence[threading.Thread]) -> list[threading.Thread]:
+    """This process's threads but the caller's and those of a `ForkGuard`."""
+    here = threading.current_thread()
+    return [t for t in threading.enumerate() if t is not here and t not in guarded]
 
 
 @dataclass(frozen=True)
@@ -752,6 +767,7 @@ class _Fetcher:
         self.starts = {TopicPartition(topic, p): at for p, at in (starts or {}).items() if at > 0}
         self.batch_size = batch_size
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=_AHEAD)
+        self.silent_s = SILENT_S
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replay-fetcher", daemon=True)
 
@@ -769,7 +785,18 @@ class _Fetcher:
     def batches(self) -> Iterator[list[RawRecord]]:
         """Every batch, in the order fetched (each partition's records in log order)."""
         while True:
-            item = self._queue.get()
+            try:
+                # The fetcher hands something over (a batch, the end, its failure) well within
+                # this, or fails itself after `STALL_S` without progress: silent longer, its
+                # thread is stuck where it cannot notice (a lock it needs held for ever: in a
+                # process forked while another thread held it).
+                item = self._queue.get(timeout=self.silent_s)
+            except queue.Empty:
+                raise LogError(
+                    f"reading {self.topic}: the fetcher thread handed nothing over for "
+                    f"{self.silent_s:g}s and is stuck (forked while another thread held a lock "
+                    "it needs, such as OpenSSL's?)"
+                ) from None
             if item is None:
                 return
             if isinstance(item, BaseException):

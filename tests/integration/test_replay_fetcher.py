@@ -97,6 +97,7 @@ def test_small_batches_report_progress_and_rebuild_every_session(
     assert not _fetchers()
 
 
+@pytest.mark.forks_in_process  # (see pyproject.toml)
 def test_partitions_rebuilt_in_two_processes_give_what_one_process_gives(
     settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
 ) -> None:
@@ -134,6 +135,7 @@ class _Exploding(EventCodec):
         raise RuntimeError("boom")
 
 
+@pytest.mark.forks_in_process  # (see pyproject.toml)
 def test_a_failure_in_a_rebuild_process_comes_back_as_a_backend_error(
     settings: Settings,
     kafka_log: KafkaEventLog,
@@ -158,6 +160,7 @@ def test_a_failure_in_a_rebuild_process_comes_back_as_a_backend_error(
         )
 
 
+@pytest.mark.forks_in_process  # (see pyproject.toml)
 def test_records_whose_decoding_raises_are_refused_not_a_failure_of_the_rebuild(
     settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
 ) -> None:

@@ -165,6 +165,7 @@ def wait_for_checkpoints(
         time.sleep(0.3)
 
 
+@pytest.mark.forks_in_process  # (see pyproject.toml)
 def test_a_rebuild_from_snapshots_equals_the_full_rebuild_and_skips_what_they_cover(
     settings: Settings,
     kafka_log: KafkaEventLog,
@@ -506,6 +507,7 @@ def test_a_session_dropped_for_a_restore_holds_its_partitions_checkpoint_at_the_
     assert all(c == report.applied_through()[q] for q, c in found.items() if q != p)
 
 
+@pytest.mark.forks_in_process  # (see pyproject.toml)
 def test_an_expired_session_s_snapshot_becomes_a_stub_a_rebuild_restores_as_its_tombstone(
     settings: Settings,
     kafka_log: KafkaEventLog,

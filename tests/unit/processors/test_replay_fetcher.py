@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -61,6 +62,23 @@ def test_a_read_that_gets_no_further_fails_instead_of_waiting_for_ever(
     with pytest.raises(LogError, match=r"got no further for 0.2s .*\{0: \(2, 5\)\}"):
         _fetch_with(monkeypatch, consumer)
     assert consumer.fetches > 1  # it kept asking until the bound
+
+
+def test_a_fetcher_thread_that_hands_nothing_over_fails_the_read_instead_of_a_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stuck where it cannot notice (a lock held for ever since a fork): the reader gives up."""
+    stuck = threading.Event()
+
+    def hung(self: replay_module._Fetcher) -> None:
+        stuck.wait(5)  # as in OpenSSL's lock, held by a thread the fork did not copy
+
+    monkeypatch.setattr(replay_module._Fetcher, "_run", hung)
+    with replay_module._Fetcher(KafkaAccess.of("127.0.0.1:9"), "events", {0: 5}, 100) as f:
+        f.silent_s = 0.1
+        with pytest.raises(LogError, match=r"handed nothing over for 0.1s and is stuck"):
+            list(f.batches())
+        stuck.set()
 
 
 def test_a_position_that_never_comes_fails_instead_of_waiting_for_ever(

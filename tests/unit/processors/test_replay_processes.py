@@ -4,6 +4,7 @@ forks them holding the guard's lock."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -76,9 +77,28 @@ def test_a_guarded_thread_is_known_by_identity_not_by_count(
         assert _groups(PARTITIONS, None, (ended,)) == [PARTITIONS]
 
 
-def test_an_explicit_count_is_taken_as_given() -> None:
-    assert _groups(PARTITIONS, 3) == [[0, 3], [1, 4], [2, 5]]
-    assert _groups([0], 4) == [[0]]  # at most one per partition
+def test_an_explicit_count_is_taken_as_given(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _only(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="milpa_sessions.replay"):
+        assert _groups(PARTITIONS, 3) == [[0, 3], [1, 4], [2, 5]]
+        assert _groups([0], 4) == [[0]]  # at most one per partition
+    assert caplog.records == []
+
+
+def test_an_explicit_count_with_other_threads_running_is_taken_and_warned_about(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child waits for ever on a lock another thread held at the fork (OpenSSL's, with TLS):
+    the caller asked for it, and is told."""
+    with running_thread() as other, caplog.at_level(logging.WARNING, "milpa_sessions.replay"):
+        _only(monkeypatch, other)
+        assert _groups(PARTITIONS, 2) == [[0, 2, 4], [1, 3, 5]]
+        assert _groups(PARTITIONS, 1) == [PARTITIONS]  # no fork: nothing to say
+    [warned] = caplog.records
+    assert "forking 2 rebuild processes while other threads run" in warned.getMessage()
+    assert other.name in warned.getMessage()
 
 
 class _LockSeenByChild:
