@@ -112,6 +112,12 @@ class BatchConsumer(faust_aiokafka.Consumer):
             raise
 
     async def _deliver(self, records: Any, handlers: dict[str, BatchHandler]) -> None:
+        for tp, fetched in records.items():
+            if tp.topic not in handlers:
+                for record in fetched:  # Faust's own per-record route for any other topic
+                    await self.callback(self._to_message(tp, record))
+        # From here to the chaining below nothing awaits: a revocation sees this batch in flight
+        # or finds it dropped here.
         if not self.flow_active:
             # A rebalance is under way (Faust stopped the flow before the revocation's signal):
             # these records were fetched before it. Faust reads the partitions again from their
@@ -122,10 +128,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         read_offset = self._read_offset
         assigned = self.assignment()
         for tp, fetched in records.items():
-            handler = handlers.get(tp.topic)
-            if handler is None:
-                for record in fetched:  # Faust's own per-record route for any other topic
-                    await self.callback(self._to_message(tp, record))
+            if tp.topic not in handlers:
                 continue
             if tp not in assigned:
                 # Fetched before a rebalance took the partition away: its new owner reads it.
@@ -158,6 +161,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
                     completions.append(completion)
         except BaseException:
             handed.cancel()  # not folded whole, never written: its records are read again
+            _close(completions)
             raise
         handed.set_result(completions)
         if previous is not None:
@@ -173,7 +177,14 @@ class BatchConsumer(faust_aiokafka.Consumer):
         if previous is not None:
             # Shielded: this batch cancelled must not cancel the one before it. Raises what that
             # one raised, and this one is then never written (it was folded onto its states).
-            await asyncio.shield(previous)
+            try:
+                await asyncio.shield(previous)
+            except BaseException:
+                if handed.done() and not handed.cancelled():
+                    _close(handed.result())
+                else:
+                    handed.add_done_callback(_close_handed)
+                raise
         try:
             completions = await handed
         except asyncio.CancelledError:
@@ -275,6 +286,18 @@ class BatchConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
         for tp in revoked:
             self._finished.pop(tp, None)
+
+
+def _close(completions: Sequence[Awaitable[None]]) -> None:
+    """Close second phases that will never run (coroutines not yet started)."""
+    for completion in completions:
+        if inspect.iscoroutine(completion):
+            completion.close()
+
+
+def _close_handed(handed: asyncio.Future[list[Awaitable[None]]]) -> None:
+    if not handed.cancelled():
+        _close(handed.result())
 
 
 def _retrieved(done: asyncio.Future[None]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -252,6 +253,43 @@ def test_a_failed_commit_phase_is_raised_and_its_offsets_stay_uncommitted() -> N
         h.app.batch_handlers["ev"] = handler
         with pytest.raises(RuntimeError, match="decisions topic"):
             await h.deliver({EV0: [record(EV0, 0)]})
+        assert h.consumer._new_offset(EV0) is None
+
+    asyncio.run(main())
+
+
+def test_the_batch_after_a_failed_one_is_never_written_and_its_commit_is_closed() -> None:
+    """Folded onto the failed batch's states, it must not be written; its second phase, never
+    started, is closed (not left to warn that it was never awaited)."""
+
+    async def main() -> None:
+        h = Harness()
+        made: list[Any] = []
+        release = asyncio.Event()
+
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            first = raws[0].offset
+
+            async def commit() -> None:
+                await release.wait()
+                if first == 0:
+                    raise RuntimeError("decisions topic unavailable")
+
+            made.append(commit())
+            return made[-1]
+
+        h.app.batch_handlers["ev"] = handler
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        second = asyncio.ensure_future(
+            h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        )
+        await asyncio.sleep(0.01)
+        release.set()
+        with pytest.raises(RuntimeError, match="decisions topic"):
+            await second
+        with pytest.raises(RuntimeError, match="decisions topic"):
+            await h.consumer.settle()
+        assert inspect.getcoroutinestate(made[1]) == inspect.CORO_CLOSED
         assert h.consumer._new_offset(EV0) is None
 
     asyncio.run(main())
