@@ -144,21 +144,16 @@ def run_agent(
             if session.ended:
                 progress.add(expired=1)
                 return
-            if question.reason in ("permission", "signature"):
-                # Not on the answer's word: anyone who can append may write a yes. The call goes
-                # ahead only on what the operator signed (the grant that comes with a yes, see
-                # run_operator; the approval of exactly this call), which the policy reads.
-                verdict = policy.decide(
-                    session,
-                    op,
-                    mutating=True,
-                    requires_signature=needs_signature,
-                    arguments=arguments,
-                )
-                if verdict is not Verdict.ALLOW:
-                    continue
-                if question.reason == "signature":
-                    progress.add(signed=1)
+            # Not on the answer's word: anyone who can append may write a yes. The call goes
+            # ahead only if the policy allows it now, which reads what the operator signed (the
+            # grant that comes with a yes, see run_operator; the approval of exactly this call).
+            verdict = policy.decide(
+                session, op, mutating=True, requires_signature=needs_signature, arguments=arguments
+            )
+            if verdict is not Verdict.ALLOW:
+                continue
+            if question.reason == "signature":
+                progress.add(signed=1)
         store.record_tool_call(sid, op, arguments, "ok", mutating=True, artifact=f"src/m{step}.py")
         store.set_todo(sid, "change", "change the code", "in_progress")
         progress.add(events=2)
