@@ -25,9 +25,10 @@ class ScheduledIds:
     Keyed, so that nobody else can tell them in advance: the fold drops any event whose id it has
     seen, and an agent that appended an event of its own under a closing's id first would have
     the closing dropped as a duplicate, so that its question's deadline never ended the session
-    (and its late answer was taken). Two schedulers (around a rebalance) hold different keys: the
-    later of their two closings, or compactions, is folded as the no-op the fold makes of a
-    closing of a question already resolved, or of a cut already made.
+    (and its late answer was taken). Two schedulers (around a rebalance), or one and its restart,
+    hold different keys: the later of their two closings, or compactions, is folded as the no-op
+    the fold makes of a closing of a question already resolved, or of a cut already made, and
+    takes a seq like any no-op.
     """
 
     __slots__ = ("_key",)

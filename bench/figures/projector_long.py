@@ -5,11 +5,12 @@ against the same worker on the short-session topic, measured the same way in the
 Both are `bench.figures.projector.measure_projector` runs (1 worker, product defaults, scheduler
 on, a fresh group and prefix each); only the topic differs. The compactions are in the topic
 before the clock starts: right after the event that makes one due, the `compacted` event the
-scheduler would append (its id derived from the session and `through`, as the scheduler derives
-it), so the fold meets them where a scheduler with no lag would have put them. Over a topic filled
-ahead, the worker's own scheduler could only append its compactions at the partitions' ends, after
-the sessions it compacts; it still runs, and what it appends anyway (copies of compactions already
-in the topic: same id) is folded like any record and counted in the figure's params.
+scheduler would append (an id derived from the session and `through`: the scheduler's own are
+keyed per process), so the fold meets them where a scheduler with no lag would have put them. Over
+a topic filled ahead, the worker's own scheduler could only append its compactions at the
+partitions' ends, after the sessions it compacts; it still runs, and what it appends anyway
+(copies of compactions already in the topic: the same cut, folded as no-ops) is folded like any
+record and counted in the figure's params.
 """
 
 from __future__ import annotations
