@@ -116,13 +116,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
             if tp.topic not in handlers:
                 for record in fetched:  # Faust's own per-record route for any other topic
                     await self.callback(self._to_message(tp, record))
-        # From here to the chaining below nothing awaits: a revocation sees this batch in flight
-        # or finds it dropped here.
-        if not self.flow_active:
-            # A rebalance is under way (Faust stopped the flow before the revocation's signal):
-            # these records were fetched before it. Faust reads the partitions again from their
-            # committed offsets once they are assigned.
-            return
+        # From here to the chaining below nothing awaits: a revocation that has let a partition go
+        # finds its records dropped here, one that has not sees this batch in flight. (Records
+        # that arrive while Faust's flow is stopped are not dropped: its seek to the committed
+        # offsets may already have been made for them, and nothing would read them again.)
         batches: dict[str, list[Consumed]] = {}
         ends: dict[TP, int] = {}
         read_offset = self._read_offset
