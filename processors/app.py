@@ -265,9 +265,11 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         def left() -> float:
             return max(0.0, deadline - loop.time())
 
-        # Faust stopped the flow before this signal: no batch is handed over from now on. The one
-        # in flight covers the one being folded, if any (the consumer chains it before its fold):
-        # waited for without the folding lock, which that fold may still have to take.
+        # The batch in flight covers the one being folded, if any (the consumer chains it before
+        # its fold): waited for without the folding lock, which that fold may still have to take.
+        # (A fetch under way when Faust stopped the flow may still hand over a batch after this:
+        # folded from Redis, the states being forgotten, and written by compare-and-set on the
+        # sessions' marks, as any batch after a hand-over.)
         if not await app.settle_within(left()):
             await stalled("the batches being folded and committed")
         if not await acquire_within(folding, left()):
