@@ -89,6 +89,39 @@ class Harness:
         await self.consumer.settle()
 
 
+class TwoPhase:
+    """A handler that logs each batch's fold and commit (`fold 0`, `commit 0`: by the batch's
+    first offset); a fold waits for `fold_gate`, a commit for its batch's gate, when given."""
+
+    def __init__(
+        self,
+        log: list[str],
+        commit_gates: dict[int, asyncio.Event] | None = None,
+        fold_gate: asyncio.Event | None = None,
+    ) -> None:
+        self.log, self.commit_gates, self.fold_gate = log, commit_gates or {}, fold_gate
+
+    async def __call__(self, raws: Sequence[RawRecord]) -> Any:
+        first = raws[0].offset
+        if self.fold_gate is not None:
+            await self.fold_gate.wait()
+        self.log.append(f"fold {first}")
+
+        async def commit() -> None:
+            gate = self.commit_gates.get(first)
+            if gate is not None:
+                await gate.wait()
+            self.log.append(f"commit {first}")
+
+        return commit()
+
+
+async def _revocation(h: Harness, log: list[str]) -> None:
+    """What a revocation waits for before it lets the partitions go, logged once it may."""
+    assert await h.app.settle_within(5.0)
+    log.append("let go")
+
+
 def test_registering_a_topic_subscribes_it_and_names_its_handler() -> None:
     async def main() -> None:
         h = Harness()
@@ -209,20 +242,8 @@ def test_the_commit_phase_overlaps_the_next_batch_and_batches_finish_in_order() 
     async def main() -> None:
         h = Harness()
         log: list[str] = []
-        release = asyncio.Event()
-
-        async def handler(raws: Sequence[RawRecord]) -> Any:
-            first = raws[0].offset
-            log.append(f"fold {first}")
-
-            async def commit() -> None:
-                if first == 0:
-                    await release.wait()  # batch 0's commit is slow
-                log.append(f"commit {first}")
-
-            return commit()
-
-        h.app.batch_handlers["ev"] = handler
+        release = asyncio.Event()  # batch 0's commit is slow
+        h.app.batch_handlers["ev"] = TwoPhase(log, {0: release})
         await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
         assert h.consumer._new_offset(EV0) is None  # folded, not committed
         second = asyncio.ensure_future(
@@ -299,19 +320,8 @@ def test_a_batch_still_committing_after_the_grace_is_left_going_and_the_next_wai
     async def main() -> None:
         h = Harness()
         log: list[str] = []
-        release = asyncio.Event()
-
-        async def handler(raws: Sequence[RawRecord]) -> Any:
-            first = raws[0].offset
-
-            async def commit() -> None:
-                if first == 0:
-                    await release.wait()  # a send refused and retried
-                log.append(f"commit {first}")
-
-            return commit()
-
-        h.app.batch_handlers["ev"] = handler
+        release = asyncio.Event()  # batch 0's send refused and retried
+        h.app.batch_handlers["ev"] = TwoPhase(log, {0: release})
         await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
         # The fetch loop folded the next batch onto it and waits before committing that one.
         waiting = asyncio.ensure_future(
@@ -320,12 +330,12 @@ def test_a_batch_still_committing_after_the_grace_is_left_going_and_the_next_wai
         assert not await h.app.settle_within(0.02)
         await asyncio.sleep(0.01)
         # Neither cancelled nor skipped: the next batch must never be written without it.
-        assert not waiting.done() and log == []
+        assert not waiting.done() and log == ["fold 0", "fold 1"]
         assert h.consumer._new_offset(EV0) is None
         release.set()
         await waiting
         await h.consumer.settle()
-        assert log == ["commit 0", "commit 1"]
+        assert log == ["fold 0", "fold 1", "commit 0", "commit 1"]
         assert h.consumer._new_offset(EV0) == 2
 
     asyncio.run(main())
@@ -339,28 +349,13 @@ def test_a_revocation_waits_for_the_batch_folded_next_not_only_the_one_committin
         h = Harness()
         log: list[str] = []
         release = [asyncio.Event(), asyncio.Event()]
-
-        async def handler(raws: Sequence[RawRecord]) -> Any:
-            first = raws[0].offset
-            log.append(f"fold {first}")
-
-            async def commit() -> None:
-                await release[first].wait()
-                log.append(f"commit {first}")
-
-            return commit()
-
-        async def revocation() -> None:
-            assert await h.app.settle_within(5.0)
-            log.append("let go")
-
-        h.app.batch_handlers["ev"] = handler
+        h.app.batch_handlers["ev"] = TwoPhase(log, dict(enumerate(release)))
         await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
         second = asyncio.ensure_future(
             h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
         )
         await asyncio.sleep(0.01)  # batch 1 folded, waiting for batch 0
-        revoked = asyncio.ensure_future(revocation())
+        revoked = asyncio.ensure_future(_revocation(h, log))
         await asyncio.sleep(0.01)
         release[0].set()
         await asyncio.sleep(0.02)
@@ -376,32 +371,18 @@ def test_a_revocation_that_comes_while_a_batch_is_handed_over_waits_for_its_fold
     async def main() -> None:
         h = Harness()
         log: list[str] = []
-        folding = asyncio.Event()
-
-        async def handler(raws: Sequence[RawRecord]) -> Any:
-            await folding.wait()  # the fold takes a while
-            log.append("fold")
-
-            async def commit() -> None:
-                log.append("commit")
-
-            return commit()
-
-        async def revocation() -> None:
-            assert await h.app.settle_within(5.0)
-            log.append("let go")
-
-        h.app.batch_handlers["ev"] = handler
+        folding = asyncio.Event()  # the fold takes a while
+        h.app.batch_handlers["ev"] = TwoPhase(log, fold_gate=folding)
         delivering = asyncio.ensure_future(
             h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
         )
         await asyncio.sleep(0.01)
-        revoked = asyncio.ensure_future(revocation())
+        revoked = asyncio.ensure_future(_revocation(h, log))
         await asyncio.sleep(0.01)
         assert log == []
         folding.set()
         await asyncio.gather(delivering, revoked)
-        assert log == ["fold", "commit", "let go"]
+        assert log == ["fold 0", "commit 0", "let go"]
 
     asyncio.run(main())
 
