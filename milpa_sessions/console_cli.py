@@ -75,17 +75,41 @@ def console(ctx: click.Context, host: str | None, port: int | None, loglevel: st
     type=click.Path(dir_okay=False, path_type=Path),
     help="The users file (default: MILPA_CONSOLE_USERS_FILE).",
 )
-@click.password_option(help="The new password (asked for when not given).")
+@click.option(
+    "--password-stdin",
+    "from_stdin",
+    is_flag=True,
+    help="Read the new password from the first line of stdin (for scripts).",
+)
 @click.pass_context
-def passwd(ctx: click.Context, username: str, path: Path | None, password: str) -> None:
-    """Add an operator to the users file, or change its password (stored as an argon2id hash)."""
+def passwd(ctx: click.Context, username: str, path: Path | None, from_stdin: bool) -> None:
+    """Add an operator to the users file, or change its password (stored as an argon2id hash).
+
+    The password is asked for (twice, not echoed) or read from stdin, never taken as an
+    argument: a command line is readable by every user of the machine and kept in histories.
+    """
     path = path or _settings(ctx).console_users_file
     if path is None:
         raise ConfigurationError("no users file: pass --file or set MILPA_CONSOLE_USERS_FILE")
     if not username or ":" in username or any(c.isspace() for c in username):
         raise click.BadParameter("a username has no colon and no spaces", param_hint="USERNAME")
+    password = _read_password() if from_stdin else _ask_password()
     write_user(path, username, hash_password(password))
     click.echo(f"{username} can sign in ({path})")
+
+
+def _read_password() -> str:
+    """The first line of stdin, without its line ending; an empty one is refused."""
+    password = click.get_text_stream("stdin").readline().rstrip("\r\n")
+    if not password:
+        raise click.BadParameter("stdin holds no password", param_hint="--password-stdin")
+    return password
+
+
+def _ask_password() -> str:
+    """The password typed twice at a prompt that does not echo it."""
+    password: str = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    return password  # click asks again for an empty one
 
 
 def _settings(ctx: click.Context) -> Settings:
