@@ -101,7 +101,15 @@ def _cookie(request: Request, base: str) -> str | None:
 
 
 def _set_cookie(request: Request, response: Response, base: str, value: str, age: float) -> None:
-    secure = runtime(request).settings.console_cookie_secure
+    rt = runtime(request)
+    secure = rt.settings.console_cookie_secure
+    if not secure and _through_tls(request) and rt.insecure_cookie_noticed():
+        # The start-up warning saw a loopback address: a TLS proxy on this machine forwards.
+        log.warning(
+            "requests come over HTTPS (through a proxy: X-Forwarded-Proto) but "
+            "MILPA_CONSOLE_COOKIE_SECURE is off: sign-in cookies are not marked Secure, so a "
+            "browser also sends them over plain HTTP to this host; set it"
+        )
     response.set_cookie(
         cookie_name(base, secure),
         value,
@@ -111,6 +119,12 @@ def _set_cookie(request: Request, response: Response, base: str, value: str, age
         samesite="lax",
         secure=secure,
     )
+
+
+def _through_tls(request: Request) -> bool:
+    """Whether the browser reached the console over HTTPS, directly or through a proxy."""
+    forwarded = request.headers.get("x-forwarded-proto", "")
+    return request.url.scheme == "https" or forwarded.split(",")[0].strip().lower() == "https"
 
 
 def _delete_cookie(request: Request, response: Response, base: str) -> None:

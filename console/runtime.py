@@ -71,6 +71,18 @@ class ConsoleDeps:
     monotonic: Callable[[], float] = field(default=time.monotonic)
 
 
+class Once:
+    """True the first time it is called, False ever after."""
+
+    def __init__(self) -> None:
+        self._done = False
+
+    def __call__(self) -> bool:
+        """Whether this is the first call."""
+        first, self._done = not self._done, True
+        return first
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Everything a request handler needs, kept on `app.state.console`."""
@@ -86,6 +98,7 @@ class Runtime:
     hub: Hub
     templates: Jinja2Templates
     writes: CapacityLimiter = field(default_factory=lambda: CapacityLimiter(WRITE_THREADS))
+    insecure_cookie_noticed: Once = field(default_factory=Once)  # warned once
 
     async def write(self, act: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         """`act(*args)`, a write, on one of the writes' threads (waiting for one without holding

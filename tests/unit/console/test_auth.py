@@ -204,6 +204,22 @@ def test_behind_tls_the_cookies_are_host_prefixed_secure_and_hsts_is_sent(
         assert client.get("/api/v1/questions").status_code == 200
 
 
+def test_a_console_behind_a_local_tls_proxy_without_secure_cookies_warns_once(
+    store: SessionStore, settings: WebConsoleSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Listening on loopback, the start-up warning stays quiet; the requests say TLS is in front.
+    app = make_app(store, settings)
+    with TestClient(app) as client, caplog.at_level(logging.WARNING, logger="console.pages"):
+        assert sign_in(client).status_code == 303  # plain HTTP: nothing to say
+        assert not [r for r in caplog.records if r.name == "console.pages"]
+        client.headers["X-Forwarded-Proto"] = "https"
+        for _ in range(2):
+            client.cookies.clear()
+            assert sign_in(client).status_code == 303
+    (warned,) = [r for r in caplog.records if r.name == "console.pages"]
+    assert "MILPA_CONSOLE_COOKIE_SECURE is off" in warned.getMessage()
+
+
 def test_signing_out_needs_the_csrf_token(operator: TestClient) -> None:
     assert operator.post("/logout", follow_redirects=False).status_code == 403
     assert operator.get("/api/v1/questions").status_code == 200
