@@ -28,8 +28,9 @@ from faust.types import TP
 
 from processors import running
 from processors.batch_consumer import BatchApp, leave_group_supported
+from processors.health import Heartbeat, Probe
 from processors.locks import acquire_within
-from processors.metrics import Metrics
+from processors.metrics import Metrics, consumer_lag
 from processors.ports import Consumed
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
@@ -341,9 +342,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         holder["assigned"] = True
 
     if settings.metrics_port > 0:
-        _serve_worker_metrics(
-            app, settings.metrics_port, holder, events.get_topic_name(), settings.metrics_host
-        )
+        _serve_worker_metrics(app, settings, holder, events.get_topic_name())
 
     return ProjectorApp(app, worker, scheduler, timer)
 
@@ -363,9 +362,9 @@ def timer_link(settings: WorkerSettings) -> TimerLink | None:
 
 
 def _serve_worker_metrics(
-    app: Any, port: int, holder: dict[str, Any], topic: str, host: str
+    app: Any, settings: WorkerSettings, holder: dict[str, Any], topic: str
 ) -> None:
-    """Expose the worker's stats on `host:port/metrics` while the app runs."""
+    """Expose the worker's stats and health on the metrics address while the app runs."""
 
     def worker_stats() -> WorkerStats | None:
         w: ProjectionWorker | None = holder.get("worker")
@@ -395,8 +394,27 @@ def _serve_worker_metrics(
         taker: Snapshotter | None = holder.get("snapshots")
         return taker.stats if taker is not None else None
 
+    def lag() -> dict[int, int]:
+        w: ProjectionWorker | None = holder.get("worker")
+        return consumer_lag(highwaters(), dict(w.stats.last_offsets)) if w is not None else {}
+
+    def progressed() -> float | None:
+        w: ProjectionWorker | None = holder.get("worker")
+        return w.stats.progressed_at if w is not None else None
+
+    def assigned() -> bool:
+        return bool(holder.get("assigned"))
+
+    probe = Probe(Heartbeat(), lag, progressed, assigned, settings.stall_s)
     serve_metrics(
-        app, port, worker_stats, scheduler_stats, highwaters, host=host, snapshots=snapshot_stats
+        app,
+        settings.metrics_port,
+        worker_stats,
+        scheduler_stats,
+        highwaters,
+        host=settings.metrics_host,
+        snapshots=snapshot_stats,
+        probe=probe,
     )
 
 
@@ -409,14 +427,16 @@ def serve_metrics(
     *,
     host: str = "127.0.0.1",
     snapshots: Callable[[], SnapshotStats | None] = lambda: None,
+    probe: Probe,
 ) -> None:
-    """Expose these stats on `host:port/metrics` while the app runs (loopback by default)."""
-    metrics = Metrics(worker_stats, scheduler_stats, highwaters, snapshots)
+    """Expose these stats on `host:port/metrics`, and the probe's verdicts on `/livez` and
+    `/readyz`, while the app runs (loopback by default); the app's loop stamps its heartbeat."""
+    metrics = Metrics(worker_stats, scheduler_stats, highwaters, snapshots, probe)
 
     @app.task  # type: ignore[untyped-decorator]
     async def metrics_server() -> None:
         metrics.serve(port, host)
         try:
-            await asyncio.Event().wait()  # until the app stops and cancels this task
+            await probe.heartbeat.run()  # until the app stops and cancels this task
         finally:
             await asyncio.to_thread(metrics.stop)

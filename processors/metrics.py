@@ -10,13 +10,16 @@ one), so several apps in one process, or tests, do not collide.
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TypeVar
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -25,12 +28,16 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from processors.health import Probe
 from processors.histogram import Histogram
 from processors.scheduler import SchedulerStats
 from processors.snapshots import SnapshotStats
 from processors.worker import WorkerStats
 from schemas.errors import ConfigurationError
 from session_model.intake import CODES
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 K = TypeVar("K")
@@ -242,8 +249,52 @@ class StatsCollector(Collector):
         yield lag
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    """One thread per request (a slow scrape does not hold up a probe); daemon threads."""
+
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    """The same on an IPv6 address."""
+
+    address_family = socket.AF_INET6
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log line per scrape or probe."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Say nothing."""
+
+
+def _json(start_response: StartResponse, status: str, body: Mapping[str, Any]) -> list[bytes]:
+    data = json.dumps(body).encode()
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    start_response(status, headers)
+    return [data]
+
+
+def endpoints(metrics: WSGIApplication, probe: Probe | None) -> WSGIApplication:
+    """`/metrics` (Prometheus text), `/livez` and `/readyz` (JSON; 503 when not so), else 404."""
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        if path in {"/livez", "/readyz"} and probe is not None:
+            health = probe.check()
+            good = health.live if path == "/livez" else health.ready
+            status = "200 OK" if good else "503 Service Unavailable"
+            return _json(start_response, status, health.as_json())
+        return _json(start_response, "404 Not Found", {"error": f"no such endpoint: {path}"})
+
+    return app
+
+
 class Metrics:
-    """A dedicated registry holding the stats collector, and its HTTP endpoint."""
+    """A dedicated registry holding the stats collector, and its HTTP endpoint (with the health
+    probe's, when given one)."""
 
     def __init__(
         self,
@@ -251,22 +302,30 @@ class Metrics:
         scheduler: Callable[[], SchedulerStats | None],
         highwaters: Callable[[], Mapping[int, int]] = dict,
         snapshots: Callable[[], SnapshotStats | None] = lambda: None,
+        probe: Probe | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = StatsCollector(worker, scheduler, highwaters, snapshots)
         self.registry.register(self.collector)
+        self.probe = probe
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve `/metrics` on `addr:port` in a daemon thread; returns the bound port."""
+        """Serve `/metrics` (and `/livez`, `/readyz`) on `addr:port` in a daemon thread; returns
+        the bound port."""
+        app = endpoints(make_wsgi_app(self.registry), self.probe)
         try:
-            server, thread = start_http_server(port, addr=addr, registry=self.registry)
+            family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+            kind = _Server6 if family == socket.AF_INET6 else _Server
+            server: WSGIServer = make_server(addr, port, app, kind, handler_class=_Quiet)
         except OSError as e:
             raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {e}") from e
+        thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+        thread.start()
         self._server, self._thread = server, thread
         bound: int = server.server_port
-        log.info("metrics on http://%s:%d/metrics", addr, bound)
+        log.info("metrics on http://%s:%d/metrics (health: /livez, /readyz)", addr, bound)
         return bound
 
     def stop(self) -> None:

@@ -27,6 +27,7 @@ import faust
 from faust.app.base import BootStrategy
 
 from processors.app import faust_options, serve_metrics
+from processors.health import Heartbeat, Probe
 from processors.scheduler import Scheduler
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
@@ -106,5 +107,7 @@ def create_scheduler_app(
             lambda: scheduler.stats,
             dict,
             host=settings.metrics_host,
+            # No records of its own: alive and ready while its loop turns.
+            probe=Probe(Heartbeat(), dict, lambda: None, lambda: True, settings.stall_s),
         )
     return SchedulerApp(app, scheduler)

@@ -39,6 +39,10 @@ class WorkerSettings(StackSettings):
     scheduler_timer_nice: int = -10
     metrics_port: int = 0  # Prometheus text on metrics_host:port/metrics (0: off)
     metrics_host: str = "127.0.0.1"  # the metrics' bind address: loopback unless said otherwise
+    # The health endpoints beside the metrics (`processors/health.py`): `/livez` fails when the
+    # event loop has not run for this long, `/readyz` also when records waited this long with no
+    # batch finished.
+    stall_s: float = 30.0
     # How long a stopping worker or scheduler may take after SIGTERM before it exits regardless
     # (what it had not committed is redelivered), and how long one waits at start-up for Kafka
     # and Redis (0: for ever, printing a status line every startup_status_every seconds).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,7 @@ class WorkerStats:
     # worker, or dropped past `cache_limit`), and how many the cache holds after the last batch.
     state_reads: int = 0
     cached_sessions: int = 0
+    progressed_at: float | None = None  # monotonic seconds when a batch last finished
 
     def count_pause(self, reason: str) -> None:
         """One more pause under `reason`, or under `OTHER_NAMES` past `PAUSE_REASONS` reasons."""
@@ -215,6 +217,7 @@ class ProjectionWorker:
         await self._publish_questions(updates, (*prepared.folding.reasked, *committed.reasked))
         self.stats.last_offsets.update(prepared.ends)
         self.stats.cached_sessions = len(self.cycle.cache)
+        self.stats.progressed_at = time.monotonic()  # for the health probe (`processors/health`)
         return updates
 
     async def states(self, session_ids: Sequence[str]) -> dict[str, Folded]:

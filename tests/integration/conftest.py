@@ -10,6 +10,7 @@ prefix, so tests never see each other's data.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 import warnings
 from collections.abc import Iterator, Sequence
@@ -322,3 +325,14 @@ class PacedProducer(threading.Thread):
     def acked(self) -> int:
         """How many appends the broker acknowledged so far."""
         return sum(1 for _, f in list(self.futures) if f.is_done and f.succeeded())
+
+
+def health(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    """A health endpoint's status and JSON body (0 and {} while nothing listens there)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except (urllib.error.URLError, ConnectionError):
+        return 0, {}

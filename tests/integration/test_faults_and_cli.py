@@ -29,7 +29,7 @@ from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore
 from projections.redis_store import RedisProjectionStore
 from session_model.policy import permission_question
-from tests.integration.conftest import with_keys
+from tests.integration.conftest import health, with_keys
 from tests.unit.builders import started, turn
 
 pytestmark = pytest.mark.integration
@@ -254,6 +254,40 @@ def test_sigterm_stops_a_worker_within_the_grace_while_redis_is_down(
     # state (the started event was committed before the stop, so it is not redelivered).
     wait_for(lambda: _seq(projections, "s-down") == 20, timeout=60)
     assert again.alive()
+
+
+@pytest.mark.plain_stack  # a plaintext service of its own
+def test_a_worker_whose_redis_is_down_stays_live_and_is_not_ready_until_it_is_back(
+    settings: Settings, kafka_log: KafkaEventLog, private_redis: dict[str, Any], start_worker: Any
+) -> None:
+    port = free_port()
+    s = with_keys(settings, redis_url=private_redis["url"], metrics_port=port, stall_s=3.0)
+    worker = start_worker(s)
+    projections = RedisProjectionStore.from_url(private_redis["url"], s.redis_keys())
+    kafka_log.append(started("probed", session_id="s-probed"))
+    wait_for(lambda: projections.load("s-probed") is not None, timeout=60)
+    wait_for(lambda: health(port, "/readyz")[0] == 200, timeout=30)
+    assert health(port, "/livez")[0] == 200
+
+    private_redis["stop"]()
+    for i in range(20):  # a batch the worker cannot commit: it retries Redis
+        kafka_log.append(turn("user", f"turn {i}", session_id="s-probed"))
+    try:
+        wait_for(lambda: health(port, "/readyz")[0] == 503, timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"{health(port, '/readyz')}\n{worker.log()[-3000:]}") from None
+    status, body = health(port, "/readyz")
+    # The lag is as of the fetch that brought the stuck batch: the records it holds at least.
+    assert status == 503 and body["live"] is True and 0 < body["lag"] <= 20, body
+    (problem,) = body["problems"]
+    assert problem.startswith(f"{body['lag']} records have waited ")
+    assert problem.endswith("with no batch finished")
+    assert health(port, "/livez")[0] == 200  # its loop turns: a restart would not bring Redis
+
+    private_redis["start"]()
+    wait_for(lambda: health(port, "/readyz")[0] == 200, timeout=60)
+    assert health(port, "/readyz")[1]["lag"] == 0
+    assert worker.alive()
 
 
 def _open(store: SessionStore, sid: str) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 
-from deploy.harness import wait_for
+from deploy.harness import free_port, wait_for
 from milpa_sessions.settings import Settings
 from processors.scheduler import Scheduler
 from processors.sinks import LazyProducer, ProducerSink
@@ -28,7 +28,7 @@ from session_model.partitioning import partition_for
 from session_model.policy import permission_question
 from session_model.principal import Principal
 from session_model.projection import BatchFolder, Folded, Position, Record
-from tests.integration.conftest import with_keys
+from tests.integration.conftest import health, with_keys
 from tests.unit.builders import ask, started, turn
 
 pytestmark = pytest.mark.integration
@@ -51,6 +51,16 @@ def pipeline(request: pytest.FixtureRequest, settings: Settings, start_worker: A
             start_worker(s)
 
     return start
+
+
+def test_a_standalone_scheduler_answers_its_health_probes(
+    settings: Settings, start_worker: Any
+) -> None:
+    port = free_port()
+    start_worker(with_keys(settings, metrics_port=port), command="scheduler")
+    wait_for(lambda: health(port, "/readyz")[0] == 200, timeout=60)
+    status, body = health(port, "/livez")
+    assert status == 200 and body["live"] and body["ready"] and body["lag"] == 0, body
 
 
 def _ended(projections: RedisProjectionStore, sid: str) -> bool:

@@ -1,0 +1,128 @@
+"""Whether a worker or scheduler is alive and keeping up: what `/livez` and `/readyz` answer.
+
+Alive: its event loop turned within `stall_s` (a heartbeat task stamps the time every second, and
+the HTTP thread reads the stamp). A loop blocked by a call that never returns stops the stamps;
+restarting the process is the cure, so an orchestrator's liveness probe reads `/livez`.
+
+Ready: alive, past its first partition assignment, and not stalled: records wait in a partition
+it reads (its consumer lag) and no batch finished for `stall_s` since they were first seen waiting
+(a Redis that hangs, a broker that refuses its decisions). A restart does not cure those, and
+every restart moves the group's partitions: that is `/readyz`, for alerts and rollouts, not for
+killing the process.
+
+A lag is seen by a probe: a stall is reported by the first probe `stall_s` after one that saw the
+records waiting (the probes of an orchestrator come every few seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+BEAT_S = 1.0  # how often the heartbeat task stamps the time
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """One probe's verdict, with what it was judged on."""
+
+    live: bool
+    ready: bool
+    problems: tuple[str, ...]
+    loop_s: float  # since the event loop last stamped the heartbeat
+    lag: int  # records waiting in the partitions this process reads (0 without a worker)
+    waiting_s: float | None  # since records were first seen waiting with no batch finished
+
+    def as_json(self) -> dict[str, Any]:
+        """The verdict as the endpoints' JSON body."""
+        return {
+            "live": self.live,
+            "ready": self.ready,
+            "problems": list(self.problems),
+            "loop_s": round(self.loop_s, 3),
+            "lag": self.lag,
+            "waiting_s": None if self.waiting_s is None else round(self.waiting_s, 3),
+        }
+
+
+def judge(
+    *,
+    now: float,
+    beat: float,
+    assigned: bool,
+    lag: int,
+    waiting_since: float | None,
+    stall_s: float,
+) -> Health:
+    """The verdict at `now` (monotonic seconds), from the last heartbeat and the records waiting."""
+    problems: list[str] = []
+    loop_s = max(0.0, now - beat)
+    live = loop_s <= stall_s
+    if not live:
+        problems.append(f"the event loop has not run for {loop_s:.1f}s")
+    if not assigned:
+        problems.append("no partition assignment yet (joining the group)")
+    waiting_s = None if waiting_since is None else max(0.0, now - waiting_since)
+    if waiting_s is not None and waiting_s > stall_s:
+        problems.append(f"{lag} records have waited {waiting_s:.1f}s with no batch finished")
+    return Health(live, not problems, tuple(problems), loop_s, lag, waiting_s)
+
+
+class Heartbeat:
+    """The event loop's last turn, stamped by `run` and read from any thread."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.at = clock()
+
+    async def run(self, every: float = BEAT_S) -> None:
+        """Stamp the time every `every` seconds, for ever (a task of the app)."""
+        while True:
+            self.at = self.clock()
+            await asyncio.sleep(every)
+
+
+class Probe:
+    """Judges the process each time an endpoint asks, remembering since when records wait."""
+
+    def __init__(
+        self,
+        heartbeat: Heartbeat,
+        lag: Callable[[], Mapping[int, int]],
+        progressed: Callable[[], float | None],
+        assigned: Callable[[], bool],
+        stall_s: float,
+    ) -> None:
+        self.heartbeat = heartbeat
+        self._lag = lag
+        self._progressed = progressed
+        self._assigned = assigned
+        self.stall_s = stall_s
+        self._waiting_since: float | None = None
+        self._lock = threading.Lock()  # probes may come on several server threads at once
+
+    def check(self) -> Health:
+        """The verdict now."""
+        with self._lock:
+            now = self.heartbeat.clock()
+            lag = sum(self._lag().values())
+            progressed = self._progressed()
+            if lag <= 0:
+                self._waiting_since = None
+            elif self._waiting_since is None or (
+                progressed is not None and progressed > self._waiting_since
+            ):
+                # Seen waiting now, or a batch finished since they were first seen: from now.
+                self._waiting_since = now
+            return judge(
+                now=now,
+                beat=self.heartbeat.at,
+                assigned=self._assigned(),
+                lag=max(lag, 0),
+                waiting_since=self._waiting_since,
+                stall_s=self.stall_s,
+            )

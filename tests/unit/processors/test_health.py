@@ -1,0 +1,153 @@
+"""`/livez` and `/readyz`: a loop that stopped turning, and records that wait with no batch done."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from processors.health import Heartbeat, Probe, judge
+from processors.metrics import Metrics
+from processors.worker import WorkerStats
+
+
+class Clock:
+    """Monotonic seconds that move only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _probe(
+    clock: Clock, lag: dict[int, int], progressed: list[float | None], assigned: list[bool]
+) -> Probe:
+    return Probe(
+        Heartbeat(clock), lambda: lag, lambda: progressed[0], lambda: assigned[0], stall_s=30.0
+    )
+
+
+def test_a_fresh_heartbeat_with_nothing_waiting_is_live_and_ready() -> None:
+    health = judge(now=10.0, beat=9.5, assigned=True, lag=0, waiting_since=None, stall_s=30.0)
+    assert health.live and health.ready and health.problems == ()
+    assert health.as_json() == {
+        "live": True,
+        "ready": True,
+        "problems": [],
+        "loop_s": 0.5,
+        "lag": 0,
+        "waiting_s": None,
+    }
+
+
+def test_a_loop_that_stopped_turning_is_neither_live_nor_ready() -> None:
+    health = judge(now=50.0, beat=19.0, assigned=True, lag=0, waiting_since=None, stall_s=30.0)
+    assert not health.live and not health.ready
+    assert health.problems == ("the event loop has not run for 31.0s",)
+
+
+def test_before_its_first_assignment_a_worker_is_live_but_not_ready() -> None:
+    health = judge(now=10.0, beat=10.0, assigned=False, lag=0, waiting_since=None, stall_s=30.0)
+    assert health.live and not health.ready
+
+
+def test_records_waiting_with_no_batch_finished_make_it_unready_after_the_stall_time() -> None:
+    clock, lag, progressed, assigned = Clock(), {0: 0, 1: 0}, [None], [True]
+    probe = _probe(clock, lag, progressed, assigned)
+    assert probe.check().ready
+    lag[1] = 40  # records arrive; no batch finishes from here on
+    clock.now += 1
+    first = probe.check()
+    assert first.ready and first.lag == 40 and first.waiting_s == 0.0
+    clock.now += 30
+    probe.heartbeat.at = clock.now  # the loop still turns (Redis hangs, say)
+    assert probe.check().ready  # 30 s: not yet past the stall time
+    clock.now += 1
+    stalled = probe.check()
+    assert stalled.live and not stalled.ready
+    assert stalled.problems == ("40 records have waited 31.0s with no batch finished",)
+    progressed[0] = clock.now  # a batch finishes: the wait starts again from this probe
+    clock.now += 1
+    again = probe.check()
+    assert again.ready and again.waiting_s == 0.0
+    lag[1] = 0
+    clock.now += 100
+    probe.heartbeat.at = clock.now
+    assert probe.check().ready and probe.check().waiting_s is None
+
+
+def test_a_busy_worker_whose_batches_keep_finishing_stays_ready() -> None:
+    clock, lag, progressed, assigned = Clock(), {0: 5000}, [None], [True]
+    probe = _probe(clock, lag, progressed, assigned)
+    for _ in range(10):
+        clock.now += 20
+        progressed[0] = clock.now - 1  # a batch finished within the last probe interval
+        probe.heartbeat.at = clock.now
+        assert probe.check().ready
+
+
+def test_the_heartbeat_stamps_the_time_while_the_loop_turns() -> None:
+    clock = Clock()
+    heartbeat = Heartbeat(clock)
+
+    async def main() -> None:
+        task = asyncio.create_task(heartbeat.run(every=0.001))
+        try:
+            clock.now = 200.0
+            for _ in range(100):
+                await asyncio.sleep(0.005)
+                if heartbeat.at == 200.0:
+                    break
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+    assert heartbeat.at == 200.0
+
+
+def _get(port: int, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_metrics_endpoint_serves_the_probe_s_verdicts() -> None:
+    clock, lag, progressed, assigned = Clock(), {0: 0}, [None], [False]
+    probe = _probe(clock, lag, progressed, assigned)
+    metrics = Metrics(WorkerStats, lambda: None, dict, probe=probe)
+    port = metrics.serve(0)
+    try:
+        status, body = _get(port, "/metrics")
+        assert status == 200 and b"milpa_batches_total" in body
+        status, body = _get(port, "/livez")
+        assert status == 200 and json.loads(body)["live"] is True
+        status, body = _get(port, "/readyz")
+        assert status == 503
+        assert json.loads(body)["problems"] == ["no partition assignment yet (joining the group)"]
+        assigned[0] = True
+        assert _get(port, "/readyz")[0] == 200
+        clock.now += 31  # the heartbeat is not stamped: its loop is blocked
+        status, body = _get(port, "/livez")
+        assert status == 503 and json.loads(body)["live"] is False
+        status, body = _get(port, "/nothing-here")
+        assert status == 404 and b"no such endpoint" in body
+    finally:
+        metrics.stop()
+
+
+@pytest.mark.parametrize("path", ["/livez", "/readyz"])
+def test_without_a_probe_there_is_no_health_endpoint(path: str) -> None:
+    metrics = Metrics(WorkerStats, lambda: None, dict)
+    port = metrics.serve(0)
+    try:
+        assert _get(port, path)[0] == 404
+    finally:
+        metrics.stop()
