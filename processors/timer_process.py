@@ -29,6 +29,7 @@ from typing import Any
 from processors.histogram import LATENESS_MS_BUCKETS, Histogram
 from processors.ports import OutRecord, Sink
 from processors.priority import elevate
+from processors.running import quiet_repeats
 from processors.scheduler import SchedulerStats
 from processors.sinks import LazyProducer, ProducerSink
 from processors.timer import Closing, Frames, Timetable
@@ -226,12 +227,20 @@ class TimerService:
         self.counters.closed((acked - c.deadline_us) / 1000 for c in due)
 
 
-def serve(config: TimerConfig, reader: Connection, array: Any) -> None:
-    """The timer process's entry point (spawned by `processors.timer_link.TimerLink`)."""
+def setup_logging() -> None:
+    """The timer process's log: to stderr (the worker's), repeats quieted as the worker's are."""
     logging.basicConfig(
         level=logging.INFO,
         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
     )
+    # A broker outage makes aiokafka's producer say the same thing many times a second, from
+    # this process too.
+    quiet_repeats(logging.getLogger())
+
+
+def serve(config: TimerConfig, reader: Connection, array: Any) -> None:
+    """The timer process's entry point (spawned by `processors.timer_link.TimerLink`)."""
+    setup_logging()
     # Ctrl-C and SIGTERM are the worker's: the timer ends when the worker closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -6,6 +6,8 @@ import asyncio
 import ctypes
 import os
 import struct
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -491,3 +493,20 @@ def test_the_workers_stats_add_the_timers_closings_to_its_loops() -> None:
     both = combined(loop, timer)
     assert (both.closings, both.compactions, both.lateness.count) == (3, 4, 3)
     assert both.lateness.total == 23.5
+
+
+def test_the_timer_process_quiets_a_flood_of_the_same_producer_error() -> None:
+    # A broker outage: aiokafka's producer in the timer process says the same thing many times
+    # a second, into the worker's log. Run as the timer process sets its log up (its own process).
+    script = (
+        "import logging\n"
+        "from processors.timer_process import setup_logging\n"
+        "setup_logging()\n"
+        "for _ in range(50):\n"
+        "    logging.getLogger('aiokafka').error('Unable to update metadata from %s', [])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = [line for line in done.stderr.splitlines() if "Unable to update metadata" in line]
+    assert len(lines) == 3, done.stderr  # the burst a window lets through
