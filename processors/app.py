@@ -30,7 +30,7 @@ from processors import running
 from processors.batch_consumer import BatchApp, leave_group_supported
 from processors.health import Heartbeat, Probe
 from processors.locks import acquire_within
-from processors.metrics import Metrics, consumer_lag
+from processors.metrics import Metrics
 from processors.ports import Consumed
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
@@ -161,7 +161,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                 track=snapshotting,
                 durability=durability,
             )
-            folder = BatchFolder(keys, settings.start_mode(), settings.cutover())
+            folder = BatchFolder(keys, settings.start_mode(), settings.cutover(), parked={})
             w = ProjectionWorker(
                 store,
                 folder,
@@ -170,6 +170,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
                 questions=questions,
                 cache_limit=cache_limit,
             )
+            w.on_park = park
             compactor = Compactor(settings.compactor_max_turns, settings.compactor_keep_recent)
             s = Scheduler(w.states, store.due_work, closings, compactor, closes=timer is None)
             w.listeners.append(s.observe)
@@ -197,6 +198,10 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             holder["worker"], holder["scheduler"] = w, s
         result: ProjectionWorker = holder["worker"]
         return result
+
+    def park(partitions: Sequence[int]) -> None:
+        topic = events.get_topic_name()
+        app.park({TP(topic, p) for p in partitions})
 
     def scheduler() -> Scheduler:
         worker()
@@ -395,8 +400,16 @@ def _serve_worker_metrics(
         return taker.stats if taker is not None else None
 
     def lag() -> dict[int, int]:
+        # Past what is settled (finished, or committed when the partition was taken over): so a
+        # batch that hangs before the first one finished is seen too. Parked partitions are
+        # reported apart (`parked`), not as records waiting.
         w: ProjectionWorker | None = holder.get("worker")
-        return consumer_lag(highwaters(), dict(w.stats.last_offsets)) if w is not None else {}
+        parked = w.stats.parked if w is not None else {}
+        waiting: dict[int, int] = {}
+        for p, hw in highwaters().items():
+            if p not in parked and (settled := app.settled(TP(topic, p))) is not None:
+                waiting[p] = max(hw - settled, 0)
+        return waiting
 
     def progressed() -> float | None:
         w: ProjectionWorker | None = holder.get("worker")
@@ -405,7 +418,16 @@ def _serve_worker_metrics(
     def assigned() -> bool:
         return bool(holder.get("assigned"))
 
-    probe = Probe(Heartbeat(), lag, progressed, assigned, settings.stall_s)
+    def parked() -> list[str]:
+        w: ProjectionWorker | None = holder.get("worker")
+        faults = dict(w.stats.parked) if w is not None else {}
+        return [
+            f"partition {p} parked at offset {f.position.offset} (session {f.session_id!r}): "
+            f"the fold raised {f.error}"
+            for p, f in sorted(faults.items())
+        ]
+
+    probe = Probe(Heartbeat(), lag, progressed, assigned, settings.stall_s, troubles=parked)
     serve_metrics(
         app,
         settings.metrics_port,
@@ -435,6 +457,7 @@ def serve_metrics(
 
     @app.task  # type: ignore[untyped-decorator]
     async def metrics_server() -> None:
+        probe.heartbeat.beat()  # the start-up before this was no silence of the loop
         metrics.serve(port, host)
         try:
             await probe.heartbeat.run()  # until the app stops and cancels this task

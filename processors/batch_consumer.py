@@ -80,6 +80,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
         # tp -> the offset after the last record whose batch the handler finished.
         self._finished: dict[TP, int] = {}
         self._in_flight: asyncio.Future[None] | None = None  # the previous batch's second phase
+        # Partitions whose handler could not take a record (`park`): not read, not committed.
+        self._parked: set[TP] = set()
 
     def _new_consumer_thread(self) -> BatchConsumerThread:
         return BatchConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -127,8 +129,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
         for tp, fetched in records.items():
             if tp.topic not in handlers:
                 continue
-            if tp not in assigned:
+            if tp not in assigned or tp in self._parked:
                 # Fetched before a rebalance took the partition away: its new owner reads it.
+                # (Or parked: read again from the committed offset by its next owner.)
                 continue
             # Faust's rule: after a seek the read offset is the next record to read.
             after = read_offset[tp]
@@ -191,9 +194,11 @@ class BatchConsumer(faust_aiokafka.Consumer):
         for completion in completions:
             await completion
         # A partition revoked meanwhile belongs to another worker now: it commits from there on.
+        # A parked one keeps the offset finished before the record it was parked at.
         assigned = self.assignment()
+        parked = self._parked
         for tp, last in ends.items():
-            if tp in assigned:
+            if tp in assigned and tp not in parked:
                 self._finished[tp] = last + 1
         self._n_acked += n
 
@@ -252,6 +257,13 @@ class BatchConsumer(faust_aiokafka.Consumer):
             return False
         return True
 
+    def park(self, tps: set[TP]) -> None:
+        """Stop reading these partitions and never commit past what their handler finished
+        before, until they are revoked (the batch handed over with the record it could not take
+        is then partly finished: its other partitions are committed as usual)."""
+        self._parked.update(tps)
+        self.pause_partitions(tps)
+
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
         seen = set()
         for tp in [*super()._filter_tps_with_pending_acks(topics), *self._finished]:
@@ -283,6 +295,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
         for tp in revoked:
             self._finished.pop(tp, None)
+        self._parked.difference_update(revoked)  # (Faust's own pause of them ends likewise)
 
 
 def _close(completions: Sequence[Awaitable[None]]) -> None:
@@ -361,6 +374,10 @@ class BatchApp(faust.App):
     async def leave_group(self, timeout: float) -> bool:
         """Leave the consumer group (LeaveGroup) within `timeout` s; whether it was sent."""
         return await cast(BatchConsumer, self.consumer).leave_group(timeout)
+
+    def park(self, tps: set[TP]) -> None:
+        """Stop reading these partitions, committing nothing more of them, until revoked."""
+        cast(BatchConsumer, self.consumer).park(tps)
 
     def _new_transport(self) -> Any:
         return BatchTransport(self.conf.broker_consumer, self)

@@ -4,9 +4,10 @@ Alive: its event loop turned within `stall_s` (a heartbeat task stamps the time 
 the HTTP thread reads the stamp). A loop blocked by a call that never returns stops the stamps;
 restarting the process is the cure, so an orchestrator's liveness probe reads `/livez`.
 
-Ready: alive, past its first partition assignment, and not stalled: records wait in a partition
-it reads (its consumer lag) and no batch finished for `stall_s` since they were first seen waiting
-(a Redis that hangs, a broker that refuses its decisions). A restart does not cure those, and
+Ready: alive, past its first partition assignment, no partition parked (a record the fold
+raised on: `BatchFolder.parked`), and not stalled: records wait in a partition it reads (its
+consumer lag) and no batch finished for `stall_s` since they were first seen waiting (a Redis
+that hangs, a broker that refuses its decisions). A restart does not cure those, and
 every restart moves the group's partitions: that is `/readyz`, for alerts and rollouts, not for
 killing the process.
 
@@ -19,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from schemas.errors import ConfigurationError
 
 BEAT_S = 1.0  # how often the heartbeat task stamps the time
 
@@ -57,8 +60,10 @@ def judge(
     lag: int,
     waiting_since: float | None,
     stall_s: float,
+    troubles: Sequence[str] = (),
 ) -> Health:
-    """The verdict at `now` (monotonic seconds), from the last heartbeat and the records waiting."""
+    """The verdict at `now` (monotonic seconds), from the last heartbeat and the records waiting
+    (and other `troubles` that make the process unready, e.g. a parked partition)."""
     problems: list[str] = []
     loop_s = max(0.0, now - beat)
     live = loop_s <= stall_s
@@ -69,6 +74,7 @@ def judge(
     waiting_s = None if waiting_since is None else max(0.0, now - waiting_since)
     if waiting_s is not None and waiting_s > stall_s:
         problems.append(f"{lag} records have waited {waiting_s:.1f}s with no batch finished")
+    problems.extend(troubles)
     return Health(live, not problems, tuple(problems), loop_s, lag, waiting_s)
 
 
@@ -79,10 +85,14 @@ class Heartbeat:
         self.clock = clock
         self.at = clock()
 
+    def beat(self) -> None:
+        """Stamp the time now."""
+        self.at = self.clock()
+
     async def run(self, every: float = BEAT_S) -> None:
         """Stamp the time every `every` seconds, for ever (a task of the app)."""
         while True:
-            self.at = self.clock()
+            self.beat()
             await asyncio.sleep(every)
 
 
@@ -96,8 +106,15 @@ class Probe:
         progressed: Callable[[], float | None],
         assigned: Callable[[], bool],
         stall_s: float,
+        *,
+        troubles: Callable[[], Sequence[str]] = tuple,
     ) -> None:
+        if not stall_s >= 2 * BEAT_S:  # (NaN too) a shorter one fails between two heartbeats
+            raise ConfigurationError(
+                f"MILPA_STALL_S={stall_s}: must be at least {2 * BEAT_S:g} seconds"
+            )
         self.heartbeat = heartbeat
+        self._troubles = troubles
         self._lag = lag
         self._progressed = progressed
         self._assigned = assigned
@@ -106,12 +123,18 @@ class Probe:
         self._lock = threading.Lock()  # probes may come on several server threads at once
 
     def check(self) -> Health:
-        """The verdict now."""
+        """The verdict now (never raises: what cannot be read makes it unready, not dead)."""
         with self._lock:
             now = self.heartbeat.clock()
-            lag = sum(self._lag().values())
-            progressed = self._progressed()
-            if lag <= 0:
+            try:
+                lag = max(sum(self._lag().values()), 0)
+                progressed = self._progressed()
+                assigned = self._assigned()
+                troubles = tuple(self._troubles())
+            except Exception as e:  # the consumer's state read from this thread, mid-rebalance
+                lag, progressed, assigned = 0, None, True
+                troubles = (f"could not read the consumer's progress: {e!r}",)
+            if lag == 0:
                 self._waiting_since = None
             elif self._waiting_since is None or (
                 progressed is not None and progressed > self._waiting_since
@@ -121,8 +144,9 @@ class Probe:
             return judge(
                 now=now,
                 beat=self.heartbeat.at,
-                assigned=self._assigned(),
-                lag=max(lag, 0),
+                assigned=assigned,
+                lag=lag,
                 waiting_since=self._waiting_since,
                 stall_s=self.stall_s,
+                troubles=troubles,
             )

@@ -185,6 +185,12 @@ class StatsCollector(Collector):
             w.state_reads,
         )
         yield GaugeMetricFamily(
+            "milpa_parked_partitions",
+            "Partitions parked at a record the fold raised on (a bug, see the log): their "
+            "records wait, uncommitted, for a fixed worker.",
+            value=len(w.parked),
+        )
+        yield GaugeMetricFamily(
             "milpa_cached_sessions",
             "Sessions whose folded state the worker holds (at most MILPA_CACHE_SESSIONS).",
             value=w.cached_sessions,

@@ -37,7 +37,7 @@ from session_model.cycle import Folding, ProjectionCycle, Read, ReadDecisions, S
 from session_model.fold import Kind
 from session_model.intake import WRONG_PARTITION, Intake, Refusal
 from session_model.ports import CommitResult
-from session_model.projection import BatchFolder, Folded, Record, SessionUpdate
+from session_model.projection import BatchFolder, Fault, Folded, Record, SessionUpdate
 from session_model.questions import QuestionChange, update_changes
 from session_model.session import OTHER_NAMES, PAUSE_REASONS, Decision
 
@@ -98,6 +98,7 @@ class WorkerStats:
     state_reads: int = 0
     cached_sessions: int = 0
     progressed_at: float | None = None  # monotonic seconds when a batch last finished
+    parked: Mapping[int, Fault] = field(default_factory=dict)  # partitions the fold parked
 
     def count_pause(self, reason: str) -> None:
         """One more pause under `reason`, or under `OTHER_NAMES` past `PAUSE_REASONS` reasons."""
@@ -171,11 +172,42 @@ class ProjectionWorker:
         self.stats = WorkerStats()
         self.listeners: list[Callable[[Sequence[SessionUpdate]], None]] = []
         self.cycle = ProjectionCycle(folder, cache_limit=cache_limit, slice_size=SLICE)
+        # Told of partitions the fold parked (`BatchFolder.parked`): the consumer stops reading
+        # them and never commits past the record parked at.
+        self.on_park: Callable[[Sequence[int]], None] = lambda partitions: None
+        self._announced: set[int] = set()
+        if folder.parked is not None:
+            self.stats.parked = folder.parked
 
     def forget(self) -> None:
-        """Drop the cache (on rebalance: another worker may have advanced these sessions)."""
+        """Drop the cache (on rebalance: another worker may have advanced these sessions), and
+        the parked partitions (their next owner, this worker again perhaps, reads them anew)."""
         self.cycle.forget()
         self.stats.cached_sessions = 0
+        if self.folder.parked:
+            self.folder.parked.clear()
+        self._announced.clear()
+
+    def _announce_parked(self) -> None:
+        """Log the partitions the fold parked since the last call, and tell `on_park`."""
+        parked = self.folder.parked
+        if not parked or len(parked) == len(self._announced):
+            return
+        new = sorted(p for p in parked if p not in self._announced)
+        for partition in new:
+            fault = parked[partition]
+            log.error(
+                "partition %d parked at offset %d (session %r): the fold raised %s. That is a "
+                "bug in the fold, not bad input (bad input is rejected or dead-lettered): this "
+                "partition's records wait, unapplied and uncommitted, while the others go on. "
+                "Deploy a fixed worker: it reads them again from the committed offset",
+                partition,
+                fault.position.offset,
+                fault.session_id,
+                fault.error,
+            )
+        self._announced.update(new)
+        self.on_park(new)
 
     async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:
         """Apply one batch; returns the updates committed."""
@@ -193,7 +225,9 @@ class ProjectionWorker:
         folding = await self._drive(self.cycle.fold(await self._decode(raws)))
         self.stats.redelivered += folding.redelivered
         await self._refuse_foreign(raws, folding.foreign)
-        ends = {r.partition: r.offset for r in raws}
+        self._announce_parked()
+        parked = self.folder.parked or {}
+        ends = {r.partition: r.offset for r in raws if r.partition not in parked}
         return Prepared(folding, ends, tuple(raws))
 
     async def finish(self, prepared: Prepared) -> tuple[SessionUpdate, ...]:
@@ -215,7 +249,12 @@ class ProjectionWorker:
             listener(observed)
         await self._publish_decisions(updates, (*prepared.folding.again, *committed.again))
         await self._publish_questions(updates, (*prepared.folding.reasked, *committed.reasked))
-        self.stats.last_offsets.update(prepared.ends)
+        self._announce_parked()  # (a conflict's re-fold may have parked one)
+        parked = self.folder.parked
+        ends = prepared.ends
+        if parked:
+            ends = {p: offset for p, offset in ends.items() if p not in parked}
+        self.stats.last_offsets.update(ends)
         self.stats.cached_sessions = len(self.cycle.cache)
         self.stats.progressed_at = time.monotonic()  # for the health probe (`processors/health`)
         return updates

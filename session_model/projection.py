@@ -134,13 +134,33 @@ class SessionUpdate:
         return sum(1 for s in self.steps if s.outcome.kind is kind)
 
 
+FAULT_CHARS = 500  # of a fault's description (an exception's repr may quote an agent's text)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A record the fold raised on (a bug in the fold, not a refusal): where, and what it raised."""
+
+    position: Position
+    session_id: str
+    error: str  # the exception's repr, cut to FAULT_CHARS
+
+
 @dataclass(slots=True)
 class BatchFolder:
-    """Folds records in log order into updates, one per session touched."""
+    """Folds records in log order into updates, one per session touched.
+
+    With `parked` set (a worker's), a record the fold raises on parks its partition: it and every
+    later record of that partition are left unfolded (here and in later batches) until the
+    partition is let go, and the fault is kept in `parked`; the other partitions go on. Without
+    it (a rebuild's), the error is raised. The event loop never sees the bug twice, and no
+    worker after it ends on it in turn.
+    """
 
     keys: TrustedKeys = field(default_factory=TrustedKeys.none)
     start_mode: Mode = Mode.ASK  # the least supervised mode a session may start in unsigned
     cutover: Cutover = field(default_factory=Cutover)  # records before it are legacy
+    parked: dict[int, Fault] | None = None  # partition -> the record it stopped at
 
     def fold(
         self, known: Mapping[str, Folded], records: Iterable[Record]
@@ -149,6 +169,7 @@ class BatchFolder:
         keys = Authority(self.keys, self.start_mode)
         legacy = Authority(self.keys, self.start_mode, legacy=True)
         is_legacy = self.cutover.is_legacy if self.cutover.before else None
+        parked = self.parked
         # Per session touched: [state, mark, base mark, steps, first offset]; one lookup per
         # record, and no `Folded` per record (only the batch's last state of each session
         # becomes one).
@@ -170,8 +191,16 @@ class BatchFolder:
                 position.partition != mark.partition or position.offset <= mark.offset
             ):
                 continue  # already applied, or from another partition (`foreign_records`)
+            if parked and position.partition in parked:
+                continue  # at or after a record the fold raised on: left for a fixed fold
             trust = legacy if is_legacy and is_legacy(position.partition, position.offset) else keys
-            result = step(entry[0], event, trust)
+            try:
+                result = step(entry[0], event, trust)
+            except Exception as e:
+                if parked is None:
+                    raise
+                parked[position.partition] = Fault(position, sid, repr(e)[:FAULT_CHARS])
+                continue
             entry[0] = result.state
             entry[1] = position
             steps = entry[3]

@@ -270,10 +270,12 @@ def start_worker(settings: Settings, tmp_path: Path) -> Iterator[object]:
     """Start worker (or scheduler) processes for this test's settings; stopped at teardown."""
     started: list[Proc] = []
 
-    def start(extra: Settings | None = None, command: str = "worker") -> Proc:
+    def start(
+        extra: Settings | None = None, command: str = "worker", module: str = "milpa_sessions.cli"
+    ) -> Proc:
         worker = start_python(
             command,
-            "milpa_sessions.cli",
+            module,  # the CLI, or a test's variant of it (`buggy_worker`)
             [command, "--loglevel", "info"],
             tmp_path / f"{command}-{len(started)}.log",
             env=(extra or settings).to_env(),

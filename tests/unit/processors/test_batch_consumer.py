@@ -229,6 +229,36 @@ def test_a_batch_finished_while_its_partitions_are_revoked_leaves_them_unmarked(
     asyncio.run(main())
 
 
+def test_a_partition_parked_by_its_handler_is_neither_committed_nor_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def revocation_handlers(consumer: BatchConsumer, revoked: set[TP]) -> None:
+        """Faust's part of a revocation, without a broker."""
+
+    monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_revoked", revocation_handlers)
+
+    async def main() -> None:
+        h = Harness()
+
+        async def parks_ev0(raws: Sequence[RawRecord]) -> None:
+            h.calls.append(list(raws))
+            if any(r.partition == 0 and r.value == b"v1" for r in raws):
+                h.app.park({EV0})  # as the worker does when the fold raised on EV0's record 1
+
+        h.app.batch_handlers["ev"] = parks_ev0
+        await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)], EV1: [record(EV1, 7)]})
+        assert h.consumer._new_offset(EV0) is None  # nothing of EV0 is committed past record 1
+        assert h.consumer._new_offset(EV1) == 8  # the other partition goes on
+        assert EV0 in h.consumer._paused_partitions  # and EV0 is no longer fetched
+        await h.deliver({EV0: [record(EV0, 2)], EV1: [record(EV1, 8)]})  # fetched before that
+        assert [(r.partition, r.offset) for r in h.calls[-1]] == [(1, 8)]
+        assert h.consumer._new_offset(EV0) is None and h.consumer._new_offset(EV1) == 9
+        await h.consumer.on_partitions_revoked({EV0, EV1})
+        assert h.consumer._parked == set()  # its next owner, this worker perhaps, reads it anew
+
+    asyncio.run(main())
+
+
 def test_finished_records_are_counted_for_commit_every() -> None:
     async def main() -> None:
         h = Harness()

@@ -13,6 +13,7 @@ import pytest
 from processors.health import Heartbeat, Probe, judge
 from processors.metrics import Metrics
 from processors.worker import WorkerStats
+from schemas.errors import ConfigurationError
 
 
 class Clock:
@@ -151,3 +152,33 @@ def test_without_a_probe_there_is_no_health_endpoint(path: str) -> None:
         assert _get(port, path)[0] == 404
     finally:
         metrics.stop()
+
+
+def test_a_parked_partition_makes_the_worker_unready_but_not_dead() -> None:
+    clock, troubles = Clock(), ["partition 3 parked at offset 12 (session 's'): the fold raised X"]
+    probe = Probe(
+        Heartbeat(clock), dict, lambda: None, lambda: True, 30.0, troubles=lambda: troubles
+    )
+    health = probe.check()
+    assert health.live and not health.ready and health.problems == tuple(troubles)
+    troubles.clear()
+    assert probe.check().ready
+
+
+def test_a_progress_that_cannot_be_read_makes_it_unready_and_leaves_it_live() -> None:
+    def mid_rebalance() -> dict[int, int]:
+        raise KeyError("the assignment changed under the probe")
+
+    probe = Probe(Heartbeat(Clock()), mid_rebalance, lambda: None, lambda: True, 30.0)
+    health = probe.check()
+    assert health.live and not health.ready
+    assert health.problems == (
+        "could not read the consumer's progress: KeyError('the assignment changed under the "
+        "probe')",
+    )
+
+
+@pytest.mark.parametrize("stall_s", [0.0, 1.5, float("nan")])
+def test_a_stall_time_shorter_than_two_heartbeats_is_refused(stall_s: float) -> None:
+    with pytest.raises(ConfigurationError, match="MILPA_STALL_S"):
+        Probe(Heartbeat(), dict, lambda: None, lambda: True, stall_s)

@@ -1,0 +1,111 @@
+"""A bug in the fold parks one partition of one worker; nothing is lost, no worker ends.
+
+A worker whose fold raises on a record (`buggy_worker`: a planted TypeError) keeps going: the
+record's partition stops there, uncommitted, and says so on `/readyz` and in the metrics, while
+the other partitions are applied. A fixed worker then applies the parked records from the
+committed offset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kafka.admin import KafkaAdminClient
+
+from deploy.harness import free_port, wait_for
+from milpa_sessions.settings import Settings
+from producers.kafka_log import KafkaEventLog
+from projections.redis_store import RedisProjectionStore
+from session_model.partitioning import partition_for
+from tests.integration.buggy_worker import POISON
+from tests.integration.conftest import health, with_keys
+from tests.unit.builders import plan, started, turn
+
+pytestmark = pytest.mark.integration
+
+
+def _seq(projections: RedisProjectionStore, sid: str) -> int | None:
+    session = projections.load(sid)
+    return None if session is None else session.seq
+
+
+def _committed(settings: Settings) -> dict[int, int]:
+    admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
+    try:
+        offsets = admin.list_group_offsets({settings.consumer_group: None})
+    finally:
+        admin.close()
+    return {
+        tp.partition: meta.offset
+        for tp, meta in offsets.get(settings.consumer_group, {}).items()
+        if tp.topic == settings.events_topic
+    }
+
+
+def _in_partition(partition: int, partitions: int, prefix: str, avoid: int | None = None) -> str:
+    """A session id of `prefix` whose records go to `partition` (or, with `avoid`, not there)."""
+    for i in range(10_000):
+        sid = f"{prefix}-{i}"
+        p = partition_for(sid, partitions)
+        if (avoid is None and p == partition) or (avoid is not None and p != avoid):
+            return sid
+    raise AssertionError("no such session id")
+
+
+def test_a_record_the_fold_raises_on_parks_its_partition_until_a_fixed_worker_takes_it(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    partitions = settings.partitions
+    poisoned = "s-poisoned"
+    parked = partition_for(poisoned, partitions)
+    neighbour = _in_partition(parked, partitions, "s-neighbour")  # the same partition
+    others = [_in_partition(0, partitions, f"s-other{i}", avoid=parked) for i in range(4)]
+    port = free_port()
+    buggy = start_worker(
+        with_keys(settings, metrics_port=port), module="tests.integration.buggy_worker"
+    )
+
+    kafka_log.append(started("poisoned", session_id=poisoned))
+    kafka_log.append(turn("user", "before", session_id=poisoned))
+    poison_at = kafka_log.append(plan(POISON, session_id=poisoned))
+    kafka_log.append(turn("user", "after", session_id=poisoned))
+    kafka_log.append(started("after it, in its partition", session_id=neighbour))
+    for sid in others:
+        kafka_log.append(started("elsewhere", session_id=sid))
+        kafka_log.append(turn("user", "on", session_id=sid))
+
+    try:
+        wait_for(lambda: all(_seq(projections, sid) == 2 for sid in others), timeout=60)
+        wait_for(lambda: health(port, "/readyz")[0] == 503, timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"{health(port, '/readyz')}\n{buggy.log()[-4000:]}") from None
+    status, body = health(port, "/readyz")
+    assert status == 503 and body["live"] is True, body
+    (problem,) = body["problems"]
+    assert problem.startswith(
+        f"partition {parked} parked at offset {poison_at.offset} (session {poisoned!r}): "
+        "the fold raised TypeError("
+    ), problem
+    assert health(port, "/livez")[0] == 200 and buggy.alive()
+    assert _seq(projections, poisoned) == 2  # up to the record before it
+    assert _seq(projections, neighbour) is None  # after it in its partition: waiting
+    elsewhere = {partition_for(sid, partitions) for sid in others}
+    wait_for(lambda: all(_committed(settings).get(p, 0) > 0 for p in elsewhere), timeout=30)
+    assert _committed(settings).get(parked, 0) <= poison_at.offset  # never past it
+    assert "parked at offset" in buggy.log()
+
+    buggy.stop()
+    fixed = start_worker(with_keys(settings, metrics_port=port))
+    try:
+        wait_for(lambda: _seq(projections, neighbour) == 1, timeout=60)
+        wait_for(lambda: _seq(projections, poisoned) == 4, timeout=30)
+        wait_for(lambda: health(port, "/readyz")[0] == 200, timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"{health(port, '/readyz')}\n{fixed.log()[-4000:]}") from None
+    session = projections.load(poisoned)
+    assert session is not None and session.plan is not None
+    assert all(_seq(projections, sid) == 2 for sid in others)
