@@ -114,7 +114,8 @@ class _Reject(Exception):  # noqa: N818 - internal control flow, never escapes t
 # What a handler raises on a value in an agent's payload it did not foresee (an instant at the
 # calendar's edge, a number or a text it cannot take): the event is refused as `invalid` instead
 # of ending every worker and rebuild that reads it, alike on each (the fold is pure). Not the
-# errors a bug in a handler raises (TypeError, AttributeError, LookupError): those must surface.
+# errors a bug in a handler raises (TypeError, AttributeError, LookupError): those must surface
+# (a worker parks the record's partition until a fixed fold reads it: `BatchFolder.parked`).
 # Not RecursionError either: where it strikes depends on the caller's stack, which differs between
 # a worker and a rebuild; inputs are bounded before they can nest that deep.
 _UNFOLDABLE = (ArithmeticError, ValueError)

@@ -886,8 +886,8 @@ def test_an_error_a_handler_raises_on_a_payload_refuses_that_event_only(monkeypa
 
 @pytest.mark.parametrize("error", [TypeError, AttributeError, KeyError, RecursionError])
 def test_an_error_a_handler_s_bug_raises_is_not_taken_for_a_bad_payload(monkeypatch, error):
-    # A bug must surface (the worker stops on it, commits nothing past it), not refuse every
-    # event of its type as `invalid` for good.
+    # A bug must surface (the worker parks the partition at it, commits nothing past it), not
+    # refuse every event of its type as `invalid` for good.
     def broken(s, e, seq, auth):
         raise error("a bug")
 
