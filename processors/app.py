@@ -421,9 +421,10 @@ def _serve_worker_metrics(
     def parked() -> list[str]:
         w: ProjectionWorker | None = holder.get("worker")
         faults = dict(w.stats.parked) if w is not None else {}
+        # The exception's type only: its text may quote an agent's (the log has it whole).
         return [
-            f"partition {p} parked at offset {f.position.offset} (session {f.session_id!r}): "
-            f"the fold raised {f.error}"
+            f"partition {p} parked at offset {f.position.offset}: the fold raised {f.kind} "
+            "(a bug: see the worker's log)"
             for p, f in sorted(faults.items())
         ]
 

@@ -297,6 +297,14 @@ class BatchConsumer(faust_aiokafka.Consumer):
             self._finished.pop(tp, None)
         self._parked.difference_update(revoked)  # (Faust's own pause of them ends likewise)
 
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        """A new assignment reads every partition anew: none stays parked (a batch fetched
+        before the revocation may have parked one after it; its handler parks it again when
+        the fold still cannot take it, before that batch is finished)."""
+        self._paused_partitions.difference_update(self._parked)
+        self._parked.clear()
+        await super().on_partitions_assigned(assigned, generation_id)
+
 
 def _close(completions: Sequence[Awaitable[None]]) -> None:
     """Close second phases that will never run (coroutines not yet started)."""

@@ -189,12 +189,13 @@ class ProjectionWorker:
         self._announced.clear()
 
     def _announce_parked(self) -> None:
-        """Log the partitions the fold parked since the last call, and tell `on_park`."""
+        """Log the partitions the fold parked since the last call, and tell `on_park` of every
+        parked one (each time: the consumer forgets them at a rebalance, and a batch fetched
+        before it may park one again after `forget`)."""
         parked = self.folder.parked
-        if not parked or len(parked) == len(self._announced):
+        if not parked:
             return
-        new = sorted(p for p in parked if p not in self._announced)
-        for partition in new:
+        for partition in sorted(p for p in parked if p not in self._announced):
             fault = parked[partition]
             log.error(
                 "partition %d parked at offset %d (session %r): the fold raised %s. That is a "
@@ -206,8 +207,8 @@ class ProjectionWorker:
                 fault.session_id,
                 fault.error,
             )
-        self._announced.update(new)
-        self.on_park(new)
+            self._announced.add(partition)
+        self.on_park(sorted(parked))
 
     async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:
         """Apply one batch; returns the updates committed."""

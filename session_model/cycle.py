@@ -189,14 +189,17 @@ class ProjectionCycle:
         reasked: list[QuestionChange] = []
         foreign: list[Record] = []
         redelivered = 0
-        fold, cache, size = self.folder.fold, self.cache, self.slice_size
+        folder = self.folder
+        fold, cache, size = folder.fold, self.cache, self.slice_size
         for at in range(0, len(records), size):
             chunk = records[at : at + size]
             if at:
                 yield PAUSE
                 yield from self._resume(records[:at], chunk, merged, based, new)
+            held = folder.held
             updates = fold(cache, chunk)
-            skipped = len(chunk) - sum(len(u.steps) for u in updates)
+            # Records of a parked partition (`BatchFolder.parked`) are not skipped as applied.
+            skipped = len(chunk) - sum(len(u.steps) for u in updates) - (folder.held - held)
             if skipped:  # rare (a redelivery): only then is the slice searched, before its fold
                 known: Mapping[str, Folded] = cache
                 short = beyond_recent_decisions(cache, chunk)
@@ -210,8 +213,10 @@ class ProjectionCycle:
                         # was folded onto): fold the slice again, as after a pause. A state
                         # read again may have a later mark, and need more of the history.
                         yield from self._resume(records[:at], chunk, merged, based, new)
+                        held = folder.held
                         updates = fold(cache, chunk)
-                        skipped = len(chunk) - sum(len(u.steps) for u in updates)
+                        steps = sum(len(u.steps) for u in updates)
+                        skipped = len(chunk) - steps - (folder.held - held)
                         short = beyond_recent_decisions(cache, chunk)
                     known = ChainMap(self._with_decisions(history), cache)
                 strays = foreign_records(cache, chunk)

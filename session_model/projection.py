@@ -143,7 +143,8 @@ class Fault:
 
     position: Position
     session_id: str
-    error: str  # the exception's repr, cut to FAULT_CHARS
+    kind: str  # the exception's type name
+    error: str  # the exception's repr, cut to FAULT_CHARS (it may quote an agent's text)
 
 
 @dataclass(slots=True)
@@ -161,6 +162,7 @@ class BatchFolder:
     start_mode: Mode = Mode.ASK  # the least supervised mode a session may start in unsigned
     cutover: Cutover = field(default_factory=Cutover)  # records before it are legacy
     parked: dict[int, Fault] | None = None  # partition -> the record it stopped at
+    held: int = 0  # records left unfolded so far because their partition is parked
 
     def fold(
         self, known: Mapping[str, Folded], records: Iterable[Record]
@@ -192,6 +194,7 @@ class BatchFolder:
             ):
                 continue  # already applied, or from another partition (`foreign_records`)
             if parked and position.partition in parked:
+                self.held += 1
                 continue  # at or after a record the fold raised on: left for a fixed fold
             trust = legacy if is_legacy and is_legacy(position.partition, position.offset) else keys
             try:
@@ -199,7 +202,9 @@ class BatchFolder:
             except Exception as e:
                 if parked is None:
                     raise
-                parked[position.partition] = Fault(position, sid, repr(e)[:FAULT_CHARS])
+                fault = Fault(position, sid, type(e).__name__, repr(e)[:FAULT_CHARS])
+                parked[position.partition] = fault
+                self.held += 1
                 continue
             entry[0] = result.state
             entry[1] = position

@@ -79,18 +79,23 @@ def test_the_partition_stops_at_the_record_and_the_others_go_on() -> None:
     asyncio.run(worker.finish(prepared))
 
     assert (_seq(store, "a"), _seq(store, "c"), _seq(store, "b")) == (2, None, 2)
-    assert told == [[0]]
+    assert told and all(t == [0] for t in told)
+    before = len(told)
     (fault,) = worker.stats.parked.values()
     assert fault.position == Position(0, 2) and fault.session_id == "a"
-    assert fault.error.startswith("TypeError(")
+    assert fault.kind == "TypeError" and fault.error.startswith("TypeError(")
     assert worker.stats.last_offsets == {1: 1}
+    assert worker.stats.redelivered == 0  # the records left unfolded were not applied before
 
     # Later records of the parked partition wait too (fetched before the consumer paused it).
     later = [_raw(turn("user", "more", session_id="a"), 0, 5)]
     later.append(_raw(turn("user", "more", session_id="b"), 1, 2))
     asyncio.run(worker.process(later))
     assert (_seq(store, "a"), _seq(store, "b")) == (2, 3)
-    assert told == [[0]]  # told once
+    # Told with every batch: the consumer forgets parked partitions at a rebalance, and a batch
+    # fetched before it may find one parked in the fold after that.
+    assert len(told) > before and all(t == [0] for t in told)
+    assert worker.stats.redelivered == 0
 
 
 def test_let_go_and_read_again_by_a_fixed_fold_nothing_is_lost(
@@ -111,7 +116,7 @@ def test_let_go_and_read_again_by_a_fixed_fold_nothing_is_lost(
 
         m.setitem(fold_module._HANDLERS, ev.PLAN_SET, buggy)
         asyncio.run(worker.process(batch))
-        assert _seq(store, "a") == 1 and told == [[0]]
+        assert _seq(store, "a") == 1 and told and all(t == [0] for t in told)
     assert fold_module._HANDLERS[ev.PLAN_SET] is real
 
     worker.forget()  # the revocation: its next owner reads it from the committed offset
