@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient
 from kafka.net import inet
 
 from deploy.harness import (
@@ -338,3 +339,17 @@ def health(port: int, path: str) -> tuple[int, dict[str, Any]]:
         return e.code, json.loads(e.read())
     except (urllib.error.URLError, ConnectionError):
         return 0, {}
+
+
+def committed_offsets(settings: Settings) -> dict[int, int]:
+    """partition → the group's committed offset on the events topic (next record to read)."""
+    admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
+    try:
+        offsets = admin.list_group_offsets({settings.consumer_group: None})
+    finally:
+        admin.close()
+    return {
+        tp.partition: meta.offset
+        for tp, meta in offsets.get(settings.consumer_group, {}).items()
+        if tp.topic == settings.events_topic
+    }

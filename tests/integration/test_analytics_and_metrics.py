@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
-from kafka.admin import KafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.harness import end_offsets, free_port, wait_for
@@ -33,7 +32,7 @@ from session_model.policy import permission_question, signature_question, target
 from session_model.principal import Principal
 from session_model.session import Question
 from session_model.signing import Signer
-from tests.integration.conftest import with_keys
+from tests.integration.conftest import committed_offsets, with_keys
 
 pytestmark = pytest.mark.integration
 
@@ -259,23 +258,10 @@ def _end_offsets(settings: Settings) -> dict[int, int]:
     return end_offsets(settings.kafka_access().kafka_python(), settings.events_topic)
 
 
-def _committed(settings: Settings) -> dict[int, int]:
-    admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
-    try:
-        offsets = admin.list_group_offsets({settings.consumer_group: None})
-    finally:
-        admin.close()
-    return {
-        tp.partition: meta.offset
-        for tp, meta in offsets.get(settings.consumer_group, {}).items()
-        if tp.topic == settings.events_topic
-    }
-
-
 def _group_caught_up(settings: Settings) -> bool:
     """The group committed every record of the topic (acks follow the Redis commit)."""
     ends = _end_offsets(settings)
-    committed = _committed(settings)
+    committed = committed_offsets(settings)
     return all(committed.get(p, 0) >= end for p, end in ends.items() if end > 0)
 
 
@@ -301,7 +287,7 @@ def test_counters_are_not_counted_twice_after_a_kill_nine_or_a_full_redelivery( 
     now = datetime.now(UTC)
     analytics = Analytics(projections.client, projections.keys)
     assert analytics.pauses(None, now) == EXPECTED
-    committed = _committed(settings)
+    committed = committed_offsets(settings)
     uncommitted = {
         p: end - committed.get(p, 0)
         for p, end in _end_offsets(settings).items()

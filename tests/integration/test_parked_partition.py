@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kafka.admin import KafkaAdminClient
 
 from deploy.harness import free_port, wait_for
 from milpa_sessions.settings import Settings
@@ -19,7 +18,7 @@ from producers.kafka_log import KafkaEventLog
 from projections.redis_store import RedisProjectionStore
 from session_model.partitioning import partition_for
 from tests.integration.buggy_worker import POISON
-from tests.integration.conftest import health, with_keys
+from tests.integration.conftest import committed_offsets, health, with_keys
 from tests.unit.builders import plan, started, turn
 
 pytestmark = pytest.mark.integration
@@ -28,19 +27,6 @@ pytestmark = pytest.mark.integration
 def _seq(projections: RedisProjectionStore, sid: str) -> int | None:
     session = projections.load(sid)
     return None if session is None else session.seq
-
-
-def _committed(settings: Settings) -> dict[int, int]:
-    admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
-    try:
-        offsets = admin.list_group_offsets({settings.consumer_group: None})
-    finally:
-        admin.close()
-    return {
-        tp.partition: meta.offset
-        for tp, meta in offsets.get(settings.consumer_group, {}).items()
-        if tp.topic == settings.events_topic
-    }
 
 
 def _in_partition(partition: int, partitions: int, prefix: str, avoid: int | None = None) -> str:
@@ -94,8 +80,8 @@ def test_a_record_the_fold_raises_on_parks_its_partition_until_a_fixed_worker_ta
     assert _seq(projections, poisoned) == 2  # up to the record before it
     assert _seq(projections, neighbour) is None  # after it in its partition: waiting
     elsewhere = {partition_for(sid, partitions) for sid in others}
-    wait_for(lambda: all(_committed(settings).get(p, 0) > 0 for p in elsewhere), timeout=30)
-    assert _committed(settings).get(parked, 0) <= poison_at.offset  # never past it
+    wait_for(lambda: all(committed_offsets(settings).get(p, 0) > 0 for p in elsewhere), timeout=30)
+    assert committed_offsets(settings).get(parked, 0) <= poison_at.offset  # never past it
     assert f"partition {parked} parked at offset {poison_at.offset} (session {poisoned!r})" in (
         buggy.log()
     )

@@ -55,7 +55,7 @@ from session_model.policy import (
 )
 from session_model.principal import Principal
 from session_model.session import Question
-from tests.integration.conftest import PacedProducer, with_keys
+from tests.integration.conftest import PacedProducer, committed_offsets, with_keys
 from tests.integration.expected import (
     decided,
     expected_projections,
@@ -65,7 +65,6 @@ from tests.integration.test_scale_and_crash import (
     FAST_GROUP_ENV,
     assert_counts_are_exact,
     assert_equals_the_fold,
-    committed_offsets,
     decisions_in,
     events_in,
     generate,

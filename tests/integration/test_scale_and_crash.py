@@ -52,7 +52,7 @@ from session_model.principal import Principal
 from session_model.projection import BatchFolder, Position
 from session_model.session import RECENT_DECISIONS, Question, Rejection
 from session_model.signing import TrustedKeys
-from tests.integration.conftest import with_keys
+from tests.integration.conftest import committed_offsets, with_keys
 from tests.integration.expected import (
     assert_counters_exact,
     assert_projection_matches,
@@ -594,20 +594,6 @@ def assert_counts_are_exact(
     truth = expected_feed(expected)
     assert any(status == "open" for _, _, status in truth)
     assert set(feed) == truth, (sorted(truth - set(feed))[:5], sorted(set(feed) - truth)[:5])
-
-
-def committed_offsets(settings: Settings) -> dict[int, int]:
-    """partition → the group's committed offset on the events topic (next record to read)."""
-    admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
-    try:
-        offsets = admin.list_group_offsets({settings.consumer_group: None})
-    finally:
-        admin.close()
-    return {
-        tp.partition: meta.offset
-        for tp, meta in offsets[settings.consumer_group].items()
-        if tp.topic == settings.events_topic
-    }
 
 
 def highest_marks(store: RedisProjectionStore, sids: Sequence[str]) -> dict[int, int]:
