@@ -362,6 +362,7 @@ def timer_link(settings: WorkerSettings) -> TimerLink | None:
         realtime_priority=settings.scheduler_timer_realtime_priority,
         nice=settings.scheduler_timer_nice,
         stop_grace=settings.shutdown_grace / 4,
+        hang_s=settings.scheduler_timer_hang_s,
     )
     return TimerLink(config)
 

@@ -37,6 +37,9 @@ class WorkerSettings(StackSettings):
     # (0: none); where the OS does not permit it, it runs at normal priority and logs why.
     scheduler_timer_realtime_priority: int = 10
     scheduler_timer_nice: int = -10
+    # Seconds without the timer process's heartbeat after which the worker ends it as hung and
+    # starts another (no deadline closes while a timer hangs).
+    scheduler_timer_hang_s: float = 10.0
     metrics_port: int = 0  # Prometheus text on metrics_host:port/metrics (0: off)
     metrics_host: str = "127.0.0.1"  # the metrics' bind address: loopback unless said otherwise
     # The health endpoints beside the metrics (`processors/health.py`): `/livez` fails when the

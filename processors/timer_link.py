@@ -1,10 +1,13 @@
-"""The worker's end of its timer process: start it, feed it through a pipe, restart it if it dies.
+"""The worker's end of its timer process: start it, feed it through a pipe, restart it if it dies
+or hangs.
 
 Sending never blocks the worker's event loop: frames go to an asyncio write transport, which
 buffers what the pipe cannot take at once. Starting and joining the process run in threads. If
 the process ends on its own, it is started again after `restart_delay` and the `restarted`
 callbacks run (the feed then sends everything it knows once more: duplicates are harmless). The
-process's counts live in shared memory that outlives restarts.
+process's counts live in shared memory that outlives restarts. The process stamps a heartbeat
+there every second: one that has not for `TimerConfig.hang_s` is killed (and so restarted), since
+a hung timer would let every deadline pass unclosed while it looked alive.
 """
 
 from __future__ import annotations
@@ -12,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
 from processors.histogram import Histogram
 from processors.scheduler import SchedulerStats
 from processors.timer import Message, frame
-from processors.timer_process import TimerConfig, TimerCounters, serve
+from processors.timer_process import BEAT_S, TimerConfig, TimerCounters, serve
+from schemas.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +32,11 @@ class TimerLink:
     """A timer process of the worker's own and the pipe that feeds it."""
 
     def __init__(self, config: TimerConfig, *, restart_delay: float = 1.0) -> None:
+        if not config.hang_s >= 2 * BEAT_S:  # (NaN too) shorter: ended between two heartbeats
+            raise ConfigurationError(
+                f"MILPA_SCHEDULER_TIMER_HANG_S={config.hang_s}: must be at least "
+                f"{2 * BEAT_S:g} seconds"
+            )
         self.config = config
         self.restart_delay = restart_delay
         self._ctx = multiprocessing.get_context("spawn")
@@ -37,6 +47,8 @@ class TimerLink:
         self._transport: asyncio.WriteTransport | None = None
         self._pending: list[bytes] = []  # frames sent before the process was started
         self._stopping = False
+        self._watchdog: asyncio.Task[None] | None = None
+        self.hangs = 0  # timer processes ended for want of a heartbeat
 
     @property
     def pid(self) -> int | None:
@@ -62,6 +74,7 @@ class TimerLink:
             name="milpa-timer",
             daemon=True,
         )
+        self.counters.beat(time.monotonic())  # its grace counts from its start
         await asyncio.to_thread(process.start)
         reader.close()
         transport, _ = await loop.connect_write_pipe(asyncio.Protocol, writer)
@@ -72,6 +85,28 @@ class TimerLink:
             transport.write(data)
         loop.add_reader(process.sentinel, self._exited, process)
         log.info("timer process %s started", process.pid)
+        if self._watchdog is None:
+            self._watchdog = loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """End a timer process whose heartbeat stopped (the exit then starts another)."""
+        hang_s = self.config.hang_s
+        ended: BaseProcess | None = None
+        while not self._stopping:
+            await asyncio.sleep(min(1.0, hang_s / 4))
+            process = self._process
+            silent = time.monotonic() - self.counters.last_beat()
+            if process is None or process is ended or silent <= hang_s or not process.is_alive():
+                continue
+            log.error(
+                "the timer process %s has not run for %.1fs (hung: no deadline closes while it "
+                "is); ending it, another starts",
+                process.pid,
+                silent,
+            )
+            self.hangs += 1
+            ended = process
+            process.kill()
 
     def _exited(self, process: BaseProcess) -> None:
         loop = asyncio.get_running_loop()
@@ -106,6 +141,8 @@ class TimerLink:
     async def stop(self) -> None:
         """Close the pipe (the process sends what is due in flight and ends); wait for it."""
         self._stopping = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         process, transport = self._process, self._transport
         if transport is not None:
             transport.close()  # after the buffered frames: the process then reads end of file

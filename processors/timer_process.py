@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 # and the loop's sleep is monotonic: a clock stepped forward (NTP, a resumed VM) would otherwise
 # leave every closing late by the step. A step back only delays a wake-up that finds nothing due.
 REARM_S = 1.0
+BEAT_S = 1.0  # how often the timer's loop stamps itself in the shared counters
 
 Counters = ctypes.Array[ctypes.c_double]
 
@@ -64,12 +65,15 @@ class TimerConfig:
     retry_initial: float = 0.1  # seconds before a refused send is tried again, doubling
     retry_max: float = 5.0
     stop_grace: float = 5.0  # seconds the acks in flight may take once the worker has gone
+    # Seconds without a heartbeat after which the worker ends the timer process as hung and
+    # starts another (its loop stamps one every BEAT_S).
+    hang_s: float = 10.0
 
 
 class TimerCounters:
     """The timer's counts in shared memory: written by the timer process, read by the worker."""
 
-    CLOSINGS, LATENESS_SUM, SENDS, FAILED, BUCKETS = 0, 1, 2, 3, 4
+    CLOSINGS, LATENESS_SUM, SENDS, FAILED, BEAT, BUCKETS = 0, 1, 2, 3, 4, 5
     BOUNDS = LATENESS_MS_BUCKETS
 
     def __init__(self, array: Counters) -> None:
@@ -92,6 +96,15 @@ class TimerCounters:
     def failed(self, closings: int) -> None:
         """Count closings whose send failed (they are tried again)."""
         self.array[self.FAILED] += closings
+
+    def beat(self, now: float) -> None:
+        """Stamp the timer's loop as turning at `now` (monotonic seconds, alike in every
+        process of the machine)."""
+        self.array[self.BEAT] = now
+
+    def last_beat(self) -> float:
+        """When the timer's loop last stamped itself (monotonic seconds)."""
+        return float(self.array[self.BEAT])
 
     def snapshot(self) -> SchedulerStats:
         """The counts as scheduler stats (for the worker's metrics)."""
@@ -129,6 +142,7 @@ class TimerService:
         self._clock = clock
         self._retry = config.retry_initial
         self._timer: asyncio.TimerHandle | None = None
+        self._beating: asyncio.TimerHandle | None = None
         self._armed_us: int | None = None
         self._sending: set[asyncio.Task[None]] = set()
         self._ended = asyncio.Event()
@@ -139,6 +153,7 @@ class TimerService:
         loop = asyncio.get_running_loop()
         os.set_blocking(self.fd, False)
         loop.add_reader(self.fd, self._readable)
+        self._beat()
         if self._producer is not None:
             try:  # connected before the first deadline; a failure is retried by the first send
                 await self._producer.started()
@@ -148,6 +163,8 @@ class TimerService:
             await self._ended.wait()
         finally:
             loop.remove_reader(self.fd)
+            if self._beating is not None:
+                self._beating.cancel()
             if self._timer is not None:
                 self._timer.cancel()
             if self._sending:
@@ -156,6 +173,11 @@ class TimerService:
                 await self._producer.stop()
         if self._failure is not None:
             raise self._failure
+
+    def _beat(self) -> None:
+        """Tell the worker this loop turns (`TimerLink` ends a timer that stopped telling)."""
+        self.counters.beat(time.monotonic())
+        self._beating = asyncio.get_running_loop().call_later(BEAT_S, self._beat)
 
     def _readable(self) -> None:
         try:

@@ -173,6 +173,52 @@ def test_a_rebalance_moves_which_partitions_each_workers_timer_closes(
     assert _closings(ports[0]) >= by_first + len(again)
 
 
+def test_a_timer_process_that_hangs_is_ended_and_replaced_and_the_deadlines_close(
+    settings: Settings,
+) -> None:
+    """A stopped timer (SIGSTOP: alive, silent) would let every deadline pass unclosed."""
+    sids = [f"hung-{i}" for i in range(6)]
+
+    async def scenario() -> tuple[set[int], int, int]:
+        config = TimerConfig(settings.kafka_access(), settings.events_topic, hang_s=2.0)
+        link = TimerLink(config, restart_delay=0.1)
+        deadline_us = int((time.time() + 4) * 1_000_000)
+        closings = [
+            Closing(s, partition_for(s, settings.partitions), deadline_us, f"q-{s}", 1)
+            for s in sids
+        ]
+        owned = frozenset(range(settings.partitions))
+
+        def replay() -> None:
+            link.send(Assign(owned))
+            link.send(Offer(tuple(closings)))
+
+        link.restarted.append(replay)
+        await link.start()
+        replay()
+        first = link.pid
+        assert first is not None
+        await asyncio.sleep(1.0)  # started, and beating
+        os.kill(first, signal.SIGSTOP)
+        for _ in range(400):
+            if link.stats().closings >= len(sids):
+                break
+            await asyncio.sleep(0.05)
+        pids = {first, link.pid or 0}
+        closed = link.stats().closings
+        await link.stop()
+        return pids, closed, link.hangs
+
+    pids, closed, hangs = asyncio.run(scenario())
+    assert len(pids) == 2 and hangs == 1 and closed == len(sids)
+    seen = {
+        e.session_id
+        for m in read_topic(settings.kafka_access().kafka_python(), settings.events_topic)
+        if (e := EventCodec().decode(m.value)).type == ev.ANSWER_WINDOW_CLOSED
+    }
+    assert seen == set(sids)
+
+
 def test_a_timer_process_that_dies_is_replaced_and_told_everything_again(
     settings: Settings,
 ) -> None:

@@ -20,11 +20,16 @@ from processors.priority import elevate
 from processors.scheduler import SchedulerStats
 from processors.timer import Assign, Clear, Closing, Frames, Message, Offer, Timetable, frame
 from processors.timer_feed import TimerFeed, closing_of
-from processors.timer_link import combined
+from processors.timer_link import TimerLink, combined
 from processors.timer_process import TimerConfig, TimerCounters, TimerService
 from schemas import events as ev
 from schemas.codec import EventCodec
-from schemas.errors import CodecError, CorruptProjectionError, ProjectionError
+from schemas.errors import (
+    CodecError,
+    ConfigurationError,
+    CorruptProjectionError,
+    ProjectionError,
+)
 from schemas.events import Event
 from session_model.deadlines import format_instant
 from session_model.projection import BatchFolder, Folded, Position, Record, SessionUpdate
@@ -510,3 +515,15 @@ def test_the_timer_process_quiets_a_flood_of_the_same_producer_error() -> None:
     )
     lines = [line for line in done.stderr.splitlines() if "Unable to update metadata" in line]
     assert len(lines) == 3, done.stderr  # the burst a window lets through
+
+
+def test_the_timer_s_loop_stamps_its_heartbeat_for_the_worker_to_watch() -> None:
+    service = asyncio.run(_serve(Sink(), [Offer((_closing(),))], 1))
+    assert service.counters.last_beat() > 0  # stamped from the loop's first turn
+    assert service._beating is not None and service._beating.cancelled()  # and no more
+
+
+@pytest.mark.parametrize("hang_s", [0.0, 1.5, float("nan")])
+def test_a_hang_time_shorter_than_two_heartbeats_is_refused(hang_s: float) -> None:
+    with pytest.raises(ConfigurationError, match="MILPA_SCHEDULER_TIMER_HANG_S"):
+        TimerLink(TimerConfig(None, "t", hang_s=hang_s))  # type: ignore[arg-type]
