@@ -422,6 +422,9 @@ def _serve_worker_metrics(
     def parked() -> list[str]:
         w: ProjectionWorker | None = holder.get("worker")
         faults = dict(w.stats.parked) if w is not None else {}
+        if faults:  # (one parked by a batch fetched before a rebalance may be another's now)
+            owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
+            faults = {p: f for p, f in faults.items() if p in owned}
         # The exception's type only: its text may quote an agent's (the log has it whole).
         return [
             f"partition {p} parked at offset {f.position.offset}: the fold raised {f.kind} "

@@ -27,6 +27,9 @@ from schemas.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
+# Seconds a timer process may take from its spawn to its first heartbeat (or `hang_s`, if longer).
+START_GRACE_S = 30.0
+
 
 class TimerLink:
     """A timer process of the worker's own and the pipe that feeds it."""
@@ -48,6 +51,7 @@ class TimerLink:
         self._pending: list[bytes] = []  # frames sent before the process was started
         self._stopping = False
         self._watchdog: asyncio.Task[None] | None = None
+        self._started_at = 0.0  # monotonic seconds of the last start
         self.hangs = 0  # timer processes ended for want of a heartbeat
 
     @property
@@ -74,9 +78,16 @@ class TimerLink:
             name="milpa-timer",
             daemon=True,
         )
-        self.counters.beat(time.monotonic())  # its grace counts from its start
+        self.counters.beat(0.0)  # not beating yet: `_watch` gives it START_GRACE_S from now
+        self._started_at = time.monotonic()
         await asyncio.to_thread(process.start)
         reader.close()
+        if self._stopping:  # stopped while it was being spawned (a restart): end it again
+            writer.close()
+            await asyncio.to_thread(process.join, self.config.stop_grace + 2)
+            if process.is_alive():
+                process.kill()
+            return
         transport, _ = await loop.connect_write_pipe(asyncio.Protocol, writer)
         self._process, self._transport = process, transport
         self.starts += 1
@@ -94,19 +105,31 @@ class TimerLink:
         ended: BaseProcess | None = None
         while not self._stopping:
             await asyncio.sleep(min(1.0, hang_s / 4))
-            process = self._process
-            silent = time.monotonic() - self.counters.last_beat()
-            if process is None or process is ended or silent <= hang_s or not process.is_alive():
-                continue
-            log.error(
-                "the timer process %s has not run for %.1fs (hung: no deadline closes while it "
-                "is); ending it, another starts",
-                process.pid,
-                silent,
-            )
-            self.hangs += 1
-            ended = process
-            process.kill()
+            try:
+                ended = self._end_if_hung(ended, hang_s) or ended
+            except Exception:  # a watchdog that stopped watching would say nothing
+                log.exception("the timer process's watchdog failed; it goes on watching")
+
+    def _end_if_hung(self, ended: BaseProcess | None, hang_s: float) -> BaseProcess | None:
+        """Kill the timer process if it is silent too long; the process killed, if any."""
+        process = self._process
+        beat = self.counters.last_beat()
+        now = time.monotonic()
+        # Not beating yet: a fresh interpreter's imports, on a loaded machine, take a while.
+        silent, allowed = (
+            (now - beat, hang_s) if beat else (now - self._started_at, max(START_GRACE_S, hang_s))
+        )
+        if process is None or process is ended or silent <= allowed or not process.is_alive():
+            return None
+        log.error(
+            "the timer process %s has not run for %.1fs (hung: no deadline closes while it "
+            "is); ending it, another starts",
+            process.pid,
+            silent,
+        )
+        self.hangs += 1
+        process.kill()
+        return process
 
     def _exited(self, process: BaseProcess) -> None:
         loop = asyncio.get_running_loop()

@@ -250,7 +250,10 @@ class ProjectionWorker:
             listener(observed)
         await self._publish_decisions(updates, (*prepared.folding.again, *committed.again))
         await self._publish_questions(updates, (*prepared.folding.reasked, *committed.reasked))
-        self._announce_parked()  # (a conflict's re-fold may have parked one)
+        # Before this batch is marked finished (the consumer reads its parked partitions right
+        # after this returns, with no await between): a conflict's re-fold may have parked one,
+        # and one parked before a rebalance is told again.
+        self._announce_parked()
         parked = self.folder.parked
         ends = prepared.ends
         if parked:

@@ -302,7 +302,7 @@ class ProjectionCycle:
         if suspect:  # folded onto a state the last commit found stale: fold them again first
             self._note_stale(u for u in updates if u.session_id in suspect)
             redone = tuple(r for r in records if r.event.session_id in suspect)
-            redelivered -= len(redone) - sum(
+            redelivered -= self._counted(redone) - sum(
                 len(u.steps) for u in updates if u.session_id in suspect
             )  # counted again by the re-fold
             refolded = yield from self._fold(redone)
@@ -335,7 +335,7 @@ class ProjectionCycle:
             for sid in conflicted:
                 self.cache.pop(sid, None)  # re-read: someone else moved this session's mark
             records = tuple(r for r in records if r.event.session_id in conflicted)
-            redelivered -= len(records) - sum(
+            redelivered -= self._counted(records) - sum(
                 len(u.steps) for u in updates if u.session_id in conflicted
             )  # counted again by the re-fold
             refolded = yield from self._fold(records)
@@ -361,6 +361,19 @@ class ProjectionCycle:
             tuple(reasked),
             tuple(expired),
             tuple(as_stored),
+        )
+
+    def _counted(self, records: Sequence[Record]) -> int:
+        """How many of `records` a fold counted as applied or as redelivered: not those held at
+        or after the record their partition is parked at (`BatchFolder.parked`)."""
+        parked = self.folder.parked
+        if not parked:
+            return len(records)
+        return sum(
+            1
+            for r in records
+            if (fault := parked.get(r.position.partition)) is None
+            or r.position.offset < fault.position.offset
         )
 
     def _note_stale(self, updates: Iterable[SessionUpdate]) -> None:

@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,7 @@ from processors.priority import elevate
 from processors.scheduler import SchedulerStats
 from processors.timer import Assign, Clear, Closing, Frames, Message, Offer, Timetable, frame
 from processors.timer_feed import TimerFeed, closing_of
-from processors.timer_link import TimerLink, combined
+from processors.timer_link import START_GRACE_S, TimerLink, combined
 from processors.timer_process import TimerConfig, TimerCounters, TimerService
 from schemas import events as ev
 from schemas.codec import EventCodec
@@ -527,3 +528,40 @@ def test_the_timer_s_loop_stamps_its_heartbeat_for_the_worker_to_watch() -> None
 def test_a_hang_time_shorter_than_two_heartbeats_is_refused(hang_s: float) -> None:
     with pytest.raises(ConfigurationError, match="MILPA_SCHEDULER_TIMER_HANG_S"):
         TimerLink(TimerConfig(None, "t", hang_s=hang_s))  # type: ignore[arg-type]
+
+
+class _Process:
+    """A timer process's stand-in for the watchdog: alive until killed."""
+
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.killed = 0
+
+    def is_alive(self) -> bool:
+        return not self.killed
+
+    def kill(self) -> None:
+        self.killed += 1
+
+
+def test_the_watchdog_ends_a_silent_timer_once_and_gives_a_starting_one_its_grace() -> None:
+    link = TimerLink(TimerConfig(None, "t", hang_s=5.0))  # type: ignore[arg-type]
+    process = _Process()
+    link._process = process  # type: ignore[assignment]
+    now = time.monotonic()
+    link.counters.beat(0.0)  # spawned, not beating yet: the start grace applies, not hang_s
+    link._started_at = now - 20
+    assert link._end_if_hung(None, 5.0) is None and process.killed == 0
+    link._started_at = now - START_GRACE_S - 1
+    assert link._end_if_hung(None, 5.0) is process and process.killed == 1
+    assert link.hangs == 1
+
+    beating = _Process()
+    link._process = beating  # type: ignore[assignment]
+    link.counters.beat(time.monotonic() - 4)  # beating, last 4 s ago: within hang_s
+    assert link._end_if_hung(None, 5.0) is None
+    link.counters.beat(time.monotonic() - 6)
+    ended = link._end_if_hung(None, 5.0)
+    assert ended is beating and beating.killed == 1
+    assert link._end_if_hung(ended, 5.0) is None and beating.killed == 1  # not killed twice

@@ -13,6 +13,7 @@ from projections.memory import InMemoryProjectionStore
 from projections.requests import Retention
 from schemas import events as ev
 from schemas.errors import ProjectionError
+from session_model import fold as fold_module
 from session_model.cycle import (
     PAUSE,
     Committed,
@@ -88,6 +89,31 @@ def test_a_conflict_rereads_the_session_and_folds_again_onto_the_stored_state() 
     # Record 0 was below the stale mark; the re-fold found records 0 to 2 applied: 3 in all.
     assert folding.redelivered == 1
     assert folding.redelivered + committed.redelivered == 3
+
+
+def test_records_held_for_a_parked_partition_are_never_counted_redelivered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A conflict's re-fold takes back what the first fold counted: not the held records, which
+    # it never counted (`milpa_redelivered` is a counter: it must not go down).
+    def buggy(s: Any, e: Any, seq: int, auth: Any) -> Any:
+        raise TypeError("a bug in the fold")
+
+    events = [started(), turn("user", "t0"), make_event(ev.PLAN_SET, {"plan": "p"})]
+    events.append(turn("user", "t1"))
+    records = _records(events)
+    store = InMemoryProjectionStore()
+    run(ProjectionCycle(BatchFolder()).project(records[:2]), store)  # another writer's work
+    monkeypatch.setitem(fold_module._HANDLERS, ev.PLAN_SET, buggy)
+    stale = ProjectionCycle(BatchFolder(parked={}))
+    stale.cache["s1"] = Folded(fold("s1", events[:1]), records[0].position)
+    folding, committed = run(stale.project(records), store)
+    assert committed.conflicts == 1 and stale.folder.parked is not None
+    assert stale.folder.parked[0].position == records[2].position
+    # Records 0 and 1 were applied by the other writer; 2 and 3 wait, held, counted nowhere.
+    assert folding.redelivered + committed.redelivered == 2
+    assert committed.redelivered >= 0
+    assert store.load("s1") == fold("s1", events[:2])
 
 
 def test_a_session_that_keeps_conflicting_gives_up_after_max_rounds() -> None:
