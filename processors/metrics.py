@@ -209,6 +209,17 @@ class StatsCollector(Collector):
     def _scheduler_metrics(self, s: SchedulerStats) -> Iterator[Metric]:
         yield _counter("milpa_scheduler_closings", "Answer windows closed.", s.closings)
         yield _counter("milpa_scheduler_compactions", "Compactions emitted.", s.compactions)
+        yield _counter(
+            "milpa_timer_restarts",
+            "The worker's timer process started again (it died, or hung: see the next).",
+            s.timer_restarts,
+        )
+        yield _counter(
+            "milpa_timer_hangs",
+            "Timer processes the worker ended because their heartbeat stopped "
+            "(MILPA_SCHEDULER_TIMER_HANG_S).",
+            s.timer_hangs,
+        )
         yield histogram_family(
             "milpa_expiry_lateness_ms",
             "Milliseconds from a deadline to its closing being emitted.",

@@ -70,6 +70,8 @@ class SchedulerStats:
     compactions: int = 0
     lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_MS_BUCKETS))
     wakeups: int = 0
+    timer_restarts: int = 0  # the worker's timer process started again: it died or hung
+    timer_hangs: int = 0  # of those, ended by the worker for want of a heartbeat
 
 
 class Scheduler:

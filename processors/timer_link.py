@@ -179,8 +179,10 @@ class TimerLink:
             await asyncio.to_thread(process.join, 5)
 
     def stats(self) -> SchedulerStats:
-        """What the timer process did so far (closings, lateness)."""
-        return self.counters.snapshot()
+        """What the timer process did so far (closings, lateness), and its restarts."""
+        done = self.counters.snapshot()
+        done.timer_restarts, done.timer_hangs = max(self.starts - 1, 0), self.hangs
+        return done
 
 
 def combined(loop_stats: SchedulerStats, timer_stats: SchedulerStats) -> SchedulerStats:
@@ -194,4 +196,6 @@ def combined(loop_stats: SchedulerStats, timer_stats: SchedulerStats) -> Schedul
         compactions=loop_stats.compactions,
         lateness=lateness,
         wakeups=loop_stats.wakeups,
+        timer_restarts=timer_stats.timer_restarts,
+        timer_hangs=timer_stats.timer_hangs,
     )

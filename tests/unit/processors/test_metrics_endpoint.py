@@ -9,6 +9,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from processors.metrics import Metrics
+from processors.scheduler import SchedulerStats
 from processors.settings import WorkerSettings
 from processors.snapshots import SnapshotStats
 from processors.worker import WorkerStats
@@ -53,3 +54,10 @@ def test_the_snapshot_rounds_are_metrics_too() -> None:
     assert got[("milpa_snapshot_stubs_total", ())] == 7
     assert got[("milpa_snapshot_checkpoint_lag", (("partition", "0"),))] == 5
     assert got[("milpa_snapshot_checkpoint_lag", (("partition", "3"),))] == 0
+
+
+def test_the_timer_s_restarts_and_hangs_are_metrics() -> None:
+    stats = SchedulerStats(closings=4, timer_restarts=3, timer_hangs=1)
+    text = generate_latest(Metrics(WorkerStats, lambda: stats, dict).registry).decode()
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got["milpa_timer_restarts_total"] == 3 and got["milpa_timer_hangs_total"] == 1

@@ -565,3 +565,4 @@ def test_the_watchdog_ends_a_silent_timer_once_and_gives_a_starting_one_its_grac
     ended = link._end_if_hung(None, 5.0)
     assert ended is beating and beating.killed == 1
     assert link._end_if_hung(ended, 5.0) is None and beating.killed == 1  # not killed twice
+    assert link.stats().timer_hangs == 2  # exported (`milpa_timer_hangs_total`)
