@@ -401,16 +401,16 @@ def _serve_worker_metrics(
         return taker.stats if taker is not None else None
 
     def lag() -> dict[int, int]:
-        # Past what is settled (finished, or committed when the partition was taken over): so a
-        # batch that hangs before the first one finished is seen too. Parked partitions are
-        # reported apart (`parked`), not as records waiting.
+        # Past what is settled (finished, or committed when the partition was taken over; from
+        # the start for a group that never committed one): so a batch that hangs before the
+        # first one finished is seen too. Parked partitions are reported apart (`parked`).
         w: ProjectionWorker | None = holder.get("worker")
         parked = w.stats.parked if w is not None else {}
-        waiting: dict[int, int] = {}
-        for p, hw in highwaters().items():
-            if p not in parked and (settled := app.settled(TP(topic, p))) is not None:
-                waiting[p] = max(hw - settled, 0)
-        return waiting
+        return {
+            p: max(hw - (app.settled(TP(topic, p)) or 0), 0)
+            for p, hw in highwaters().items()
+            if p not in parked
+        }
 
     def progressed() -> float | None:
         w: ProjectionWorker | None = holder.get("worker")

@@ -257,28 +257,38 @@ def test_sigterm_stops_a_worker_within_the_grace_while_redis_is_down(
 
 
 @pytest.mark.plain_stack  # a plaintext service of its own
+@pytest.mark.parametrize("first_batch", [False, True], ids=["a later batch", "the first batch"])
 def test_a_worker_whose_redis_is_down_stays_live_and_is_not_ready_until_it_is_back(
-    settings: Settings, kafka_log: KafkaEventLog, private_redis: dict[str, Any], start_worker: Any
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    private_redis: dict[str, Any],
+    start_worker: Any,
+    first_batch: bool,
 ) -> None:
+    # The first batch of a group that never committed an offset counts too: from offset 0.
     port = free_port()
     s = with_keys(settings, redis_url=private_redis["url"], metrics_port=port, stall_s=3.0)
     worker = start_worker(s)
     projections = RedisProjectionStore.from_url(private_redis["url"], s.redis_keys())
-    kafka_log.append(started("probed", session_id="s-probed"))
-    wait_for(lambda: projections.load("s-probed") is not None, timeout=60)
-    wait_for(lambda: health(port, "/readyz")[0] == 200, timeout=30)
+    stuck = [turn("user", f"turn {i}", session_id="s-probed") for i in range(20)]
+    if first_batch:
+        stuck.insert(0, started("probed", session_id="s-probed"))
+    else:
+        kafka_log.append(started("probed", session_id="s-probed"))
+        wait_for(lambda: projections.load("s-probed") is not None, timeout=60)
+    wait_for(lambda: health(port, "/readyz")[0] == 200, timeout=60)
     assert health(port, "/livez")[0] == 200
 
     private_redis["stop"]()
-    for i in range(20):  # a batch the worker cannot commit: it retries Redis
-        kafka_log.append(turn("user", f"turn {i}", session_id="s-probed"))
+    for event in stuck:  # a batch the worker cannot commit: it retries Redis
+        kafka_log.append(event)
     try:
         wait_for(lambda: health(port, "/readyz")[0] == 503, timeout=30)
     except TimeoutError:
         raise AssertionError(f"{health(port, '/readyz')}\n{worker.log()[-3000:]}") from None
     status, body = health(port, "/readyz")
     # The lag is as of the fetch that brought the stuck batch: the records it holds at least.
-    assert status == 503 and body["live"] is True and 0 < body["lag"] <= 20, body
+    assert status == 503 and body["live"] is True and 0 < body["lag"] <= len(stuck), body
     (problem,) = body["problems"]
     assert problem.startswith(f"{body['lag']} records have waited ")
     assert problem.endswith("with no batch finished")
