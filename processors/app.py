@@ -214,9 +214,11 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         }
 
     def settled_partitions() -> dict[int, int]:
-        """The owned partitions whose settled offset is known, each with it (`BatchApp.settled`)."""
+        """The owned partitions whose settled offset is known, each with it (`BatchApp.settled`);
+        not a parked one, whose later records wait unapplied (its sessions are left alone)."""
         topic = events.get_topic_name()
-        offsets = {p: app.settled(TP(topic, p)) for p in scheduler().owned}
+        parked = worker().stats.parked
+        offsets = {p: app.settled(TP(topic, p)) for p in scheduler().owned if p not in parked}
         return {p: offset for p, offset in offsets.items() if offset is not None}
 
     async def project(raws: Sequence[Consumed]) -> Awaitable[Any]:

@@ -8,6 +8,7 @@ committed offset.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from projections.redis_store import RedisProjectionStore
 from session_model.partitioning import partition_for
 from tests.integration.buggy_worker import POISON
 from tests.integration.conftest import committed_offsets, health, with_keys
-from tests.unit.builders import plan, started, turn
+from tests.unit.builders import ended, plan, started, turn
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +52,22 @@ def test_a_record_the_fold_raises_on_parks_its_partition_until_a_fixed_worker_ta
     neighbour = _in_partition(parked, partitions, "s-neighbour")  # the same partition
     others = [_in_partition(0, partitions, f"s-other{i}", avoid=parked) for i in range(4)]
     port = free_port()
+    ttl = 10.0  # retention: the sweep must leave the parked partition's sessions alone
     buggy = start_worker(
-        with_keys(settings, metrics_port=port), module="tests.integration.buggy_worker"
+        # (A session is dropped once a snapshot round took its last state: rounds come soon.)
+        with_keys(settings, metrics_port=port, projection_ttl_s=ttl, snapshot_interval_s=0.2),
+        module="tests.integration.buggy_worker",
     )
+    # Ended before the bad record, in its partition, and committed: the sweep would drop it.
+    ended_here = _in_partition(parked, partitions, "s-ended-here")
+    ended_elsewhere = _in_partition(0, partitions, "s-ended-elsewhere", avoid=parked)
+    # Due together, `ttl` from now: well after the bad record parks its partition.
+    now = datetime.now(UTC)
+    kafka_log.append(started("ends", session_id=ended_elsewhere))
+    kafka_log.append(ended(session_id=ended_elsewhere, occurred_at=now))
+    kafka_log.append(started("ends", session_id=ended_here))
+    ended_at = kafka_log.append(ended(session_id=ended_here, occurred_at=now))
+    wait_for(lambda: committed_offsets(settings).get(parked, 0) > ended_at.offset, timeout=30)
 
     kafka_log.append(started("poisoned", session_id=poisoned))
     kafka_log.append(turn("user", "before", session_id=poisoned))
@@ -85,6 +99,11 @@ def test_a_record_the_fold_raises_on_parks_its_partition_until_a_fixed_worker_ta
     assert f"partition {parked} parked at offset {poison_at.offset} (session {poisoned!r})" in (
         buggy.log()
     )
+
+    # The sweep drops the session ended elsewhere, not the one in the parked partition (one
+    # sweep would have dropped both: they are due at the same instant).
+    wait_for(lambda: projections.expired(ended_elsewhere) is not None, timeout=ttl + 30)
+    assert projections.expired(ended_here) is None and projections.load(ended_here) is not None
 
     buggy.stop()
     fixed = start_worker(with_keys(settings, metrics_port=port))
