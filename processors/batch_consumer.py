@@ -259,7 +259,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     def park(self, tps: set[TP]) -> None:
         """Stop reading these partitions and never commit past what their handler finished
-        before, until they are revoked (the batch handed over with the record it could not take
+        before, until the next rebalance (the batch handed over with the record it could not take
         is then partly finished: its other partitions are committed as usual)."""
         self._parked.update(tps)
         self.pause_partitions(tps)
@@ -384,7 +384,7 @@ class BatchApp(faust.App):
         return await cast(BatchConsumer, self.consumer).leave_group(timeout)
 
     def park(self, tps: set[TP]) -> None:
-        """Stop reading these partitions, committing nothing more of them, until revoked."""
+        """Stop reading these partitions, committing nothing more of them, until a rebalance."""
         cast(BatchConsumer, self.consumer).park(tps)
 
     def _new_transport(self) -> Any:

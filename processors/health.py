@@ -18,6 +18,7 @@ records waiting (the probes of an orchestrator come every few seconds).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
 
 BEAT_S = 1.0  # how often the heartbeat task stamps the time
 
@@ -132,8 +135,9 @@ class Probe:
                 assigned = self._assigned()
                 troubles = tuple(self._troubles())
             except Exception as e:  # the consumer's state read from this thread, mid-rebalance
+                log.debug("the probe could not read the consumer's progress", exc_info=True)
                 lag, progressed, assigned = 0, None, True
-                troubles = (f"could not read the consumer's progress: {e!r}",)
+                troubles = (f"could not read the consumer's progress: {type(e).__name__}",)
             if lag == 0:
                 self._waiting_since = None
             elif self._waiting_since is None or (

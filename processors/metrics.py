@@ -304,7 +304,7 @@ def endpoints(metrics: WSGIApplication, probe: Probe | None) -> WSGIApplication:
             good = health.live if path == "/livez" else health.ready
             status = "200 OK" if good else "503 Service Unavailable"
             return _json(start_response, status, health.as_json())
-        return _json(start_response, "404 Not Found", {"error": f"no such endpoint: {path}"})
+        return _json(start_response, "404 Not Found", {"error": "not found"})
 
     return app
 

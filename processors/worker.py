@@ -1,8 +1,10 @@
 """The projector's batch step, framework-free: decode → fold → commit with marks → publish.
 
 The Faust agent (processors/app.py) only feeds it batches and acks them after it returns. It never
-returns before every record of the batch is either applied in Redis (with its mark) or written to
-the dead-letter topic, so an ack never commits past an event that was not applied. Redis failures
+returns before every record of the batch is either applied in Redis (with its mark), written to
+the dead-letter topic, or left unapplied in a parked partition (a record the fold raised on, and
+the partition's later ones: their offsets are kept out of the batch's), so an ack never commits
+past an event that was not applied. Redis failures
 are retried with backoff for as long as it takes; the consumer stalls instead of skipping.
 """
 

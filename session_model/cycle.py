@@ -76,7 +76,8 @@ Redecided = tuple[tuple[str, Decision], ...]
 class Folding:
     """A batch folded, not yet committed."""
 
-    records: tuple[Record, ...]  # those folded or skipped as redelivered (foreign ones left out)
+    # Those folded, skipped as redelivered, or held for a parked partition (foreign ones left out).
+    records: tuple[Record, ...]
     updates: tuple[SessionUpdate, ...]
     again: Redecided = ()  # decisions of records already applied (published again)
     foreign: tuple[Record, ...] = ()  # records of sessions projected from another partition

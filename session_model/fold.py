@@ -113,7 +113,8 @@ class _Reject(Exception):  # noqa: N818 - internal control flow, never escapes t
 
 # What a handler raises on a value in an agent's payload it did not foresee (an instant at the
 # calendar's edge, a number or a text it cannot take): the event is refused as `invalid` instead
-# of ending every worker and rebuild that reads it, alike on each (the fold is pure). Not the
+# of parking its partition on every worker and ending every rebuild that reads it, alike on each
+# (the fold is pure). Not the
 # errors a bug in a handler raises (TypeError, AttributeError, LookupError): those must surface
 # (a worker parks the record's partition until a fixed fold reads it: `BatchFolder.parked`).
 # Not RecursionError either: where it strikes depends on the caller's stack, which differs between

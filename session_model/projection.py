@@ -154,8 +154,8 @@ class BatchFolder:
     With `parked` set (a worker's), a record the fold raises on parks its partition: it and every
     later record of that partition are left unfolded (here and in later batches) until the
     partition is let go, and the fault is kept in `parked`; the other partitions go on. Without
-    it (a rebuild's), the error is raised. The event loop never sees the bug twice, and no
-    worker after it ends on it in turn.
+    it (a rebuild's), the error is raised. The exception never reaches the worker's event loop,
+    and no worker after it ends on it in turn.
     """
 
     keys: TrustedKeys = field(default_factory=TrustedKeys.none)

@@ -139,7 +139,7 @@ def test_the_metrics_endpoint_serves_the_probe_s_verdicts() -> None:
         status, body = _get(port, "/livez")
         assert status == 503 and json.loads(body)["live"] is False
         status, body = _get(port, "/nothing-here")
-        assert status == 404 and b"no such endpoint" in body
+        assert status == 404 and json.loads(body) == {"error": "not found"}  # (no echo)
     finally:
         metrics.stop()
 
@@ -172,10 +172,7 @@ def test_a_progress_that_cannot_be_read_makes_it_unready_and_leaves_it_live() ->
     probe = Probe(Heartbeat(Clock()), mid_rebalance, lambda: None, lambda: True, 30.0)
     health = probe.check()
     assert health.live and not health.ready
-    assert health.problems == (
-        "could not read the consumer's progress: KeyError('the assignment changed under the "
-        "probe')",
-    )
+    assert health.problems == ("could not read the consumer's progress: KeyError",)
 
 
 @pytest.mark.parametrize("stall_s", [0.0, 1.5, float("nan")])
