@@ -21,6 +21,7 @@ import pytest
 from deploy.harness import free_port, read_topic, wait_for
 from deploy.metrics import parse_counter
 from milpa_sessions.settings import Settings
+from processors.scheduler import SchedulerStats
 from processors.timer import Assign, Closing, Offer
 from processors.timer_link import TimerLink
 from processors.timer_process import TimerConfig
@@ -173,16 +174,22 @@ def test_a_rebalance_moves_which_partitions_each_workers_timer_closes(
     assert _closings(ports[0]) >= by_first + len(again)
 
 
-def test_a_timer_process_that_hangs_is_ended_and_replaced_and_the_deadlines_close(
+def _disturbed_timer(
     settings: Settings,
-) -> None:
-    """A stopped timer (SIGSTOP: alive, silent) would let every deadline pass unclosed."""
-    sids = [f"hung-{i}" for i in range(6)]
+    sids: list[str],
+    config: TimerConfig,
+    *,
+    due_in_s: float,
+    after_s: float,
+    sig: signal.Signals,
+) -> tuple[set[int], SchedulerStats]:
+    """A TimerLink against the real broker, offered closings for `sids` due in `due_in_s`; its
+    process sent `sig` `after_s` after it started. The processes it ran, and its stats once every
+    closing was acknowledged (or time ran out)."""
 
-    async def scenario() -> tuple[set[int], int, int]:
-        config = TimerConfig(settings.kafka_access(), settings.events_topic, hang_s=2.0)
+    async def scenario() -> tuple[set[int], SchedulerStats]:
         link = TimerLink(config, restart_delay=0.1)
-        deadline_us = int((time.time() + 4) * 1_000_000)
+        deadline_us = int((time.time() + due_in_s) * 1_000_000)
         closings = [
             Closing(s, partition_for(s, settings.partitions), deadline_us, f"q-{s}", 1)
             for s in sids
@@ -198,8 +205,8 @@ def test_a_timer_process_that_hangs_is_ended_and_replaced_and_the_deadlines_clos
         replay()
         first = link.pid
         assert first is not None
-        await asyncio.sleep(1.0)  # started, and beating
-        os.kill(first, signal.SIGSTOP)
+        await asyncio.sleep(after_s)
+        os.kill(first, sig)
         for _ in range(400):
             if link.stats().closings >= len(sids):
                 break
@@ -207,17 +214,33 @@ def test_a_timer_process_that_hangs_is_ended_and_replaced_and_the_deadlines_clos
         pids = {first, link.pid or 0}
         stats = link.stats()
         await link.stop()
-        assert stats.timer_restarts >= 1
-        return pids, stats.closings, stats.timer_hangs
+        return pids, stats
 
-    pids, closed, hangs = asyncio.run(scenario())
-    assert len(pids) >= 2 and hangs >= 1 and closed == len(sids)
-    seen = {
-        e.session_id
+    return asyncio.run(scenario())
+
+
+def _closed_sessions(settings: Settings) -> dict[str, int]:
+    """Session id -> the partition of its closing, for every closing on the events topic."""
+    return {
+        e.session_id: m.partition
         for m in read_topic(settings.kafka_access().kafka_python(), settings.events_topic)
         if (e := EventCodec().decode(m.value)).type == ev.ANSWER_WINDOW_CLOSED
     }
-    assert seen == set(sids)
+
+
+def test_a_timer_process_that_hangs_is_ended_and_replaced_and_the_deadlines_close(
+    settings: Settings,
+) -> None:
+    """A stopped timer (SIGSTOP: alive, silent) would let every deadline pass unclosed."""
+    sids = [f"hung-{i}" for i in range(6)]
+    config = TimerConfig(settings.kafka_access(), settings.events_topic, hang_s=2.0)
+    # Stopped once started and beating.
+    pids, stats = _disturbed_timer(
+        settings, sids, config, due_in_s=4, after_s=1.0, sig=signal.SIGSTOP
+    )
+    assert len(pids) == 2 and stats.closings == len(sids)
+    assert stats.timer_hangs >= 1 and stats.timer_restarts >= 1
+    assert set(_closed_sessions(settings)) == set(sids)
 
 
 def test_a_timer_process_that_dies_is_replaced_and_told_everything_again(
@@ -225,42 +248,9 @@ def test_a_timer_process_that_dies_is_replaced_and_told_everything_again(
 ) -> None:
     """TimerLink against the real broker: the closings offered before a crash still go out."""
     sids = [f"crash-{i}" for i in range(12)]
-
-    async def scenario() -> tuple[set[int], int]:
-        link = TimerLink(TimerConfig(settings.kafka_access(), settings.events_topic))
-        link.restart_delay = 0.1
-        deadline_us = int((time.time() + 3) * 1_000_000)
-        closings = [
-            Closing(s, partition_for(s, settings.partitions), deadline_us, f"q-{s}", 1)
-            for s in sids
-        ]
-        owned = frozenset(range(settings.partitions))
-
-        def replay() -> None:
-            link.send(Assign(owned))
-            link.send(Offer(tuple(closings)))
-
-        link.restarted.append(replay)
-        await link.start()
-        replay()
-        first = link.pid
-        assert first is not None
-        await asyncio.sleep(0.5)
-        os.kill(first, signal.SIGKILL)
-        for _ in range(200):
-            if link.stats().closings >= len(sids):
-                break
-            await asyncio.sleep(0.05)
-        pids = {first, link.pid or 0}
-        closed = link.stats().closings
-        await link.stop()
-        return pids, closed
-
-    pids, closed = asyncio.run(scenario())
-    assert len(pids) == 2 and closed == len(sids)
-    seen = {
-        e.session_id: m.partition
-        for m in read_topic(settings.kafka_access().kafka_python(), settings.events_topic)
-        if (e := EventCodec().decode(m.value)).type == ev.ANSWER_WINDOW_CLOSED
-    }
-    assert seen == {s: partition_for(s, settings.partitions) for s in sids}
+    config = TimerConfig(settings.kafka_access(), settings.events_topic)
+    pids, stats = _disturbed_timer(
+        settings, sids, config, due_in_s=3, after_s=0.5, sig=signal.SIGKILL
+    )
+    assert len(pids) == 2 and stats.closings == len(sids)
+    assert _closed_sessions(settings) == {s: partition_for(s, settings.partitions) for s in sids}
