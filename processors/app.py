@@ -110,6 +110,7 @@ class ProjectorApp:
 def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
     """Build the Faust app for these settings (nothing connects until it runs)."""
     cache_limit = settings.cache_limit()  # checked now, not in the loop
+    park_retry_s = settings.park_retry()
     if not leave_group_supported():
         log.warning(
             "this aiokafka has no GroupCoordinator._maybe_leave_group: a worker whose revocation "
@@ -245,6 +246,24 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
             worker()
             sweep: RetentionSweep = holder["sweep"]
             await sweep.run()
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def retry_parked() -> None:
+        # A partition parked at a session whose state did not read goes on once it reads (an
+        # operator rebuilt it), without a restart. (One the fold raised on waits for a fixed
+        # worker: the same fold would raise again.)
+        topic = events.get_topic_name()
+        while True:
+            await asyncio.sleep(park_retry_s)
+            try:
+                ready = await worker().unparkable()
+                if ready:
+                    offsets = {TP(topic, p): offset for p, offset in ready.items()}
+                    await app.unpark(
+                        offsets, lambda tps: worker().unpark(tp.partition for tp in tps)
+                    )
+            except Exception as e:  # the batch in flight failed: the fetch loop ends on it too
+                log.warning("could not read parked partitions again: %r", e)
 
     if snapshot_output is not None:
 
@@ -428,10 +447,15 @@ def _serve_worker_metrics(
         if faults:  # (one parked by a batch fetched before a rebalance may be another's now)
             owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
             faults = {p: f for p, f in faults.items() if p in owned}
-        # The exception's type only: its text may quote an agent's (the log has it whole).
+        # The exception's type only: its text may quote an agent's (the log has it whole), as
+        # may a session's id.
         return [
-            f"partition {p} parked at offset {f.position.offset}: the fold raised {f.kind} "
-            "(a bug: see the worker's log)"
+            f"partition {p} parked at offset {f.position.offset}: "
+            + (
+                "a session's stored state cannot be read (rebuild it: see the worker's log)"
+                if f.unreadable
+                else f"the fold raised {f.kind} (a bug: see the worker's log)"
+            )
             for p, f in sorted(faults.items())
         ]
 

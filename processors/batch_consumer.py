@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import faust
@@ -82,6 +82,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._in_flight: asyncio.Future[None] | None = None  # the previous batch's second phase
         # Partitions whose handler could not take a record (`park`): not read, not committed.
         self._parked: set[TP] = set()
+        self._rebalances = 0  # revocations and assignments so far (`unpark` spans none)
 
     def _new_consumer_thread(self) -> BatchConsumerThread:
         return BatchConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -259,10 +260,37 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     def park(self, tps: set[TP]) -> None:
         """Stop reading these partitions and never commit past what their handler finished
-        before, until the next rebalance (the batch handed over with the record it could not take
-        is then partly finished: its other partitions are committed as usual)."""
+        before, until the next rebalance or `unpark` (the batch handed over with the record it
+        could not take is then partly finished: its other partitions are committed as usual)."""
         self._parked.update(tps)
         self.pause_partitions(tps)
+
+    async def unpark(self, offsets: Mapping[TP, int], then: Callable[[set[TP]], None]) -> set[TP]:
+        """Read these parked partitions again, each from its offset (the record it was parked
+        at); `then` is told which, at the instant they are (nothing runs between), and they are
+        returned. None is let go across a rebalance, which reads every partition anew anyway.
+
+        The batch that parked one is finished first (it would otherwise mark the partition past
+        the record at its end); batches fetched later held none of its records.
+        """
+        rebalances = self._rebalances
+        await self.settle()
+        wanted = {tp: offset for tp, offset in offsets.items() if tp in self._parked}
+        if not wanted or self._rebalances != rebalances:
+            return set()
+        # On the consumer's thread, which drops what it had fetched from the old position.
+        await self._thread.seek_wait(wanted)
+        if self._rebalances != rebalances:
+            return set()
+        assigned = self.assignment()
+        ready = {tp for tp in wanted if tp in self._parked and tp in assigned}
+        read_offset = self._read_offset
+        for tp in ready:
+            read_offset[tp] = wanted[tp] or None  # Faust's rule: the next record to read
+        self._parked.difference_update(ready)
+        self.resume_partitions(ready)
+        then(ready)
+        return ready
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
         seen = set()
@@ -292,6 +320,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         would mark its partitions again (the assignment is still the old one meanwhile), and a
         mark left for a revoked partition would be committed over its next owner's.
         """
+        self._rebalances += 1
         await super().on_partitions_revoked(revoked)
         for tp in revoked:
             self._finished.pop(tp, None)
@@ -301,6 +330,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         """A new assignment reads every partition anew: none stays parked (a batch fetched
         before the revocation may have parked one after it; its handler parks it again when
         the fold still cannot take it, before that batch is finished)."""
+        self._rebalances += 1
         self._paused_partitions.difference_update(self._parked)
         self._parked.clear()
         await super().on_partitions_assigned(assigned, generation_id)
@@ -386,6 +416,10 @@ class BatchApp(faust.App):
     def park(self, tps: set[TP]) -> None:
         """Stop reading these partitions, committing nothing more of them, until a rebalance."""
         cast(BatchConsumer, self.consumer).park(tps)
+
+    async def unpark(self, offsets: Mapping[TP, int], then: Callable[[set[TP]], None]) -> set[TP]:
+        """Read these parked partitions again from these offsets (`BatchConsumer.unpark`)."""
+        return await cast(BatchConsumer, self.consumer).unpark(offsets, then)
 
     def _new_transport(self) -> Any:
         return BatchTransport(self.conf.broker_consumer, self)

@@ -46,6 +46,9 @@ class WorkerSettings(StackSettings):
     # event loop has not run for this long, `/readyz` also when records waited this long with no
     # batch finished.
     stall_s: float = 30.0
+    # How often a worker reads again the state a parked partition waits on (a session whose
+    # stored state did not decode): once it reads (rebuilt), the partition is read again.
+    park_retry_s: float = 10.0
     # How long a stopping worker or scheduler may take after SIGTERM before it exits regardless
     # (what it had not committed is redelivered), and how long one waits at start-up for Kafka
     # and Redis (0: for ever, printing a status line every startup_status_every seconds).
@@ -62,6 +65,14 @@ class WorkerSettings(StackSettings):
     def cache_limit(self) -> int:
         """`cache_sessions`, at least 1 (ConfigurationError otherwise)."""
         return _at_least_one("CACHE_SESSIONS", self.cache_sessions)
+
+    def park_retry(self) -> float:
+        """`park_retry_s`, above 0 (ConfigurationError otherwise)."""
+        if not self.park_retry_s > 0:
+            raise ConfigurationError(
+                f"{ENV_PREFIX}PARK_RETRY_S={self.park_retry_s}: must be above 0"
+            )
+        return self.park_retry_s
 
     def rebuild_cache_limit(self) -> int:
         """`rebuild_cache_sessions`, at least 1 (ConfigurationError otherwise)."""

@@ -2,10 +2,11 @@
 
 The Faust agent (processors/app.py) only feeds it batches and acks them after it returns. It never
 returns before every record of the batch is either applied in Redis (with its mark), written to
-the dead-letter topic, or left unapplied in a parked partition (a record the fold raised on, and
-the partition's later ones: their offsets are kept out of the batch's), so an ack never commits
-past an event that was not applied. Redis failures
-are retried with backoff for as long as it takes; the consumer stalls instead of skipping.
+the dead-letter topic, or left unapplied in a parked partition (a record the fold raised on, or
+of a session whose stored state does not read, and the partition's later ones: their offsets are
+kept out of the batch's), so an ack never commits past an event that was not applied. Redis
+failures are retried with backoff for as long as it takes; the consumer stalls instead of
+skipping.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -86,7 +87,7 @@ class WorkerStats:
     conflicts: int = 0
     redis_round_trips: int = 0
     redis_retries: int = 0
-    corrupt_reads: int = 0  # of the retries: a stored state that does not decode
+    corrupt_reads: int = 0  # stored states that did not decode (parked at, or retried)
     publish_retries: int = 0  # decisions, question changes and dead letters sent again
     outcomes: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
@@ -126,7 +127,9 @@ def _redis_retry(e: Exception, stats: WorkerStats) -> str | None:
     stats.redis_retries += 1
     if isinstance(e, CorruptProjectionError):
         # Folding on would build on a state nobody can read, skipping it would commit past its
-        # events: the worker waits, and says what ends the wait.
+        # events: the worker waits, and says what ends the wait. (A worker that parks reads
+        # states apart, `_read_parking`: only their partitions wait; a history that does not
+        # read, for a redelivery's decisions, still holds every partition here.)
         stats.corrupt_reads += 1
         return (
             f"a stored state cannot be read ({e}): rebuild that session with "
@@ -188,6 +191,7 @@ class ProjectionWorker:
         self.stats.cached_sessions = 0
         if self.folder.parked:
             self.folder.parked.clear()
+        self.folder.unreadable.clear()
         self._announced.clear()
 
     def _announce_parked(self) -> None:
@@ -199,6 +203,21 @@ class ProjectionWorker:
             return
         for partition in sorted(p for p in parked if p not in self._announced):
             fault = parked[partition]
+            self._announced.add(partition)
+            if fault.unreadable:
+                log.error(
+                    "partition %d parked at offset %d: the stored state of session %r cannot be "
+                    "read (%s). This partition's records wait, unapplied and uncommitted, while "
+                    "the others go on. Rebuild the session with `milpa-sessions replay --session "
+                    "%s --force`: the partition is read again from that record once its state "
+                    "reads (tried every MILPA_PARK_RETRY_S)",
+                    partition,
+                    fault.position.offset,
+                    fault.session_id,
+                    fault.error,
+                    fault.session_id,
+                )
+                continue
             log.error(
                 "partition %d parked at offset %d (session %r): the fold raised %s. That is a "
                 "bug in the fold, not bad input (bad input is rejected or dead-lettered): this "
@@ -209,8 +228,50 @@ class ProjectionWorker:
                 fault.session_id,
                 fault.error,
             )
-            self._announced.add(partition)
         self.on_park(sorted(parked))
+
+    async def unparkable(self) -> dict[int, int]:
+        """The partitions parked at a session whose state could not be read and now can (an
+        operator rebuilt it), each with the offset to read it again from (the record parked at).
+
+        Its state is then known (cached), so the records it waited on are folded onto it, and
+        those the rebuild covered are skipped by its mark. A session still absent (its keys
+        dropped, not rebuilt) keeps its partition parked: folded onto nothing, it would lose its
+        past.
+        """
+        faults = {p: f for p, f in (self.folder.parked or {}).items() if f.unreadable}
+        if not faults:
+            return {}
+        known = await self.states(sorted({f.session_id for f in faults.values()}))
+        return {p: f.position.offset for p, f in faults.items() if f.session_id in known}
+
+    def unpark(self, partitions: Iterable[int]) -> None:
+        """Fold these partitions' records again (the consumer reads them again from where they
+        were parked), and tell the listeners of the sessions they had waited on: the
+        rebuilt state's deadlines and due compaction are theirs to time again."""
+        parked = self.folder.parked
+        if parked is None:
+            return
+        rebuilt: list[SessionUpdate] = []
+        for partition in partitions:
+            fault = parked.pop(partition, None)
+            if fault is None:
+                continue
+            self._announced.discard(partition)
+            self.folder.unreadable.pop(fault.session_id, None)
+            log.warning(
+                "partition %d is read again from offset %d: the state of session %r reads now",
+                partition,
+                fault.position.offset,
+                fault.session_id,
+            )
+            folded = self.cycle.cache.get(fault.session_id)
+            if folded is not None and folded.mark is not None:
+                sid, mark = fault.session_id, folded.mark
+                rebuilt.append(SessionUpdate(sid, mark, mark, folded.state, ()))
+        if rebuilt:
+            for listener in self.listeners:
+                listener(rebuilt)
 
     async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:
         """Apply one batch; returns the updates committed."""
@@ -291,7 +352,9 @@ class ProjectionWorker:
 
         def read(ids: tuple[str, ...]) -> Awaitable[dict[str, Folded]]:
             stats.state_reads += len(ids)
-            return self._retrying(functools.partial(store.folded, ids))
+            if self.folder.parked is None:  # a state that does not read stalls every partition
+                return self._retrying(functools.partial(store.folded, ids))
+            return self._read_parking(ids)
 
         return await drive(
             steps,
@@ -300,6 +363,31 @@ class ProjectionWorker:
             self._pause,
             lambda ids, latest: self._retrying(functools.partial(store.decisions, ids, latest)),
         )
+
+    async def _read_parking(self, ids: tuple[str, ...]) -> dict[str, Folded]:
+        """The states of these sessions; one that does not decode is left out and put in the
+        folder's `unreadable`, whose first record then parks its partition (the others go on)."""
+        bad: dict[str, str] = {}
+
+        async def read() -> dict[str, Folded]:
+            bad.clear()
+            return await self.store.folded(ids, unreadable=bad)
+
+        found = await self._retrying(read)
+        unreadable = self.folder.unreadable
+        for sid in ids:
+            why = bad.get(sid)
+            if why is None:
+                unreadable.pop(sid, None)  # read (or absent) now: rebuilt, or its keys dropped
+            elif sid not in unreadable:
+                self.stats.corrupt_reads += 1
+                log.error(
+                    "%s: its partition waits from the session's next record on (rebuild it with "
+                    "`milpa-sessions replay --session <id> --force`)",
+                    why,
+                )
+                unreadable[sid] = why
+        return found
 
     async def _decode(self, raws: Sequence[Consumed]) -> list[Record]:
         records: list[Record] = []

@@ -475,12 +475,18 @@ class AsyncRedisProjectionStore:
             await self.refresh_generations()
 
     async def folded(
-        self, session_ids: Sequence[str], *, event_ids: bool = True
+        self,
+        session_ids: Sequence[str],
+        *,
+        event_ids: bool = True,
+        unreadable: dict[str, str] | None = None,
     ) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip.
 
         `event_ids=False` leaves `Session.event_ids` empty, for readers that never fold (the
         scheduler): a session's ids are most of what a read carries once it has a long life.
+        With `unreadable`, a session whose projection does not decode is put there (id -> why)
+        instead of failing the read (`requests.read`).
 
         With `durability` on, the read waits for the replicas as a write does. A worker that finds
         events already applied moves its Kafka offsets past them: a commit whose own `WAIT` came
@@ -488,7 +494,7 @@ class AsyncRedisProjectionStore:
         or a failover could still lose it.
         """
         await self._fresh()
-        request = requests.read(self.keys, session_ids, event_ids=event_ids)
+        request = requests.read(self.keys, session_ids, event_ids=event_ids, unreadable=unreadable)
         return await execute_async(self.client, request, self.durability, settle=True)
 
     async def decisions(

@@ -54,7 +54,12 @@ from projections.redis_client import (
     SyncCluster,
 )
 from schemas import events as ev
-from schemas.errors import ConfigurationError, ProjectionError, ReplicationLagError
+from schemas.errors import (
+    ConfigurationError,
+    CorruptProjectionError,
+    ProjectionError,
+    ReplicationLagError,
+)
 from session_model.dedupe import CHUNK, RecentIds
 from session_model.fold import Kind
 from session_model.ports import CommitResult
@@ -332,22 +337,35 @@ def parse_read(raw: Any, session_id: str) -> Folded | None:
         return None
     state, mark, turns, groups, summary = raw
     check_version(state, session_id)
-    return Folded(
-        session_from_blob(
-            state,
-            session_id,
-            tuple(turn_from_json(t) for t in turns),
-            RecentIds.of(unpack_event_ids(g) for g in groups),
-            None if summary is None else summary_from_stored(summary, session_id),
-        ),
-        Position.parse(text(mark)),
-    )
+    try:
+        return Folded(
+            session_from_blob(
+                state,
+                session_id,
+                tuple(turn_from_json(t) for t in turns),
+                RecentIds.of(unpack_event_ids(g) for g in groups),
+                None if summary is None else summary_from_stored(summary, session_id),
+            ),
+            Position.parse(text(mark)),
+        )
+    except (ValueError, TypeError) as e:  # a turn or the mark as stored (the rest says so itself)
+        raise CorruptProjectionError(
+            f"{session_id}: the stored projection cannot be read: {e!r}"
+        ) from e
 
 
 def read(
-    keys: Keys, session_ids: Sequence[str], *, event_ids: bool = True
+    keys: Keys,
+    session_ids: Sequence[str],
+    *,
+    event_ids: bool = True,
+    unreadable: dict[str, str] | None = None,
 ) -> Request[dict[str, Folded]]:
-    """State, mark (and event ids) of the known sessions among `session_ids`."""
+    """State, mark (and event ids) of the known sessions among `session_ids`.
+
+    A session whose projection does not decode fails the read (`CorruptProjectionError`), or,
+    with `unreadable` given, is left out of the answer and put there (id -> why).
+    """
     flag = "1" if event_ids else "0"
     sha = scripts.READ.sha
     groups = read_groups(keys, session_ids)
@@ -356,8 +374,19 @@ def read(
 
     def parse(replies: list[Any]) -> dict[str, Folded]:
         raws = [raw for group in replies for raw in group]
-        found = {sid: parse_read(raw, sid) for sid, raw in zip(order, raws, strict=True)}
-        return {sid: f for sid, f in found.items() if f is not None}
+        if unreadable is None:
+            found = {sid: parse_read(raw, sid) for sid, raw in zip(order, raws, strict=True)}
+            return {sid: f for sid, f in found.items() if f is not None}
+        readable: dict[str, Folded] = {}
+        for sid, raw in zip(order, raws, strict=True):
+            try:
+                folded = parse_read(raw, sid)
+            except CorruptProjectionError as e:
+                unreadable[sid] = str(e)
+                continue
+            if folded is not None:
+                readable[sid] = folded
+        return readable
 
     return Request(commands, parse, "reading projections failed")
 

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from schemas import events as ev
+from schemas.errors import CorruptProjectionError
 from schemas.events import Event
 from schemas.frozen import fast_init
 from session_model.authority import Authority, Cutover
@@ -135,16 +136,23 @@ class SessionUpdate:
 
 
 FAULT_CHARS = 500  # of a fault's description (an exception's repr may quote an agent's text)
+UNREADABLE = CorruptProjectionError.__name__  # a `Fault.kind`: the session's state did not read
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """A record the fold raised on (a bug in the fold, not a refusal): where, and what it raised."""
+    """A record the fold could not take: where, and why (it raised, or the state it would have
+    been folded onto could not be read)."""
 
     position: Position
     session_id: str
-    kind: str  # the exception's type name
+    kind: str  # the exception's type name (`UNREADABLE`: the session's stored state)
     error: str  # the exception's repr, cut to FAULT_CHARS (it may quote an agent's text)
+
+    @property
+    def unreadable(self) -> bool:
+        """Whether the session's stored state could not be read (not a bug in the fold)."""
+        return self.kind == UNREADABLE
 
 
 @dataclass(slots=True)
@@ -155,7 +163,9 @@ class BatchFolder:
     later record of that partition are left unfolded (here and in later batches) until the
     partition is let go, and the fault is kept in `parked`; the other partitions go on. Without
     it (a rebuild's), the error is raised. The exception never reaches the worker's event loop,
-    and no worker after it ends on it in turn.
+    and no worker after it ends on it in turn. A session in `unreadable` (its stored state does
+    not decode: the worker's reads put it there) parks its partition at its first record alike:
+    folded onto nothing it would lose its past, and skipped it would be committed unapplied.
     """
 
     keys: TrustedKeys = field(default_factory=TrustedKeys.none)
@@ -163,6 +173,7 @@ class BatchFolder:
     cutover: Cutover = field(default_factory=Cutover)  # records before it are legacy
     parked: dict[int, Fault] | None = None  # partition -> the record it stopped at
     held: int = 0  # records left unfolded so far because their partition is parked
+    unreadable: dict[str, str] = field(default_factory=dict)  # session id -> why (with `parked`)
 
     def fold(
         self, known: Mapping[str, Folded], records: Iterable[Record]
@@ -172,6 +183,7 @@ class BatchFolder:
         legacy = Authority(self.keys, self.start_mode, legacy=True)
         is_legacy = self.cutover.is_legacy if self.cutover.before else None
         parked = self.parked
+        unreadable = self.unreadable
         # Per session touched: [state, mark, base mark, steps, first offset]; one lookup per
         # record, and no `Folded` per record (only the batch's last state of each session
         # becomes one).
@@ -183,6 +195,9 @@ class BatchFolder:
             if entry is None:
                 folded = known.get(sid)
                 if folded is None:
+                    if unreadable and sid in unreadable and parked is not None:
+                        self._park_unreadable(parked, record.position, sid, unreadable[sid])
+                        continue
                     entry = [Session(sid), None, None, [], None]
                 else:
                     entry = [folded.state, folded.mark, folded.mark, [], None]
@@ -217,6 +232,15 @@ class BatchFolder:
             for sid, (state, mark, base, steps, first) in current.items()
             if mark is not None and steps
         )
+
+    def _park_unreadable(
+        self, parked: dict[int, Fault], position: Position, sid: str, why: str
+    ) -> None:
+        """Hold a record of a session whose state cannot be read, parking its partition there
+        unless it is parked already (at an earlier record)."""
+        if position.partition not in parked:
+            parked[position.partition] = Fault(position, sid, UNREADABLE, why[:FAULT_CHARS])
+        self.held += 1
 
 
 def foreign_records(known: Mapping[str, Folded], records: Iterable[Record]) -> tuple[Record, ...]:

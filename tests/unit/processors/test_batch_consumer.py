@@ -274,6 +274,77 @@ def test_a_partition_parked_by_its_handler_is_neither_committed_nor_read_again(
     asyncio.run(main())
 
 
+def _seeks(h: Harness, during: Any = None) -> list[dict[TP, int]]:
+    """Stub the consumer thread's seek (aiokafka's): record each, run `during` while it waits."""
+    seeks: list[dict[TP, int]] = []
+
+    async def seek_wait(partitions: dict[TP, int]) -> None:
+        seeks.append(dict(partitions))
+        if during is not None:
+            await during()
+
+    h.consumer._thread.seek_wait = seek_wait  # type: ignore[method-assign]
+    return seeks
+
+
+def test_a_parked_partition_let_go_is_read_again_from_where_it_was_parked() -> None:
+    async def main() -> None:
+        h = Harness()
+        seeks = _seeks(h)
+        log: list[str] = []
+        release = asyncio.Event()  # the parking batch is still committing when `unpark` comes
+
+        async def parks_ev0(raws: Sequence[RawRecord]) -> Any:
+            phase = await TwoPhase(log, {0: release})(raws)
+            if any(r.partition == 0 and r.offset == 1 for r in raws):
+                h.app.park({EV0})  # the fold could not take EV0's record 1
+            return phase
+
+        h.app.batch_handlers["ev"] = parks_ev0
+        await h.consumer._deliver(
+            {EV0: [record(EV0, 0), record(EV0, 1), record(EV0, 2)]}, h.app.batch_handlers
+        )
+        told: list[set[TP]] = []
+        unparking = asyncio.ensure_future(h.app.unpark({EV0: 1, EV1: 4}, told.append))
+        await asyncio.sleep(0.01)
+        assert seeks == [] and told == []  # the parking batch first: it must not mark EV0
+        release.set()
+        assert await unparking == {EV0}  # EV1 was not parked: not sought
+        assert seeks == [{EV0: 1}] and told == [{EV0}]
+        assert h.consumer._new_offset(EV0) is None  # never past the record it was parked at
+        assert EV0 not in h.consumer._parked and EV0 not in h.consumer._paused_partitions
+        assert h.consumer._read_offset[EV0] == 1
+
+        h.app.batch_handlers["ev"] = TwoPhase(log)
+        await h.deliver({EV0: [record(EV0, 1), record(EV0, 2)]})
+        assert log[-2:] == ["fold 1", "commit 1"]
+        assert h.consumer._new_offset(EV0) == 3
+
+    asyncio.run(main())
+
+
+def test_no_partition_is_let_go_across_a_rebalance(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def revocation_handlers(consumer: BatchConsumer, revoked: set[TP]) -> None:
+        """Faust's part of a revocation, without a broker."""
+
+    monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_revoked", revocation_handlers)
+
+    async def main() -> None:
+        h = Harness()
+        h.app.park({EV0, EV1})
+
+        async def revoked_meanwhile() -> None:
+            await h.consumer.on_partitions_revoked({EV1})
+
+        seeks = _seeks(h, revoked_meanwhile)
+        told: list[set[TP]] = []
+        assert await h.app.unpark({EV0: 3}, told.append) == set()
+        assert seeks == [{EV0: 3}] and told == []
+        assert EV0 in h.consumer._parked  # left to the rebalance, which reads it anew
+
+    asyncio.run(main())
+
+
 def test_finished_records_are_counted_for_commit_every() -> None:
     async def main() -> None:
         h = Harness()

@@ -29,7 +29,9 @@ class _AsyncStore:
     def __init__(self, inner: InMemoryProjectionStore) -> None:
         self.inner = inner
 
-    async def folded(self, session_ids: Sequence[str]) -> dict[str, Folded]:
+    async def folded(
+        self, session_ids: Sequence[str], *, unreadable: dict[str, str] | None = None
+    ) -> dict[str, Folded]:
         return self.inner.folded(session_ids)
 
     async def commit(self, updates: Sequence[SessionUpdate]) -> Any:

@@ -1,0 +1,92 @@
+"""A session whose stored state does not decode parks its partition, not the worker.
+
+The state is damaged in Redis while no worker runs; a worker started then, new to the session,
+reads it at the session's next record. That partition waits there, uncommitted, and says so on
+`/readyz`, while the worker applies the other partitions. Once an operator rebuilds the session
+(`replay --session ID --force`), the same worker process reads the partition again from that record
+and applies everything, without a restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deploy.harness import free_port, wait_for
+from milpa_sessions.settings import Settings
+from producers.kafka_log import KafkaEventLog
+from projections.redis_store import RedisProjectionStore
+from session_model.partitioning import partition_for
+from tests.integration.conftest import committed_offsets, health, run_cli, with_keys
+from tests.integration.test_parked_partition import _in_partition, _seq
+from tests.unit.builders import started, turn
+
+pytestmark = pytest.mark.integration
+
+
+def _damage(projections: RedisProjectionStore, sid: str) -> None:
+    """Give the session's stored state a layout byte no reader knows."""
+    key = projections.keys.session(sid).state
+    fields = projections.client.hgetall(key)
+    (name,) = [f for f in (b"s", b"s1") if f in fields]
+    projections.client.hset(key, name, b"\x09" + fields[name][1:])
+
+
+def test_an_unreadable_state_parks_its_partition_until_the_session_is_rebuilt(
+    settings: Settings,
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    start_worker: Any,
+) -> None:
+    partitions = settings.partitions
+    victim = "s-damaged"
+    parked = partition_for(victim, partitions)
+    neighbour = _in_partition(parked, partitions, "s-neighbour")  # the same partition
+    others = [_in_partition(0, partitions, f"s-other{i}", avoid=parked) for i in range(4)]
+    port = free_port()
+    worker_settings = with_keys(settings, metrics_port=port, park_retry_s=0.5)
+
+    first = start_worker(worker_settings)
+    kafka_log.append(started("to be damaged", session_id=victim))
+    applied = kafka_log.append(turn("user", "before", session_id=victim))
+    wait_for(lambda: committed_offsets(settings).get(parked, 0) > applied.offset, timeout=60)
+    first.stop()
+    _damage(projections, victim)
+
+    worker = start_worker(worker_settings)
+    waits_at = kafka_log.append(turn("user", "after", session_id=victim))
+    kafka_log.append(started("after it, in its partition", session_id=neighbour))
+    for sid in others:
+        kafka_log.append(started("elsewhere", session_id=sid))
+        kafka_log.append(turn("user", "on", session_id=sid))
+    try:
+        wait_for(lambda: all(_seq(projections, sid) == 2 for sid in others), timeout=60)
+        wait_for(lambda: health(port, "/readyz")[0] == 503, timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"{health(port, '/readyz')}\n{worker.log()[-4000:]}") from None
+    status, body = health(port, "/readyz")
+    assert status == 503 and body["live"] is True, body
+    assert body["problems"] == [
+        f"partition {parked} parked at offset {waits_at.offset}: a session's stored state cannot "
+        "be read (rebuild it: see the worker's log)"
+    ], body
+    assert _seq(projections, neighbour) is None  # after it in its partition: waiting
+    elsewhere = {partition_for(sid, partitions) for sid in others}
+    wait_for(lambda: all(committed_offsets(settings).get(p, 0) > 0 for p in elsewhere), timeout=30)
+    assert committed_offsets(settings).get(parked, 0) <= waits_at.offset  # never past it
+    assert f"replay --session {victim} --force" in worker.log()
+
+    rebuilt = run_cli(settings, "replay", "--session", victim, "--force")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    try:
+        wait_for(lambda: _seq(projections, neighbour) == 1, timeout=60)
+        wait_for(lambda: health(port, "/readyz")[0] == 200, timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"{health(port, '/readyz')}\n{worker.log()[-4000:]}") from None
+    assert worker.alive()  # the same process: no restart
+    assert _seq(projections, victim) == 3
+    assert f"partition {parked} is read again from offset {waits_at.offset}" in worker.log()
+    last = kafka_log.append(turn("user", "later", session_id=neighbour))
+    wait_for(lambda: committed_offsets(settings).get(parked, 0) > last.offset, timeout=30)
+    assert _seq(projections, neighbour) == 2

@@ -1,0 +1,228 @@
+"""A stored state that does not decode parks its session's partition, not the whole worker.
+
+Before, the worker retried the read of every batch holding such a session: every partition it
+owned waited until an operator rebuilt the one session. Now only that partition waits, from the
+session's first record on, uncommitted; once the state reads again (rebuilt), the worker reads the
+partition again from that record, without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import pytest
+
+from processors.worker import ProjectionWorker
+from projections import requests
+from projections.codec import session_to_blob
+from projections.keys import Keys
+from projections.memory import InMemoryProjectionStore
+from schemas.errors import CorruptProjectionError
+from schemas.events import Event
+from session_model.projection import UNREADABLE, BatchFolder, Folded, Position, Record
+from session_model.session import Session
+from tests.unit.builders import started, turn
+from tests.unit.processors.test_worker_expired import _AsyncStore, _Sink
+from tests.unit.processors.test_worker_parked import _raw, _seq
+
+
+class _Corrupting(_AsyncStore):
+    """Answers as the Redis store does for sessions whose stored state does not decode
+    (`corrupt`) and for sessions whose keys were dropped (`dropped`)."""
+
+    def __init__(self, inner: InMemoryProjectionStore) -> None:
+        super().__init__(inner)
+        self.corrupt: set[str] = set()
+        self.dropped: set[str] = set()
+
+    async def folded(
+        self, session_ids: Sequence[str], *, unreadable: dict[str, str] | None = None
+    ) -> dict[str, Folded]:
+        bad = [sid for sid in session_ids if sid in self.corrupt]
+        if bad and unreadable is None:
+            raise CorruptProjectionError(f"{bad[0]}: the stored state cannot be read: bad zlib")
+        for sid in bad:
+            assert unreadable is not None
+            unreadable[sid] = f"{sid}: the stored state cannot be read: bad zlib"
+        gone = self.dropped | self.corrupt
+        found = await super().folded(session_ids)
+        return {sid: f for sid, f in found.items() if sid not in gone}
+
+
+def _worker(store: _Corrupting) -> tuple[ProjectionWorker, list[list[int]], list[list[str]]]:
+    worker = ProjectionWorker(
+        store,  # type: ignore[arg-type]
+        BatchFolder(parked={}),
+        _Sink(),
+        _Sink(),
+        questions=_Sink(),
+    )
+    told: list[list[int]] = []
+    heard: list[list[str]] = []
+    worker.on_park = lambda partitions: told.append(list(partitions))
+    worker.listeners.append(lambda updates: heard.append([u.session_id for u in updates]))
+    return worker, told, heard
+
+
+def _applied_before(inner: InMemoryProjectionStore) -> None:
+    """Sessions a (partition 0) and b (partition 1), applied by an earlier worker."""
+    earlier, _, _ = _worker(_Corrupting(inner))
+    asyncio.run(
+        earlier.process(
+            [
+                _raw(started(session_id="a"), 0, 0),
+                _raw(turn("user", "hi", session_id="a"), 0, 1),
+                _raw(started(session_id="b"), 1, 0),
+            ]
+        )
+    )
+    assert (_seq(inner, "a"), _seq(inner, "b")) == (2, 1)
+
+
+def test_the_partition_waits_at_the_session_s_first_record_and_the_others_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner = InMemoryProjectionStore()
+    _applied_before(inner)
+    store = _Corrupting(inner)
+    store.corrupt.add("a")
+    worker, told, _ = _worker(store)  # a worker new to these sessions: it reads their states
+    batch = [
+        _raw(started(session_id="c"), 0, 2),  # before it in its partition: applied
+        _raw(turn("user", "lost?", session_id="a"), 0, 3),
+        _raw(started(session_id="d"), 0, 4),  # after it in its partition: waits
+        _raw(turn("user", "on", session_id="b"), 1, 1),
+    ]
+    with caplog.at_level(logging.ERROR, logger="processors.worker"):
+        prepared = asyncio.run(worker.prepare(batch))
+        assert prepared.ends == {1: 1}  # nothing of partition 0 is to be committed
+        asyncio.run(worker.finish(prepared))
+
+    assert (_seq(inner, "a"), _seq(inner, "b"), _seq(inner, "c"), _seq(inner, "d")) == (
+        2,
+        2,
+        1,
+        None,
+    )
+    (fault,) = worker.stats.parked.values()
+    assert fault.position == Position(0, 3) and fault.session_id == "a"
+    assert fault.kind == UNREADABLE and fault.unreadable and "bad zlib" in fault.error
+    assert told and all(t == [0] for t in told)
+    assert worker.stats.corrupt_reads == 1 and worker.stats.redelivered == 0
+    assert "replay --session a --force" in caplog.text
+    assert caplog.text.count("partition 0 parked at offset 3") == 1
+
+    # A later batch: the parked partition's records wait (fetched before the consumer paused
+    # it), and the others go on; the same state failing again is not counted or logged again.
+    asyncio.run(
+        worker.process(
+            [
+                _raw(turn("user", "more", session_id="a"), 0, 5),
+                _raw(turn("user", "more", session_id="b"), 1, 2),
+            ]
+        )
+    )
+    assert (_seq(inner, "a"), _seq(inner, "b")) == (2, 3)
+    assert worker.stats.corrupt_reads == 1
+
+
+def test_once_the_state_reads_again_the_partition_is_read_again_from_where_it_waited() -> None:
+    inner = InMemoryProjectionStore()
+    _applied_before(inner)
+    store = _Corrupting(inner)
+    store.corrupt.add("a")
+    worker, _, heard = _worker(store)
+    waiting = [
+        _raw(turn("user", "one", session_id="a"), 0, 2),
+        _raw(started(session_id="c"), 0, 3),
+    ]
+    asyncio.run(worker.process(waiting))
+    assert set(worker.stats.parked) == {0}
+
+    assert asyncio.run(worker.unparkable()) == {}  # still unreadable
+    store.corrupt.discard("a")
+    store.dropped.add("a")
+    assert asyncio.run(worker.unparkable()) == {}  # absent: folded onto nothing it loses its past
+    assert set(worker.stats.parked) == {0}
+
+    store.dropped.discard("a")  # rebuilt (`replay --session a --force`)
+    assert asyncio.run(worker.unparkable()) == {0: 2}
+    heard.clear()
+    worker.unpark([0])
+    assert worker.stats.parked == {} and worker.folder.unreadable == {}
+    assert heard == [["a"]]  # the listeners time the rebuilt state's deadlines again
+
+    asyncio.run(worker.process(waiting))  # read again from offset 2
+    assert (_seq(inner, "a"), _seq(inner, "c")) == (3, 1)
+
+
+def test_a_session_that_reads_again_before_its_record_comes_parks_nothing() -> None:
+    inner = InMemoryProjectionStore()
+    _applied_before(inner)
+    store = _Corrupting(inner)
+    store.corrupt.add("a")
+    worker, _, _ = _worker(store)
+    assert asyncio.run(worker.states(["a", "b"])).keys() == {"b"}  # the scheduler's read
+    assert set(worker.folder.unreadable) == {"a"}
+    store.corrupt.discard("a")
+    asyncio.run(worker.states(["a"]))
+    assert worker.folder.unreadable == {}
+    asyncio.run(worker.process([_raw(turn("user", "on", session_id="a"), 0, 2)]))
+    assert worker.stats.parked == {} and _seq(inner, "a") == 3
+
+
+def test_a_rebalance_forgets_what_did_not_read() -> None:
+    inner = InMemoryProjectionStore()
+    _applied_before(inner)
+    store = _Corrupting(inner)
+    store.corrupt.add("a")
+    worker, _, _ = _worker(store)
+    asyncio.run(worker.process([_raw(turn("user", "one", session_id="a"), 0, 2)]))
+    assert worker.stats.parked and worker.folder.unreadable
+    worker.forget()
+    assert worker.stats.parked == {} and worker.folder.unreadable == {}
+
+
+def test_the_fold_parks_at_the_first_record_of_an_unreadable_session() -> None:
+    folder = BatchFolder(parked={}, unreadable={"a": "a: bad"})
+    a = started(session_id="a")
+    records = [
+        _record(started(session_id="c"), 0, 0),
+        _record(a, 0, 1),
+        _record(started(session_id="d"), 0, 2),
+        _record(started(session_id="e"), 1, 0),
+    ]
+    updates = folder.fold({}, records)
+    assert sorted(u.session_id for u in updates) == ["c", "e"]
+    assert folder.parked is not None and folder.parked[0].position == Position(0, 1)
+    assert folder.held == 2
+    # A rebuild's folder (no `parked`) never reads `unreadable`: its store raises instead.
+    rebuild = BatchFolder(unreadable={"a": "a: bad"})
+    assert [u.session_id for u in rebuild.fold({}, [_record(a, 0, 1)])] == ["a"]
+
+
+def _record(event: Event, partition: int, offset: int) -> Record:
+    return Record(event, Position(partition, offset))
+
+
+def test_the_redis_read_puts_a_session_that_does_not_decode_apart() -> None:
+    keys = Keys("t", partitions=2)
+    ids = ["good", "bad-blob", "bad-mark"]
+    layout = [sid for sids, _ in requests.read_groups(keys, ids) for sid in sids]
+    raws = {
+        "good": [session_to_blob(Session("good")), b"0:4", [], [], None],
+        "bad-blob": [b"\x00not a state", b"0:1", [], [], None],
+        "bad-mark": [session_to_blob(Session("bad-mark")), b"not a mark", [], [], None],
+    }
+    groups = [[raws[sid] for sid in sids] for sids, _ in requests.read_groups(keys, ids)]
+    assert [sid for g in requests.read_groups(keys, ids) for sid in g[0]] == layout
+
+    with pytest.raises(CorruptProjectionError):
+        requests.read(keys, ids).parse(groups)
+    unreadable: dict[str, str] = {}
+    found = requests.read(keys, ids, unreadable=unreadable).parse(groups)
+    assert found.keys() == {"good"} and found["good"].mark == Position(0, 4)
+    assert unreadable.keys() == {"bad-blob", "bad-mark"}
+    assert unreadable["bad-mark"].startswith("bad-mark: the stored projection cannot be read")
