@@ -104,12 +104,13 @@ def worker(ctx: Ctx, loglevel: str) -> None:
     from processors.faust_process import Worker  # noqa: PLC0415
 
     keys = wiring.trusted_keys(ctx.settings)
-    wiring.wait_for_stack(ctx.settings)
+    endpoint, starting = wiring.serve_while_starting(ctx.settings)
+    wiring.wait_for_stack(ctx.settings, starting)
     wiring.check_rebuild_finished(
         ctx.settings, why="workers folding now would build on a half-built projection"
     )
     wiring.checked_cutover(ctx.settings)  # the app folds with settings.cutover(): this one
-    projector = create_app(ctx.settings, keys)
+    projector = create_app(ctx.settings, keys, endpoint=endpoint)
     # Everything allocated so far lives as long as the process: freeze it out of the collector,
     # and collect the young generation only after a million net allocations. Reference counting
     # frees a batch's objects; what a collection finds is the batches in flight (two of up to
@@ -141,13 +142,14 @@ def scheduler(ctx: Ctx, loglevel: str, poll_interval: float) -> None:
     from processors.faust_process import Worker  # noqa: PLC0415 - Faust's import-time cost
     from processors.scheduler_app import create_scheduler_app  # noqa: PLC0415
 
-    wiring.wait_for_stack(ctx.settings)
+    endpoint, starting = wiring.serve_while_starting(ctx.settings)
+    wiring.wait_for_stack(ctx.settings, starting)
     wiring.check_rebuild_finished(
         ctx.settings,
         why="a scheduler now would read due-work indexes the rebuild has not refilled, "
         "and miss the deadlines and compactions not in them",
     )
-    app = create_scheduler_app(ctx.settings, poll_interval=poll_interval)
+    app = create_scheduler_app(ctx.settings, poll_interval=poll_interval, endpoint=endpoint)
     gc.collect()  # as in the worker: the start-up heap never needs scanning again
     gc.freeze()
     Worker(

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from processors.health import Starting
 from processors.running import wait_for
 from processors.settings import WorkerSettings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
@@ -28,6 +29,7 @@ from session_model.signing import Signer, TrustedKeys
 
 if TYPE_CHECKING:
     from console.app import ConsoleDeps
+    from processors.metrics import Endpoint
 
 
 def trusted_keys(settings: StackSettings) -> TrustedKeys:
@@ -222,27 +224,48 @@ def checked_cutover(settings: StackSettings) -> Cutover:
     return cutover
 
 
-def wait_for_stack(settings: WorkerSettings) -> None:
+def wait_for_stack(settings: WorkerSettings, starting: Starting | None = None) -> None:
     """Block until Kafka (the project's topics exist) and Redis answer, with backoff.
 
     For long-running processes started before their services: a status line every
     `startup_status_every` seconds; `startup_timeout` > 0 gives up with the last error.
+    `starting` (the start-up's health verdicts) is told what is waited for, and when it ends.
     """
     from producers.topics import ensure_topics  # noqa: PLC0415 - only the long-running need it
 
+    kafka = f"Kafka at {settings.kafka_bootstrap}"
+    redis_ = f"Redis at {redacted(settings.redis_url)}"
+    if starting is not None:
+        starting.waiting_for(kafka)
     with _quiet("kafka"):
         wait_for(
-            f"Kafka at {settings.kafka_bootstrap}",
+            kafka,
             lambda: ensure_topics(settings, timeout_ms=int(settings.kafka_timeout * 1000)),
             timeout=settings.startup_timeout,
             status_every=settings.startup_status_every,
         )
+    if starting is not None:
+        starting.waiting_for(redis_)
     wait_for(
-        f"Redis at {redacted(settings.redis_url)}",
+        redis_,
         lambda: ping_redis(settings),
         timeout=settings.startup_timeout,
         status_every=settings.startup_status_every,
     )
+    if starting is not None:
+        starting.waited()
+
+
+def serve_while_starting(settings: WorkerSettings) -> tuple[Endpoint | None, Starting | None]:
+    """The health endpoints on the metrics port from now on (`/livez` alive while the process
+    waits for Kafka and Redis, `/readyz` not ready), for the app to take over; none without a
+    metrics port."""
+    from processors.metrics import serve_starting  # noqa: PLC0415 - only the long-running need it
+
+    if settings.metrics_port <= 0:
+        return None, None
+    starting = Starting(settings.stall_s)
+    return serve_starting(settings.metrics_port, settings.metrics_host, starting), starting
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from processors import running
 from processors.batch_consumer import BatchApp, leave_group_supported
 from processors.health import Heartbeat, Probe
 from processors.locks import acquire_within
-from processors.metrics import Metrics
+from processors.metrics import Endpoint, Metrics
 from processors.ports import Consumed
 from processors.scheduler import RetentionSweep, Scheduler, SchedulerStats, sweep_interval
 from processors.settings import WorkerSettings
@@ -107,8 +107,11 @@ class ProjectorApp:
     timer: TimerLink | None = None  # the closings' timer process (None: closed in the loop)
 
 
-def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
-    """Build the Faust app for these settings (nothing connects until it runs)."""
+def create_app(
+    settings: WorkerSettings, keys: TrustedKeys, *, endpoint: Endpoint | None = None
+) -> ProjectorApp:
+    """Build the Faust app for these settings (nothing connects until it runs); its metrics and
+    health take over `endpoint` (the start-up's, `serve_starting`) when given one."""
     cache_limit = settings.cache_limit()  # checked now, not in the loop
     park_retry_s = settings.park_retry()
     if not leave_group_supported():
@@ -369,7 +372,7 @@ def create_app(settings: WorkerSettings, keys: TrustedKeys) -> ProjectorApp:
         holder["assigned"] = True
 
     if settings.metrics_port > 0:
-        _serve_worker_metrics(app, settings, holder, events.get_topic_name())
+        _serve_worker_metrics(app, settings, holder, events.get_topic_name(), endpoint)
 
     return ProjectorApp(app, worker, scheduler, timer)
 
@@ -390,7 +393,11 @@ def timer_link(settings: WorkerSettings) -> TimerLink | None:
 
 
 def _serve_worker_metrics(
-    app: Any, settings: WorkerSettings, holder: dict[str, Any], topic: str
+    app: Any,
+    settings: WorkerSettings,
+    holder: dict[str, Any],
+    topic: str,
+    endpoint: Endpoint | None = None,
 ) -> None:
     """Expose the worker's stats and health on the metrics address while the app runs."""
 
@@ -469,6 +476,7 @@ def _serve_worker_metrics(
         host=settings.metrics_host,
         snapshots=snapshot_stats,
         probe=probe,
+        endpoint=endpoint,
     )
 
 
@@ -482,15 +490,17 @@ def serve_metrics(
     host: str = "127.0.0.1",
     snapshots: Callable[[], SnapshotStats | None] = lambda: None,
     probe: Probe,
+    endpoint: Endpoint | None = None,
 ) -> None:
     """Expose these stats on `host:port/metrics`, and the probe's verdicts on `/livez` and
-    `/readyz`, while the app runs (loopback by default); the app's loop stamps its heartbeat."""
+    `/readyz`, while the app runs (loopback by default); the app's loop stamps its heartbeat.
+    With `endpoint` (the start-up's, listening there already), it is taken over."""
     metrics = Metrics(worker_stats, scheduler_stats, highwaters, snapshots, probe)
 
     @app.task  # type: ignore[untyped-decorator]
     async def metrics_server() -> None:
         probe.heartbeat.beat()  # the start-up before this was no silence of the loop
-        metrics.serve(port, host)
+        metrics.serve(port, host, endpoint=endpoint)
         try:
             await probe.heartbeat.run()  # until the app stops and cancels this task
         finally:

@@ -13,6 +13,10 @@ killing the process.
 
 A lag is seen by a probe: a stall is reported by the first probe `stall_s` after one that saw the
 records waiting (the probes of an orchestrator come every few seconds).
+
+Before all that, while the process waits for Kafka and Redis and then starts its app, the same
+port answers `Starting`'s verdicts: alive (the wait has its own `MILPA_STARTUP_TIMEOUT`), never
+ready, and no longer alive once the app has not started `stall_s` after the wait ended.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from schemas.errors import ConfigurationError
 
@@ -79,6 +83,42 @@ def judge(
         problems.append(f"{lag} records have waited {waiting_s:.1f}s with no batch finished")
     problems.extend(troubles)
     return Health(live, not problems, tuple(problems), loop_s, lag, waiting_s)
+
+
+class Checks(Protocol):
+    """What the health endpoints ask: a verdict now."""
+
+    def check(self) -> Health:
+        """The verdict now (never raises)."""
+        ...
+
+
+class Starting:
+    """The verdicts while the process starts, before its app serves its own (`Probe`)."""
+
+    def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stall_s = stall_s
+        self.clock = clock
+        self.doing = "starting"
+        self._waited_at: float | None = None  # when the wait for Kafka and Redis ended
+
+    def waiting_for(self, what: str) -> None:
+        """Say what the process waits for now (e.g. "Redis at redis://…")."""
+        self.doing = f"waiting for {what}"
+
+    def waited(self) -> None:
+        """Kafka and Redis answered: the app starts now, within `stall_s`."""
+        self.doing = "starting the app"
+        self._waited_at = self.clock()
+
+    def check(self) -> Health:
+        """Alive while it waits, and for `stall_s` after; never ready."""
+        problems = [f"starting: {self.doing}"]
+        since = None if self._waited_at is None else self.clock() - self._waited_at
+        live = since is None or since <= self.stall_s
+        if not live:
+            problems.append(f"the app has not started {since:.1f}s after Kafka and Redis answered")
+        return Health(live, False, tuple(problems), 0.0, 0, None)
 
 
 class Heartbeat:

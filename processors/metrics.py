@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from processors.health import Probe
+from processors.health import Checks, Starting
 from processors.histogram import Histogram
 from processors.scheduler import SchedulerStats
 from processors.snapshots import SnapshotStats
@@ -292,7 +292,7 @@ def _json(start_response: StartResponse, status: str, body: Mapping[str, Any]) -
     return [data]
 
 
-def endpoints(metrics: WSGIApplication, probe: Probe | None) -> WSGIApplication:
+def endpoints(metrics: WSGIApplication, probe: Checks | None) -> WSGIApplication:
     """`/metrics` (Prometheus text), `/livez` and `/readyz` (JSON; 503 when not so), else 404."""
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -309,6 +309,52 @@ def endpoints(metrics: WSGIApplication, probe: Probe | None) -> WSGIApplication:
     return app
 
 
+class Endpoint:
+    """An HTTP server on a daemon thread, whose WSGI app can be replaced while it listens."""
+
+    def __init__(self, app: WSGIApplication, port: int, addr: str = "127.0.0.1") -> None:
+        try:
+            family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+            kind = _Server6 if family == socket.AF_INET6 else _Server
+            server: WSGIServer = make_server(addr, port, app, kind, handler_class=_Quiet)
+        except OSError as e:
+            raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {e}") from e
+        self.addr = addr
+        self.port: int = server.server_port
+        self._server: WSGIServer | None = server
+        self._thread: threading.Thread | None = threading.Thread(
+            target=server.serve_forever, name="metrics", daemon=True
+        )
+        self._thread.start()
+
+    def use(self, app: WSGIApplication) -> None:
+        """Answer the next requests with `app`."""
+        if self._server is not None:
+            self._server.set_app(app)
+
+    def stop(self) -> None:
+        """Stop listening (blocks up to the server's poll interval)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def _starting_metrics(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+    return _json(start_response, "503 Service Unavailable", {"error": "starting"})
+
+
+def serve_starting(port: int, addr: str, starting: Starting) -> Endpoint:
+    """Answer `/livez` and `/readyz` with `starting`'s verdicts (and `/metrics` with 503) on
+    `addr:port` until the app's metrics take the endpoint over (`Metrics.serve`)."""
+    endpoint = Endpoint(endpoints(_starting_metrics, starting), port, addr)
+    log.info("health while starting on http://%s:%d/livez and /readyz", addr, endpoint.port)
+    return endpoint
+
+
 class Metrics:
     """A dedicated registry holding the stats collector, and its HTTP endpoint (with the health
     probe's, when given one)."""
@@ -319,38 +365,33 @@ class Metrics:
         scheduler: Callable[[], SchedulerStats | None],
         highwaters: Callable[[], Mapping[int, int]] = dict,
         snapshots: Callable[[], SnapshotStats | None] = lambda: None,
-        probe: Probe | None = None,
+        probe: Checks | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = StatsCollector(worker, scheduler, highwaters, snapshots)
         self.registry.register(self.collector)
         self.probe = probe
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._endpoint: Endpoint | None = None
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve `/metrics` (and `/livez`, `/readyz`) on `addr:port` in a daemon thread; returns
-        the bound port."""
+    def serve(self, port: int, addr: str = "127.0.0.1", *, endpoint: Endpoint | None = None) -> int:
+        """Serve `/metrics` (and `/livez`, `/readyz`) on `addr:port` in a daemon thread, or on
+        `endpoint`, already listening there (the start-up's: no request is refused between the
+        two); returns the bound port."""
         app = endpoints(make_wsgi_app(self.registry), self.probe)
-        try:
-            family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
-            kind = _Server6 if family == socket.AF_INET6 else _Server
-            server: WSGIServer = make_server(addr, port, app, kind, handler_class=_Quiet)
-        except OSError as e:
-            raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {e}") from e
-        thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
-        thread.start()
-        self._server, self._thread = server, thread
-        bound: int = server.server_port
-        log.info("metrics on http://%s:%d/metrics (health: /livez, /readyz)", addr, bound)
-        return bound
+        if endpoint is None:
+            endpoint = Endpoint(app, port, addr)
+        else:
+            endpoint.use(app)
+        self._endpoint = endpoint
+        log.info(
+            "metrics on http://%s:%d/metrics (health: /livez, /readyz)",
+            endpoint.addr,
+            endpoint.port,
+        )
+        return endpoint.port
 
     def stop(self) -> None:
         """Stop the HTTP endpoint (blocks up to the server's poll interval)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self._endpoint is not None:
+            self._endpoint.stop()
+            self._endpoint = None

@@ -28,6 +28,7 @@ from faust.app.base import BootStrategy
 
 from processors.app import faust_options, serve_metrics
 from processors.health import Heartbeat, Probe
+from processors.metrics import Endpoint
 from processors.scheduler import Scheduler
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
@@ -48,9 +49,14 @@ class SchedulerApp:
 
 
 def create_scheduler_app(
-    settings: WorkerSettings, *, poll_interval: float = 0.1, horizon: float = 1.0
+    settings: WorkerSettings,
+    *,
+    poll_interval: float = 0.1,
+    horizon: float = 1.0,
+    endpoint: Endpoint | None = None,
 ) -> SchedulerApp:
-    """Build the standalone scheduler for every partition of the events topic."""
+    """Build the standalone scheduler for every partition of the events topic (its metrics and
+    health take over `endpoint`, the start-up's, when given one)."""
     app = faust.App(f"{settings.consumer_group}-scheduler", **faust_options(settings))
     # Producer only: it consumes nothing, so it joins no consumer group.
     app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)
@@ -109,5 +115,6 @@ def create_scheduler_app(
             host=settings.metrics_host,
             # No records of its own: alive and ready while its loop turns.
             probe=Probe(Heartbeat(), dict, lambda: None, lambda: True, settings.stall_s),
+            endpoint=endpoint,
         )
     return SchedulerApp(app, scheduler)

@@ -40,7 +40,7 @@ def redis(monkeypatch: pytest.MonkeyPatch) -> DictRedis:
     def create_app(*args: Any, **kwargs: Any) -> None:
         raise _StartedError
 
-    monkeypatch.setattr(wiring, "wait_for_stack", lambda settings: None)
+    monkeypatch.setattr(wiring, "wait_for_stack", lambda settings, starting: None)
     monkeypatch.setattr(wiring, "projection_store", store)
     monkeypatch.setattr(processors.app, "create_app", create_app)
     monkeypatch.setattr(processors.scheduler_app, "create_scheduler_app", create_app)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from processors.health import Heartbeat, Probe, judge
-from processors.metrics import Metrics
+from processors.health import Heartbeat, Probe, Starting, judge
+from processors.metrics import Metrics, serve_starting
 from processors.worker import WorkerStats
 from schemas.errors import ConfigurationError
 
@@ -179,3 +179,48 @@ def test_a_progress_that_cannot_be_read_makes_it_unready_and_leaves_it_live() ->
 def test_a_stall_time_shorter_than_two_heartbeats_is_refused(stall_s: float) -> None:
     with pytest.raises(ConfigurationError, match="MILPA_STALL_S"):
         Probe(Heartbeat(), dict, lambda: None, lambda: True, stall_s)
+
+
+def test_while_starting_it_is_alive_and_never_ready_until_the_app_is_late() -> None:
+    clock = Clock()
+    starting = Starting(stall_s=30.0, clock=clock)
+    starting.waiting_for("Kafka at 127.0.0.1:9092")
+    clock.now += 3600  # a wait as long as it takes (MILPA_STARTUP_TIMEOUT bounds it)
+    health = starting.check()
+    assert health.live and not health.ready
+    assert health.problems == ("starting: waiting for Kafka at 127.0.0.1:9092",)
+    starting.waited()
+    clock.now += 30
+    assert starting.check().live
+    assert starting.check().problems == ("starting: starting the app",)
+    clock.now += 1
+    health = starting.check()
+    assert not health.live and not health.ready
+    assert health.problems[1] == "the app has not started 31.0s after Kafka and Redis answered"
+
+
+def test_the_app_takes_over_the_start_up_s_endpoint_without_a_gap() -> None:
+    starting = Starting(stall_s=30.0, clock=Clock())
+    starting.waiting_for("Redis at redis://127.0.0.1:1/0")
+    endpoint = serve_starting(0, "127.0.0.1", starting)
+    try:
+        port = endpoint.port
+        status, body = _get(port, "/readyz")
+        assert status == 503
+        assert json.loads(body)["problems"] == [
+            "starting: waiting for Redis at redis://127.0.0.1:1/0"
+        ]
+        assert _get(port, "/livez")[0] == 200
+        assert _get(port, "/metrics") == (503, b'{"error": "starting"}')  # scraped: not up yet
+
+        probe = Probe(Heartbeat(Clock()), dict, lambda: None, lambda: True, 30.0)
+        metrics = Metrics(WorkerStats, lambda: None, dict, probe=probe)
+        assert metrics.serve(port, endpoint=endpoint) == port  # the same socket, never closed
+        assert _get(port, "/readyz")[0] == 200
+        status, body = _get(port, "/metrics")
+        assert status == 200 and b"milpa_batches_total" in body
+        metrics.stop()
+        with pytest.raises(urllib.error.URLError):
+            _get(port, "/livez")
+    finally:
+        endpoint.stop()
