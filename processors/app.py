@@ -18,6 +18,7 @@ loop drops the due ones of the partitions the worker owns (whether or not it run
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ from projections.redis_store import AsyncRedisProjectionStore
 from projections.requests import Retention
 from session_model.authority import trust_fingerprint
 from session_model.compaction import Compactor
-from session_model.projection import BatchFolder
+from session_model.projection import BatchFolder, Fault
 from session_model.signing import TrustedKeys
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def create_app(
             s = Scheduler(w.states, store.due_work, closings, compactor, closes=timer is None)
             w.listeners.append(s.observe)
             if timer is not None:
-                feed = TimerFeed(timer, w.states, store.due_work)
+                feed = TimerFeed(timer, w.readable_states, store.due_work)
                 w.listeners.append(feed.observe)
                 timer.restarted.append(feed.replay)
                 holder["feed"] = feed
@@ -256,15 +257,19 @@ def create_app(
         # operator rebuilt it), without a restart. (One the fold raised on waits for a fixed
         # worker: the same fold would raise again.)
         topic = events.get_topic_name()
+
+        def accept(faults: Mapping[int, Fault], tps: set[TP]) -> set[TP]:
+            done = worker().unpark({tp.partition: faults[tp.partition] for tp in tps})
+            return {tp for tp in tps if tp.partition in done}
+
         while True:
             await asyncio.sleep(park_retry_s)
             try:
+                since = app.rebalances()
                 ready = await worker().unparkable()
                 if ready:
-                    offsets = {TP(topic, p): offset for p, offset in ready.items()}
-                    await app.unpark(
-                        offsets, lambda tps: worker().unpark(tp.partition for tp in tps)
-                    )
+                    offsets = {TP(topic, p): f.position.offset for p, f in ready.items()}
+                    await app.unpark(offsets, functools.partial(accept, ready), since=since)
             except Exception as e:  # the batch in flight failed: the fetch loop ends on it too
                 log.warning("could not read parked partitions again: %r", e)
 

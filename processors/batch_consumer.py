@@ -265,31 +265,51 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._parked.update(tps)
         self.pause_partitions(tps)
 
-    async def unpark(self, offsets: Mapping[TP, int], then: Callable[[set[TP]], None]) -> set[TP]:
-        """Read these parked partitions again, each from its offset (the record it was parked
-        at); `then` is told which, at the instant they are (nothing runs between), and they are
-        returned. None is let go across a rebalance, which reads every partition anew anyway.
+    def rebalances(self) -> int:
+        """Revocations and assignments so far: what `unpark` is given to span none."""
+        return self._rebalances
 
-        The batch that parked one is finished first (it would otherwise mark the partition past
-        the record at its end); batches fetched later held none of its records.
+    async def unpark(
+        self,
+        offsets: Mapping[TP, int],
+        accept: Callable[[set[TP]], set[TP]],
+        *,
+        since: int,
+    ) -> set[TP]:
+        """Read these parked partitions again, each from its offset (the record it was parked
+        at) or from before it, where every record before is applied (`settled`); `accept` is
+        asked which of them may go, at the instant they do (nothing runs between), and those
+        are returned. None goes when a rebalance came after `since` (`rebalances`): it reads
+        every partition anew anyway, and the offsets may be another parking's.
+
+        The batch in flight is finished first (the one that parked a partition would otherwise
+        mark it past the record at its end; a later one holds none of its records): what it
+        raises is raised here, and left for the fetch loop to raise too.
         """
-        rebalances = self._rebalances
-        await self.settle()
-        wanted = {tp: offset for tp, offset in offsets.items() if tp in self._parked}
-        if not wanted or self._rebalances != rebalances:
+        in_flight = self._in_flight
+        if in_flight is not None and self._rebalances == since:
+            await asyncio.shield(in_flight)
+        if self._rebalances != since:
+            return set()
+        assigned = self.assignment()
+        wanted: dict[TP, int] = {}
+        for tp, offset in offsets.items():
+            if tp in self._parked and tp in assigned:
+                settled = self.settled(tp)
+                wanted[tp] = offset if settled is None else min(settled, offset)
+        if not wanted:
             return set()
         # On the consumer's thread, which drops what it had fetched from the old position.
         await self._thread.seek_wait(wanted)
-        if self._rebalances != rebalances:
+        if self._rebalances != since:
             return set()
         assigned = self.assignment()
-        ready = {tp for tp in wanted if tp in self._parked and tp in assigned}
+        ready = accept({tp for tp in wanted if tp in self._parked and tp in assigned})
         read_offset = self._read_offset
         for tp in ready:
             read_offset[tp] = wanted[tp] or None  # Faust's rule: the next record to read
         self._parked.difference_update(ready)
         self.resume_partitions(ready)
-        then(ready)
         return ready
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
@@ -414,12 +434,19 @@ class BatchApp(faust.App):
         return await cast(BatchConsumer, self.consumer).leave_group(timeout)
 
     def park(self, tps: set[TP]) -> None:
-        """Stop reading these partitions, committing nothing more of them, until a rebalance."""
+        """Stop reading these partitions, committing nothing more of them, until a rebalance or
+        `unpark`."""
         cast(BatchConsumer, self.consumer).park(tps)
 
-    async def unpark(self, offsets: Mapping[TP, int], then: Callable[[set[TP]], None]) -> set[TP]:
+    def rebalances(self) -> int:
+        """Revocations and assignments so far (`BatchConsumer.rebalances`)."""
+        return cast(BatchConsumer, self.consumer).rebalances()
+
+    async def unpark(
+        self, offsets: Mapping[TP, int], accept: Callable[[set[TP]], set[TP]], *, since: int
+    ) -> set[TP]:
         """Read these parked partitions again from these offsets (`BatchConsumer.unpark`)."""
-        return await cast(BatchConsumer, self.consumer).unpark(offsets, then)
+        return await cast(BatchConsumer, self.consumer).unpark(offsets, accept, since=since)
 
     def _new_transport(self) -> Any:
         return BatchTransport(self.conf.broker_consumer, self)

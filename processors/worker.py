@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -181,6 +181,7 @@ class ProjectionWorker:
         # them and never commits past the record parked at.
         self.on_park: Callable[[Sequence[int]], None] = lambda partitions: None
         self._announced: set[int] = set()
+        self._rebuilt: dict[str, Folded] = {}  # read by `unparkable`, for `unpark`
         if folder.parked is not None:
             self.stats.parked = folder.parked
 
@@ -192,6 +193,7 @@ class ProjectionWorker:
         if self.folder.parked:
             self.folder.parked.clear()
         self.folder.unreadable.clear()
+        self._rebuilt.clear()
         self._announced.clear()
 
     def _announce_parked(self) -> None:
@@ -230,48 +232,62 @@ class ProjectionWorker:
             )
         self.on_park(sorted(parked))
 
-    async def unparkable(self) -> dict[int, int]:
-        """The partitions parked at a session whose state could not be read and now can (an
-        operator rebuilt it), each with the offset to read it again from (the record parked at).
+    async def unparkable(self) -> dict[int, Fault]:
+        """The faults of the partitions parked at a session whose state could not be read and
+        now can, whole (an operator rebuilt it): each partition is to be read again from at
+        most its fault's record (`unpark`).
 
-        Its state is then known (cached), so the records it waited on are folded onto it, and
-        those the rebuild covered are skipped by its mark. A session still absent (its keys
-        dropped, not rebuilt) keeps its partition parked: folded onto nothing, it would lose its
-        past.
+        Read once, not retried: the caller asks again later. A session being rebuilt (`replay
+        --session`, under way or died: what is stored is half rebuilt), or still absent (its
+        keys dropped: folded onto nothing it would lose its past), keeps its partition parked.
         """
         faults = {p: f for p, f in (self.folder.parked or {}).items() if f.unreadable}
-        if not faults:
-            return {}
-        known = await self.states(sorted({f.session_id for f in faults.values()}))
-        return {p: f.position.offset for p, f in faults.items() if f.session_id in known}
+        ready: dict[int, Fault] = {}
+        for partition, fault in faults.items():
+            sid = fault.session_id
+            try:
+                self.stats.redis_round_trips += 1
+                folded, restoring = await self.store.loaded(sid)
+            except ProjectionError:  # still unreadable, or Redis away: asked again later
+                continue
+            if folded is not None and folded.mark is not None and restoring is None:
+                self._rebuilt[sid] = folded
+                ready[partition] = fault
+        return ready
 
-    def unpark(self, partitions: Iterable[int]) -> None:
+    def unpark(self, faults: Mapping[int, Fault]) -> set[int]:
         """Fold these partitions' records again (the consumer reads them again from where they
-        were parked), and tell the listeners of the sessions they had waited on: the
-        rebuilt state's deadlines and due compaction are theirs to time again."""
+        were parked, or before), if each is still parked at that same fault; the listeners hear
+        of the states the faults waited on (`unparkable` read them): their deadlines and due
+        compaction are theirs to time again. The partitions let go."""
         parked = self.folder.parked
         if parked is None:
-            return
+            return set()
+        done: set[int] = set()
         rebuilt: list[SessionUpdate] = []
-        for partition in partitions:
-            fault = parked.pop(partition, None)
-            if fault is None:
-                continue
+        for partition, fault in faults.items():
+            if parked.get(partition) is not fault:
+                continue  # parked again meanwhile (an earlier record, or after a rebalance)
+            del parked[partition]
+            done.add(partition)
             self._announced.discard(partition)
-            self.folder.unreadable.pop(fault.session_id, None)
+            sid = fault.session_id
+            self.folder.unreadable.pop(sid, None)
             log.warning(
-                "partition %d is read again from offset %d: the state of session %r reads now",
+                "partition %d is read again from offset %d or before: the state of session %r "
+                "reads now",
                 partition,
                 fault.position.offset,
-                fault.session_id,
+                sid,
             )
-            folded = self.cycle.cache.get(fault.session_id)
+            folded = self._rebuilt.pop(sid, None)
             if folded is not None and folded.mark is not None:
-                sid, mark = fault.session_id, folded.mark
-                rebuilt.append(SessionUpdate(sid, mark, mark, folded.state, ()))
+                rebuilt.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
+        self._rebuilt.clear()
         if rebuilt:
             for listener in self.listeners:
                 listener(rebuilt)
+        return done
 
     async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:
         """Apply one batch; returns the updates committed."""
@@ -327,8 +343,20 @@ class ProjectionWorker:
         return updates
 
     async def states(self, session_ids: Sequence[str]) -> dict[str, Folded]:
-        """The latest folded state of these sessions (cache first, one round trip for misses)."""
+        """The latest folded state of these sessions (cache first, one round trip for misses);
+        one whose stored state does not decode is left out, as an unknown one is."""
         return await self._drive(self.cycle.states(session_ids))
+
+    async def readable_states(self, session_ids: Sequence[str]) -> dict[str, Folded]:
+        """As `states`, but `CorruptProjectionError` names one whose stored state does not
+        decode: for a reader that must not take it for unknown (the timer feed would clear its
+        deadline), and leaves it out itself."""
+        found = await self.states(session_ids)
+        unreadable = self.folder.unreadable
+        for sid in session_ids:
+            if sid not in found and sid in unreadable:
+                raise CorruptProjectionError(unreadable[sid])
+        return found
 
     def set_partitions(self, partitions: int | None) -> None:
         """The events topic's partition count: records outside their key's partition are refused."""

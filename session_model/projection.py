@@ -161,11 +161,12 @@ class BatchFolder:
 
     With `parked` set (a worker's), a record the fold raises on parks its partition: it and every
     later record of that partition are left unfolded (here and in later batches) until the
-    partition is let go, and the fault is kept in `parked`; the other partitions go on. Without
-    it (a rebuild's), the error is raised. The exception never reaches the worker's event loop,
-    and no worker after it ends on it in turn. A session in `unreadable` (its stored state does
-    not decode: the worker's reads put it there) parks its partition at its first record alike:
-    folded onto nothing it would lose its past, and skipped it would be committed unapplied.
+    partition is let go, and the fault is kept in `parked` (the earliest, should a record before
+    it fail when folded again); the other partitions go on. Without it (a rebuild's), the error
+    is raised. The exception never reaches the worker's event loop, and no worker after it ends
+    on it in turn. A session in `unreadable` (its stored state does not decode: the worker's
+    reads put it there) parks its partition at its first record alike: folded onto nothing it
+    would lose its past, and skipped it would be committed unapplied.
     """
 
     keys: TrustedKeys = field(default_factory=TrustedKeys.none)
@@ -208,15 +209,24 @@ class BatchFolder:
                 position.partition != mark.partition or position.offset <= mark.offset
             ):
                 continue  # already applied, or from another partition (`foreign_records`)
-            if parked and position.partition in parked:
+            if (
+                parked
+                and (fault := parked.get(position.partition)) is not None
+                and position.offset >= fault.position.offset
+            ):
+                # At or after the record its partition is parked at: left unfolded. (One before
+                # it, folded again after a conflict or a pause, is folded as it was the first
+                # time: the partition is read again from at most there.)
                 self.held += 1
-                continue  # at or after a record the fold raised on: left for a fixed fold
+                continue
             trust = legacy if is_legacy and is_legacy(position.partition, position.offset) else keys
             try:
                 result = step(entry[0], event, trust)
             except Exception as e:
                 if parked is None:
                     raise
+                # (The partition's fault, or an earlier one than its fault: only records before
+                # that are still folded.)
                 fault = Fault(position, sid, type(e).__name__, repr(e)[:FAULT_CHARS])
                 parked[position.partition] = fault
                 self.held += 1
@@ -237,8 +247,9 @@ class BatchFolder:
         self, parked: dict[int, Fault], position: Position, sid: str, why: str
     ) -> None:
         """Hold a record of a session whose state cannot be read, parking its partition there
-        unless it is parked already (at an earlier record)."""
-        if position.partition not in parked:
+        unless it is parked already at an earlier record."""
+        fault = parked.get(position.partition)
+        if fault is None or position < fault.position:
             parked[position.partition] = Fault(position, sid, UNREADABLE, why[:FAULT_CHARS])
         self.held += 1
 

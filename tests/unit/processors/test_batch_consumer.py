@@ -287,6 +287,10 @@ def _seeks(h: Harness, during: Any = None) -> list[dict[TP, int]]:
     return seeks
 
 
+def _accept_all(tps: set[TP]) -> set[TP]:
+    return set(tps)
+
+
 def test_a_parked_partition_let_go_is_read_again_from_where_it_was_parked() -> None:
     async def main() -> None:
         h = Harness()
@@ -305,7 +309,13 @@ def test_a_parked_partition_let_go_is_read_again_from_where_it_was_parked() -> N
             {EV0: [record(EV0, 0), record(EV0, 1), record(EV0, 2)]}, h.app.batch_handlers
         )
         told: list[set[TP]] = []
-        unparking = asyncio.ensure_future(h.app.unpark({EV0: 1, EV1: 4}, told.append))
+
+        def accept(tps: set[TP]) -> set[TP]:
+            told.append(set(tps))
+            return set(tps)
+
+        since = h.app.rebalances()
+        unparking = asyncio.ensure_future(h.app.unpark({EV0: 1, EV1: 4}, accept, since=since))
         await asyncio.sleep(0.01)
         assert seeks == [] and told == []  # the parking batch first: it must not mark EV0
         release.set()
@@ -319,6 +329,66 @@ def test_a_parked_partition_let_go_is_read_again_from_where_it_was_parked() -> N
         await h.deliver({EV0: [record(EV0, 1), record(EV0, 2)]})
         assert log[-2:] == ["fold 1", "commit 1"]
         assert h.consumer._new_offset(EV0) == 3
+
+    asyncio.run(main())
+
+
+def test_it_is_read_again_from_what_was_finished_when_that_is_before_the_fault() -> None:
+    async def main() -> None:
+        h = Harness()
+        seeks = _seeks(h)
+        await h.deliver({EV0: [record(EV0, 0), record(EV0, 1)]})  # finished: EV0 settled at 2
+        h.app.park({EV0})
+        # Parked at 5, records 2-4 of EV0 held by a re-fold (none of them marked finished).
+        assert await h.app.unpark({EV0: 5}, _accept_all, since=h.app.rebalances()) == {EV0}
+        assert seeks == [{EV0: 2}] and h.consumer._read_offset[EV0] == 2
+
+    asyncio.run(main())
+
+
+def test_a_partition_the_handler_keeps_parked_stays_parked() -> None:
+    async def main() -> None:
+        h = Harness()
+        _seeks(h)
+        h.app.park({EV0, EV1})
+        kept = await h.app.unpark({EV0: 3, EV1: 4}, lambda tps: {EV1}, since=h.app.rebalances())
+        assert kept == {EV1} and h.consumer._parked == {EV0}
+        assert EV0 in h.consumer._paused_partitions and EV1 not in h.consumer._paused_partitions
+
+    asyncio.run(main())
+
+
+def test_a_failed_batch_in_flight_is_raised_and_left_for_the_fetch_loop() -> None:
+    async def main() -> None:
+        h = Harness()
+        seeks = _seeks(h)
+
+        async def handler(raws: Sequence[RawRecord]) -> Any:
+            async def commit() -> None:
+                raise RuntimeError("redis gone for good")
+
+            return commit()
+
+        h.app.batch_handlers["ev"] = handler
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        h.app.park({EV0})
+        with pytest.raises(RuntimeError, match="redis gone"):
+            await h.app.unpark({EV0: 0}, _accept_all, since=h.app.rebalances())
+        assert seeks == [] and EV0 in h.consumer._parked
+        with pytest.raises(RuntimeError, match="redis gone"):
+            await h.consumer.settle()  # what the fetch loop does next: it ends on it too
+
+    asyncio.run(main())
+
+
+def test_a_partition_parked_but_no_longer_assigned_is_not_sought() -> None:
+    async def main() -> None:
+        h = Harness()
+        seeks = _seeks(h)
+        h.app.park({EV0})  # by a batch fetched before a revocation took EV0 away
+        h.assigned = {EV1}
+        assert await h.app.unpark({EV0: 3}, _accept_all, since=h.app.rebalances()) == set()
+        assert seeks == []
 
     asyncio.run(main())
 
@@ -338,9 +408,19 @@ def test_no_partition_is_let_go_across_a_rebalance(monkeypatch: pytest.MonkeyPat
 
         seeks = _seeks(h, revoked_meanwhile)
         told: list[set[TP]] = []
-        assert await h.app.unpark({EV0: 3}, told.append) == set()
+
+        def accept(tps: set[TP]) -> set[TP]:
+            told.append(tps)
+            return tps
+
+        since = h.app.rebalances()
+        assert await h.app.unpark({EV0: 3}, accept, since=since) == set()
         assert seeks == [{EV0: 3}] and told == []
         assert EV0 in h.consumer._parked  # left to the rebalance, which reads it anew
+        # Asked with a count from before a rebalance (the faults read then may be stale): no.
+        h.assigned = {EV0}
+        assert await h.app.unpark({EV0: 3}, accept, since=since) == set()
+        assert len(seeks) == 1 and told == []
 
     asyncio.run(main())
 

@@ -21,7 +21,7 @@ from projections.keys import Keys
 from projections.memory import InMemoryProjectionStore
 from schemas.errors import CorruptProjectionError
 from schemas.events import Event
-from session_model.projection import UNREADABLE, BatchFolder, Folded, Position, Record
+from session_model.projection import UNREADABLE, BatchFolder, Fault, Folded, Position, Record
 from session_model.session import Session
 from tests.unit.builders import started, turn
 from tests.unit.processors.test_worker_expired import _AsyncStore, _Sink
@@ -36,6 +36,7 @@ class _Corrupting(_AsyncStore):
         super().__init__(inner)
         self.corrupt: set[str] = set()
         self.dropped: set[str] = set()
+        self.restoring: dict[str, str] = {}  # session -> when its `replay --session` began
 
     async def folded(
         self, session_ids: Sequence[str], *, unreadable: dict[str, str] | None = None
@@ -49,6 +50,12 @@ class _Corrupting(_AsyncStore):
         gone = self.dropped | self.corrupt
         found = await super().folded(session_ids)
         return {sid: f for sid, f in found.items() if sid not in gone}
+
+    async def loaded(self, session_id: str) -> tuple[Folded | None, str | None]:
+        if session_id in self.corrupt:
+            raise CorruptProjectionError(f"{session_id}: the stored state cannot be read")
+        found = (await self.folded([session_id])).get(session_id)
+        return found, self.restoring.get(session_id)
 
 
 def _worker(store: _Corrupting) -> tuple[ProjectionWorker, list[list[int]], list[list[str]]]:
@@ -147,10 +154,15 @@ def test_once_the_state_reads_again_the_partition_is_read_again_from_where_it_wa
     assert asyncio.run(worker.unparkable()) == {}  # absent: folded onto nothing it loses its past
     assert set(worker.stats.parked) == {0}
 
-    store.dropped.discard("a")  # rebuilt (`replay --session a --force`)
-    assert asyncio.run(worker.unparkable()) == {0: 2}
+    store.dropped.discard("a")
+    store.restoring["a"] = "2026-12-07T09:00:00+00:00 beef"  # a rebuild under way: half rebuilt
+    assert asyncio.run(worker.unparkable()) == {}
+    del store.restoring["a"]  # rebuilt (`replay --session a --force`)
+    ready = asyncio.run(worker.unparkable())
+    (fault,) = worker.stats.parked.values()
+    assert ready == {0: fault} and fault.position == Position(0, 2)
     heard.clear()
-    worker.unpark([0])
+    assert worker.unpark(ready) == {0}
     assert worker.stats.parked == {} and worker.folder.unreadable == {}
     assert heard == [["a"]]  # the listeners time the rebuilt state's deadlines again
 
@@ -226,3 +238,43 @@ def test_the_redis_read_puts_a_session_that_does_not_decode_apart() -> None:
     assert found.keys() == {"good"} and found["good"].mark == Position(0, 4)
     assert unreadable.keys() == {"bad-blob", "bad-mark"}
     assert unreadable["bad-mark"].startswith("bad-mark: the stored projection cannot be read")
+
+
+def test_a_partition_parked_again_meanwhile_is_not_let_go() -> None:
+    inner = InMemoryProjectionStore()
+    _applied_before(inner)
+    store = _Corrupting(inner)
+    store.corrupt.add("a")
+    worker, _, _ = _worker(store)
+    asyncio.run(worker.process([_raw(turn("user", "one", session_id="a"), 0, 2)]))
+    store.corrupt.discard("a")
+    ready = asyncio.run(worker.unparkable())
+    assert set(ready) == {0}
+    worker.forget()  # a rebalance; a batch fetched before it parks the partition again
+    store.corrupt.add("a")
+    asyncio.run(worker.process([_raw(turn("user", "one", session_id="a"), 0, 2)]))
+    assert worker.unpark(ready) == set()  # not the fault it was read for: it stays
+    assert set(worker.stats.parked) == {0}
+
+
+def test_the_timer_feed_s_read_names_a_state_that_does_not_decode() -> None:
+    inner = InMemoryProjectionStore()
+    _applied_before(inner)
+    store = _Corrupting(inner)
+    store.corrupt.add("a")
+    worker, _, _ = _worker(store)
+    assert asyncio.run(worker.states(["a", "b"])).keys() == {"b"}
+    with pytest.raises(CorruptProjectionError, match=r"^a: the stored state cannot be read"):
+        asyncio.run(worker.readable_states(["a", "b"]))
+    assert asyncio.run(worker.readable_states(["b"])).keys() == {"b"}
+
+
+def test_records_before_the_fault_are_folded_again_after_a_conflict_and_it_moves_earlier() -> None:
+    at = Position(0, 5)
+    folder = BatchFolder(parked={0: Fault(at, "x", "TypeError", "TypeError('a bug')")})
+    records = [_record(started(session_id=f"s{o}"), 0, o) for o in (3, 4, 5, 6)]
+    updates = folder.fold({}, records)  # a re-fold of a batch with records before the fault
+    assert sorted(u.session_id for u in updates) == ["s3", "s4"] and folder.held == 2
+    folder.unreadable["u"] = "u: bad"
+    folder.fold({}, [_record(turn("user", "x", session_id="u"), 0, 1)])
+    assert folder.parked == {0: Fault(Position(0, 1), "u", UNREADABLE, "u: bad")}
