@@ -255,7 +255,8 @@ def create_app(
     async def retry_parked() -> None:
         # A partition parked at a session whose state did not read goes on once it reads (an
         # operator rebuilt it), without a restart. (One the fold raised on waits for a fixed
-        # worker: the same fold would raise again.)
+        # worker: the same fold would raise again.) Such a session that parked nothing is read
+        # again too: the scheduler and the timer feed, which left it out, hear of it rebuilt.
         topic = events.get_topic_name()
 
         def accept(faults: Mapping[int, Fault], tps: set[TP]) -> set[TP]:
@@ -265,11 +266,14 @@ def create_app(
         while True:
             await asyncio.sleep(park_retry_s)
             try:
+                w = worker()
                 since = app.rebalances()
-                ready = await worker().unparkable()
+                ready = await w.unparkable()
                 if ready:
                     offsets = {TP(topic, p): f.position.offset for p, f in ready.items()}
                     await app.unpark(offsets, functools.partial(accept, ready), since=since)
+                await w.reread()
+                w.tell_rebuilt()
             except Exception as e:  # the batch in flight failed: the fetch loop ends on it too
                 log.warning("could not read parked partitions again: %r", e)
 

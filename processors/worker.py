@@ -180,8 +180,9 @@ class ProjectionWorker:
         # Told of partitions the fold parked (`BatchFolder.parked`): the consumer stops reading
         # them and never commits past the record parked at.
         self.on_park: Callable[[Sequence[int]], None] = lambda partitions: None
-        self._announced: set[int] = set()
+        self._announced: dict[int, Fault] = {}  # the fault logged per parked partition
         self._rebuilt: dict[str, Folded] = {}  # read by `unparkable`, for `unpark`
+        self._to_tell: list[SessionUpdate] = []  # rebuilt states, for `tell_rebuilt`
         if folder.parked is not None:
             self.stats.parked = folder.parked
 
@@ -194,6 +195,7 @@ class ProjectionWorker:
             self.folder.parked.clear()
         self.folder.unreadable.clear()
         self._rebuilt.clear()
+        self._to_tell.clear()
         self._announced.clear()
 
     def _announce_parked(self) -> None:
@@ -203,9 +205,10 @@ class ProjectionWorker:
         parked = self.folder.parked
         if not parked:
             return
-        for partition in sorted(p for p in parked if p not in self._announced):
-            fault = parked[partition]
-            self._announced.add(partition)
+        announced = self._announced
+        for partition in sorted(p for p, f in parked.items() if announced.get(p) is not f):
+            fault = parked[partition]  # new, or earlier than the one logged (a re-fold's)
+            announced[partition] = fault
             if fault.unreadable:
                 log.error(
                     "partition %d parked at offset %d: the stored state of session %r cannot be "
@@ -257,9 +260,9 @@ class ProjectionWorker:
 
     def unpark(self, faults: Mapping[int, Fault]) -> set[int]:
         """Fold these partitions' records again (the consumer reads them again from where they
-        were parked, or before), if each is still parked at that same fault; the listeners hear
-        of the states the faults waited on (`unparkable` read them): their deadlines and due
-        compaction are theirs to time again. The partitions let go."""
+        were parked, or before), if each is still parked at that same fault; `tell_rebuilt`
+        then tells the listeners of the states the faults waited on (`unparkable` read them).
+        The partitions let go."""
         parked = self.folder.parked
         if parked is None:
             return set()
@@ -270,7 +273,7 @@ class ProjectionWorker:
                 continue  # parked again meanwhile (an earlier record, or after a rebalance)
             del parked[partition]
             done.add(partition)
-            self._announced.discard(partition)
+            self._announced.pop(partition, None)
             sid = fault.session_id
             self.folder.unreadable.pop(sid, None)
             log.warning(
@@ -284,10 +287,34 @@ class ProjectionWorker:
             if folded is not None and folded.mark is not None:
                 rebuilt.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
         self._rebuilt.clear()
+        self._to_tell.extend(rebuilt)
+        return done
+
+    def tell_rebuilt(self) -> None:
+        """Tell the listeners of the rebuilt states `unpark` and `reread` let go (once the
+        consumer reads their partitions again: a listener that raises must not leave one
+        parked on one side only): their deadlines and due compaction are theirs to time again."""
+        rebuilt, self._to_tell = self._to_tell, []
         if rebuilt:
             for listener in self.listeners:
                 listener(rebuilt)
-        return done
+
+    async def reread(self, most: int = 100) -> None:
+        """Read again sessions whose stored state did not decode and that parked nothing (the
+        scheduler or the timer feed read them; no record of theirs came): those that read whole
+        now (rebuilt) are readable again, and `tell_rebuilt` tells the listeners of them."""
+        faulted = {f.session_id for f in (self.folder.parked or {}).values()}
+        unreadable = self.folder.unreadable
+        for sid in [s for s in unreadable if s not in faulted][:most]:
+            try:
+                self.stats.redis_round_trips += 1
+                folded, restoring = await self.store.loaded(sid)
+            except ProjectionError:
+                continue
+            if folded is None or folded.mark is None or restoring is not None:
+                continue  # still absent, or half rebuilt
+            if unreadable.pop(sid, None) is not None:
+                self._to_tell.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
 
     async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:
         """Apply one batch; returns the updates committed."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import ChainMap, Counter
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from schemas.errors import ProjectionError
@@ -33,6 +34,7 @@ from session_model.session import Decision, Session
 
 T = TypeVar("T")
 SLICE = 500  # records folded between two pauses
+_NONE_HELD: Mapping[int, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,9 @@ class Folding:
     # The known state each update was folded onto (by identity; sessions new to the store have
     # none): how a commit tells an update folded on a state its predecessor found stale.
     based_on: Mapping[str, Session] = field(default_factory=dict)
+    # Partition -> the offset from which its records were held (parked) when the fold ended: a
+    # fault found or moved earlier later, by a re-fold, must not change what this one counted.
+    held_from: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +241,7 @@ class ProjectionCycle:
         if foreign:
             gone = {id(r) for r in foreign}
             kept = tuple(r for r in records if id(r) not in gone)
+        parked = folder.parked
         return Folding(
             kept,
             tuple(merged.values()),
@@ -244,6 +250,7 @@ class ProjectionCycle:
             redelivered,
             tuple(reasked),
             based,
+            {p: f.position.offset for p, f in parked.items()} if parked else _NONE_HELD,
         )
 
     def _resume(
@@ -303,7 +310,7 @@ class ProjectionCycle:
         if suspect:  # folded onto a state the last commit found stale: fold them again first
             self._note_stale(u for u in updates if u.session_id in suspect)
             redone = tuple(r for r in records if r.event.session_id in suspect)
-            redelivered -= self._counted(redone) - sum(
+            redelivered -= _counted(redone, folding.held_from) - sum(
                 len(u.steps) for u in updates if u.session_id in suspect
             )  # counted again by the re-fold
             refolded = yield from self._fold(redone)
@@ -312,6 +319,7 @@ class ProjectionCycle:
             reasked.extend(refolded.reasked)
             foreign.extend(refolded.foreign)
             redelivered += refolded.redelivered
+        held_from = folding.held_from
         while updates:
             result: CommitResult = yield Write(updates)
             conflicted = set(result.conflicts)
@@ -336,11 +344,11 @@ class ProjectionCycle:
             for sid in conflicted:
                 self.cache.pop(sid, None)  # re-read: someone else moved this session's mark
             records = tuple(r for r in records if r.event.session_id in conflicted)
-            redelivered -= self._counted(records) - sum(
+            redelivered -= _counted(records, held_from) - sum(
                 len(u.steps) for u in updates if u.session_id in conflicted
             )  # counted again by the re-fold
             refolded = yield from self._fold(records)
-            records, updates = refolded.records, refolded.updates
+            records, updates, held_from = refolded.records, refolded.updates, refolded.held_from
             settled.update(conflicted - {u.session_id for u in updates})
             again.extend(refolded.again)
             reasked.extend(refolded.reasked)
@@ -362,19 +370,6 @@ class ProjectionCycle:
             tuple(reasked),
             tuple(expired),
             tuple(as_stored),
-        )
-
-    def _counted(self, records: Sequence[Record]) -> int:
-        """How many of `records` a fold counted as applied or as redelivered: not those held at
-        or after the record their partition is parked at (`BatchFolder.parked`)."""
-        parked = self.folder.parked
-        if not parked:
-            return len(records)
-        return sum(
-            1
-            for r in records
-            if (fault := parked.get(r.position.partition)) is None
-            or r.position.offset < fault.position.offset
         )
 
     def _note_stale(self, updates: Iterable[SessionUpdate]) -> None:
@@ -465,3 +460,15 @@ def run(steps: Steps[T], store: ProjectionStore) -> T:
             }
         else:
             reply = None
+
+
+def _counted(records: Sequence[Record], held_from: Mapping[int, int]) -> int:
+    """How many of `records` a fold counted as applied or as redelivered: not those it held, at
+    or after the offset their partition was parked at when it ended (`Folding.held_from`)."""
+    if not held_from:
+        return len(records)
+    return sum(
+        1
+        for r in records
+        if (offset := held_from.get(r.position.partition)) is None or r.position.offset < offset
+    )

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -459,17 +460,31 @@ def test_a_read_of_many_sessions_returns_each_as_read_alone(
         assert together[sid].state == fold(sid, [r.event for r in records])
 
     async def read_async() -> dict[str, Folded]:
-        if isinstance(store.client, SyncCluster):
-            url = request.getfixturevalue("redis_cluster_url")
-            client = async_client(url, cluster=True)
-        else:
-            client = async_client(secured.redis_url, auth=secured.redis_auth())
-        try:
-            return await AsyncRedisProjectionStore(client, store.keys).folded(asked)
-        finally:
-            await client.aclose()
+        async with _worker_store(store, secured, request) as worker:
+            return await worker.folded(asked)
 
     assert asyncio.run(read_async()) == together
+
+
+@contextlib.asynccontextmanager
+async def _worker_store(
+    store: RedisProjectionStore,
+    secured: Settings,
+    request: pytest.FixtureRequest,
+    durability: Durability | None = None,
+) -> AsyncIterator[AsyncRedisProjectionStore]:
+    """The worker's asynchronous store over the same Redis (or cluster) and keys as `store`."""
+    if isinstance(store.client, SyncCluster):
+        client = async_client(request.getfixturevalue("redis_cluster_url"), cluster=True)
+    else:
+        client = async_client(secured.redis_url, auth=secured.redis_auth())
+    try:
+        if durability is None:
+            yield AsyncRedisProjectionStore(client, store.keys)
+        else:
+            yield AsyncRedisProjectionStore(client, store.keys, durability=durability)
+    finally:
+        await client.aclose()
 
 
 def test_a_workers_decisions_read_returns_the_latest_asked_for_or_every_one(
@@ -489,19 +504,42 @@ def test_a_workers_decisions_read_returns_the_latest_asked_for_or_every_one(
     assert [d.question_id for d in every] == [f"q{n}" for n in range(40)]
 
     async def read(latest: list[int] | None) -> dict[str, Any]:
-        if isinstance(store.client, SyncCluster):
-            client = async_client(request.getfixturevalue("redis_cluster_url"), cluster=True)
-        else:
-            client = async_client(secured.redis_url, auth=secured.redis_auth())
-        try:
-            worker = AsyncRedisProjectionStore(client, store.keys)
+        async with _worker_store(store, secured, request) as worker:
             return await worker.decisions(["dec-long", "dec-unknown"], latest)
-        finally:
-            await client.aclose()
 
     assert asyncio.run(read([3, 2])) == {"dec-long": every[-3:], "dec-unknown": ()}
     assert asyncio.run(read([500, 1]))["dec-long"] == every
     assert asyncio.run(read(None))["dec-long"] == every
+
+
+def test_a_workers_read_puts_apart_what_does_not_decode_and_names_what_is_being_rebuilt(
+    projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
+) -> None:
+    """A parking worker's read leaves a state that does not decode out and says so; `loaded`,
+    which decides when its partition goes on, also says when a `replay --session` is under way."""
+    store = projection_store
+    _commit(store, _idle("fine"), 3)
+    _commit(store, _idle("damaged"), 3)
+    key = store.keys.session("damaged").state
+    fields = store.client.hgetall(key)
+    (name,) = [f for f in (b"s", b"s1") if f in fields]
+    store.client.hset(key, name, b"\x09" + fields[name][1:])  # a layout no reader knows
+    restore = store.begin_restore("fine", datetime.now(UTC))
+
+    async def read() -> tuple[dict[str, Folded], dict[str, str], Any, Any]:
+        async with _worker_store(store, secured, request) as worker:
+            bad: dict[str, str] = {}
+            found = await worker.folded(["fine", "damaged", "unknown"], unreadable=bad)
+            with pytest.raises(ProjectionError, match="layout 9"):
+                await worker.folded(["fine", "damaged"])
+            with pytest.raises(ProjectionError, match="layout 9"):
+                await worker.loaded("damaged")
+            return found, bad, await worker.loaded("fine"), await worker.loaded("unknown")
+
+    found, bad, (fine, restoring), unknown = asyncio.run(read())
+    assert set(found) == {"fine"} and set(bad) == {"damaged"} and "layout 9" in bad["damaged"]
+    assert fine == found["fine"] and restoring == restore
+    assert unknown == (None, None)
 
 
 def test_a_workers_read_waits_for_the_replicas_as_its_writes_do(
@@ -518,15 +556,8 @@ def test_a_workers_read_waits_for_the_replicas_as_its_writes_do(
     _commit(store, _idle("settled"), 5)
 
     async def read(durability: Durability) -> dict[str, Folded]:
-        if cluster:
-            client = async_client(request.getfixturevalue("redis_cluster_url"), cluster=True)
-        else:
-            client = async_client(secured.redis_url, auth=secured.redis_auth())
-        try:
-            worker = AsyncRedisProjectionStore(client, store.keys, durability=durability)
+        async with _worker_store(store, secured, request, durability) as worker:
             return await worker.folded(["settled"])
-        finally:
-            await client.aclose()
 
     assert set(asyncio.run(read(Durability(replicas, 2000)))) == {"settled"}
     with pytest.raises(ReplicationLagError, match=f"reached {replicas} of the {replicas + 1}"):

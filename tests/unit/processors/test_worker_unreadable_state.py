@@ -164,10 +164,50 @@ def test_once_the_state_reads_again_the_partition_is_read_again_from_where_it_wa
     heard.clear()
     assert worker.unpark(ready) == {0}
     assert worker.stats.parked == {} and worker.folder.unreadable == {}
+    assert heard == []  # told once the consumer reads the partition again
+    worker.tell_rebuilt()
     assert heard == [["a"]]  # the listeners time the rebuilt state's deadlines again
+    worker.tell_rebuilt()
+    assert heard == [["a"]]  # once
 
     asyncio.run(worker.process(waiting))  # read again from offset 2
     assert (_seq(inner, "a"), _seq(inner, "c")) == (3, 1)
+
+
+def test_a_rebuilt_session_that_parked_nothing_is_told_to_the_listeners() -> None:
+    inner = InMemoryProjectionStore()
+    _applied_before(inner)
+    store = _Corrupting(inner)
+    store.corrupt.add("a")
+    worker, _, heard = _worker(store)
+    assert asyncio.run(worker.states(["a"])) == {}  # the scheduler's read left it out
+    asyncio.run(worker.reread())
+    worker.tell_rebuilt()
+    assert heard == [] and set(worker.folder.unreadable) == {"a"}  # still unreadable
+    store.corrupt.discard("a")
+    store.restoring["a"] = "2026-12-07T09:00:00+00:00 beef"
+    asyncio.run(worker.reread())
+    worker.tell_rebuilt()
+    assert heard == [] and set(worker.folder.unreadable) == {"a"}  # half rebuilt
+    del store.restoring["a"]
+    asyncio.run(worker.reread())
+    worker.tell_rebuilt()
+    assert heard == [["a"]] and worker.folder.unreadable == {}
+
+
+def test_a_fault_moved_earlier_is_logged_again(caplog: pytest.LogCaptureFixture) -> None:
+    inner = InMemoryProjectionStore()
+    _applied_before(inner)
+    store = _Corrupting(inner)
+    store.corrupt.update({"a", "c"})
+    worker, _, _ = _worker(store)
+    with caplog.at_level(logging.ERROR, logger="processors.worker"):
+        asyncio.run(worker.process([_raw(turn("user", "x", session_id="a"), 0, 5)]))
+        # A re-fold of an earlier batch meets another unreadable session before it.
+        asyncio.run(worker.process([_raw(started(session_id="c"), 0, 3)]))
+    assert worker.stats.parked[0].position == Position(0, 3)
+    assert "partition 0 parked at offset 5" in caplog.text
+    assert "partition 0 parked at offset 3" in caplog.text
 
 
 def test_a_session_that_reads_again_before_its_record_comes_parks_nothing() -> None:

@@ -27,7 +27,7 @@ from session_model.cycle import (
 )
 from session_model.fold import fold
 from session_model.ports import CommitResult
-from session_model.projection import BatchFolder, Folded, Position, Record
+from session_model.projection import BatchFolder, Fault, Folded, Position, Record
 from session_model.questions import QuestionStatus
 from session_model.session import RECENT_DECISIONS
 from tests.unit.builders import answer, ask, make_event, started, turn
@@ -114,6 +114,26 @@ def test_records_held_for_a_parked_partition_are_never_counted_redelivered(
     assert folding.redelivered + committed.redelivered == 2
     assert committed.redelivered >= 0
     assert store.load("s1") == fold("s1", events[:2])
+
+
+def test_a_fault_found_after_a_fold_does_not_change_what_that_fold_counted() -> None:
+    # A later batch's fold parks the partition at record 1 while this batch, which folded
+    # records 0 to 2, waits to be committed; its commit conflicts (record 0 applied meanwhile by
+    # another writer).
+    events = [started(), turn("user", "t0"), turn("user", "t1")]
+    records = _records(events)
+    store = InMemoryProjectionStore()
+    stale = ProjectionCycle(BatchFolder(parked={}))
+    folding = run(stale.fold(records), store)
+    assert folding.redelivered == 0 and folding.held_from == {}
+    run(ProjectionCycle(BatchFolder()).project(records[:1]), store)  # another writer's work
+    assert stale.folder.parked is not None
+    stale.folder.parked[0] = Fault(Position(0, 1), "s2", "CorruptProjectionError", "s2: bad")
+    committed = run(stale.commit(folding), store)
+    assert committed.conflicts == 1
+    # Only record 0 was applied before (by the other writer); 1 and 2 wait, held.
+    assert folding.redelivered + committed.redelivered == 1
+    assert store.load("s1") == fold("s1", events[:1])
 
 
 def test_a_session_that_keeps_conflicting_gives_up_after_max_rounds() -> None:
