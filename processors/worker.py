@@ -213,9 +213,10 @@ class ProjectionWorker:
                 log.error(
                     "partition %d parked at offset %d: the stored state of session %r cannot be "
                     "read (%s). This partition's records wait, unapplied and uncommitted, while "
-                    "the others go on. Rebuild the session with `milpa-sessions replay --session "
-                    "%s --force`: the partition is read again from that record once its state "
-                    "reads (tried every MILPA_PARK_RETRY_S)",
+                    "the others go on. A damaged state: rebuild the session with `milpa-sessions "
+                    "replay --session %s --force`; one being rebuilt: let its replay end. The "
+                    "partition is read again from that record once the state reads whole (tried "
+                    "every MILPA_PARK_RETRY_S)",
                     partition,
                     fault.position.offset,
                     fault.session_id,
@@ -437,7 +438,8 @@ class ProjectionWorker:
             elif sid not in unreadable:
                 self.stats.corrupt_reads += 1
                 log.error(
-                    "%s: its partition waits from the session's next record on (rebuild it with "
+                    "a stored state cannot be read now (%s): its partition waits at the "
+                    "session's next record until it reads (a damaged one: rebuild it with "
                     "`milpa-sessions replay --session <id> --force`)",
                     why,
                 )

@@ -364,21 +364,35 @@ def read(
     """State, mark (and event ids) of the known sessions among `session_ids`.
 
     A session whose projection does not decode fails the read (`CorruptProjectionError`), or,
-    with `unreadable` given, is left out of the answer and put there (id -> why).
+    with `unreadable` given, is left out of the answer and put there (id -> why), as is one a
+    `replay --session` is rebuilding (`Keys.restoring`: what is stored is half rebuilt; the
+    same round trip reads the marks).
     """
     flag = "1" if event_ids else "0"
     sha = scripts.READ.sha
     groups = read_groups(keys, session_ids)
-    commands = [("EVALSHA", sha, len(ks), *ks, flag) for _, ks in groups]
+    commands: list[tuple[Any, ...]] = [("EVALSHA", sha, len(ks), *ks, flag) for _, ks in groups]
     order = [sid for sids, _ in groups for sid in sids]
+    if unreadable is not None:  # each group's sessions share a partition: one hash slot
+        commands += [
+            ("HMGET", keys.restoring(keys.partition_of(sids[0])), *sids) for sids, _ in groups
+        ]
 
     def parse(replies: list[Any]) -> dict[str, Folded]:
-        raws = [raw for group in replies for raw in group]
+        raws = [raw for group in replies[: len(groups)] for raw in group]
         if unreadable is None:
             found = {sid: parse_read(raw, sid) for sid, raw in zip(order, raws, strict=True)}
             return {sid: f for sid, f in found.items() if f is not None}
+        marks = [mark for group in replies[len(groups) :] for mark in group]
         readable: dict[str, Folded] = {}
-        for sid, raw in zip(order, raws, strict=True):
+        for sid, raw, restoring in zip(order, raws, marks, strict=True):
+            if restoring is not None:
+                began = text(restoring).partition(" ")[0]
+                unreadable[sid] = (
+                    f"{sid}: half rebuilt, by a `replay --session` of it begun at {began} that "
+                    "has not ended (wait for it, or run it again if it died)"
+                )
+                continue
             try:
                 folded = parse_read(raw, sid)
             except CorruptProjectionError as e:

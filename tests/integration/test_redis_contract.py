@@ -512,33 +512,38 @@ def test_a_workers_decisions_read_returns_the_latest_asked_for_or_every_one(
     assert asyncio.run(read(None))["dec-long"] == every
 
 
-def test_a_workers_read_puts_apart_what_does_not_decode_and_names_what_is_being_rebuilt(
+def test_a_workers_read_puts_apart_what_does_not_decode_and_what_is_being_rebuilt(
     projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
 ) -> None:
-    """A parking worker's read leaves a state that does not decode out and says so; `loaded`,
-    which decides when its partition goes on, also says when a `replay --session` is under way."""
+    """A parking worker's read leaves out, and names, a state that does not decode and one a
+    `replay --session` is rebuilding (its mark read in the same round trip); `loaded`, which
+    decides when a parked partition goes on, says both apart."""
     store = projection_store
-    _commit(store, _idle("fine"), 3)
-    _commit(store, _idle("damaged"), 3)
+    for sid in ("fine", "damaged", "rebuilding"):
+        _commit(store, _idle(sid), 3)
     key = store.keys.session("damaged").state
     fields = store.client.hgetall(key)
     (name,) = [f for f in (b"s", b"s1") if f in fields]
     store.client.hset(key, name, b"\x09" + fields[name][1:])  # a layout no reader knows
-    restore = store.begin_restore("fine", datetime.now(UTC))
+    restore = store.begin_restore("rebuilding", datetime.now(UTC))
+    asked = ["fine", "damaged", "rebuilding", "unknown"]
 
-    async def read() -> tuple[dict[str, Folded], dict[str, str], Any, Any]:
+    async def read() -> tuple[dict[str, Folded], dict[str, str], list[Any]]:
         async with _worker_store(store, secured, request) as worker:
             bad: dict[str, str] = {}
-            found = await worker.folded(["fine", "damaged", "unknown"], unreadable=bad)
+            found = await worker.folded(asked, unreadable=bad)
             with pytest.raises(ProjectionError, match="layout 9"):
                 await worker.folded(["fine", "damaged"])
             with pytest.raises(ProjectionError, match="layout 9"):
                 await worker.loaded("damaged")
-            return found, bad, await worker.loaded("fine"), await worker.loaded("unknown")
+            loaded = [await worker.loaded(sid) for sid in ("fine", "rebuilding", "unknown")]
+            return found, bad, loaded
 
-    found, bad, (fine, restoring), unknown = asyncio.run(read())
-    assert set(found) == {"fine"} and set(bad) == {"damaged"} and "layout 9" in bad["damaged"]
-    assert fine == found["fine"] and restoring == restore
+    found, bad, [fine, rebuilding, unknown] = asyncio.run(read())
+    assert set(found) == {"fine"} and set(bad) == {"damaged", "rebuilding"}
+    assert "layout 9" in bad["damaged"] and "half rebuilt" in bad["rebuilding"]
+    assert fine == (found["fine"], None)
+    assert rebuilding[0] is not None and rebuilding[1] == restore
     assert unknown == (None, None)
 
 

@@ -259,25 +259,33 @@ def _record(event: Event, partition: int, offset: int) -> Record:
     return Record(event, Position(partition, offset))
 
 
-def test_the_redis_read_puts_a_session_that_does_not_decode_apart() -> None:
+def test_the_redis_read_puts_apart_a_session_that_does_not_decode_or_is_being_rebuilt() -> None:
     keys = Keys("t", partitions=2)
-    ids = ["good", "bad-blob", "bad-mark"]
-    layout = [sid for sids, _ in requests.read_groups(keys, ids) for sid in sids]
+    ids = ["good", "bad-blob", "bad-mark", "restoring"]
+    groups = requests.read_groups(keys, ids)
     raws = {
         "good": [session_to_blob(Session("good")), b"0:4", [], [], None],
         "bad-blob": [b"\x00not a state", b"0:1", [], [], None],
         "bad-mark": [session_to_blob(Session("bad-mark")), b"not a mark", [], [], None],
+        "restoring": [session_to_blob(Session("restoring")), b"1:2", [], [], None],
     }
-    groups = [[raws[sid] for sid in sids] for sids, _ in requests.read_groups(keys, ids)]
-    assert [sid for g in requests.read_groups(keys, ids) for sid in g[0]] == layout
-
+    began = {"restoring": b"2026-12-07T09:00:00+00:00 beef"}
+    replies: list[object] = [[raws[sid] for sid in sids] for sids, _ in groups]
     with pytest.raises(CorruptProjectionError):
-        requests.read(keys, ids).parse(groups)
+        requests.read(keys, ids).parse(replies)  # type: ignore[arg-type]
+
     unreadable: dict[str, str] = {}
-    found = requests.read(keys, ids, unreadable=unreadable).parse(groups)
+    lenient = requests.read(keys, ids, unreadable=unreadable)
+    marks = lenient.commands[len(groups) :]
+    assert [c[0] for c in marks] == ["HMGET"] * len(groups)  # one per group, in its slot
+    assert all(c[1] == keys.restoring(keys.partition_of(str(c[2]))) for c in marks)
+    replies += [[began.get(sid) for sid in sids] for sids, _ in groups]
+    found = lenient.parse(replies)  # type: ignore[arg-type]
     assert found.keys() == {"good"} and found["good"].mark == Position(0, 4)
-    assert unreadable.keys() == {"bad-blob", "bad-mark"}
+    assert unreadable.keys() == {"bad-blob", "bad-mark", "restoring"}
     assert unreadable["bad-mark"].startswith("bad-mark: the stored projection cannot be read")
+    assert unreadable["restoring"].startswith("restoring: half rebuilt, by a `replay --session`")
+    assert "2026-12-07T09:00:00+00:00" in unreadable["restoring"]
 
 
 def test_a_partition_parked_again_meanwhile_is_not_let_go() -> None:
