@@ -357,3 +357,11 @@ def committed_offsets(settings: Settings) -> dict[int, int]:
         for tp, meta in offsets.get(settings.consumer_group, {}).items()
         if tp.topic == settings.events_topic
     }
+
+
+def damage_state(store: RedisProjectionStore, session_id: str) -> None:
+    """Give the session's stored state a layout byte no reader knows (layout 9)."""
+    key = store.keys.session(session_id).state
+    fields = store.client.hgetall(key)
+    (name,) = [f for f in (b"s", b"s1") if f in fields]
+    store.client.hset(key, name, b"\x09" + fields[name][1:])

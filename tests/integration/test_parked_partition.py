@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from deploy.harness import free_port, wait_for
+from deploy.harness import Proc, free_port, wait_for
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from projections.redis_store import RedisProjectionStore
@@ -40,6 +40,40 @@ def _in_partition(partition: int, partitions: int, prefix: str, avoid: int | Non
     raise AssertionError("no such session id")
 
 
+def around(sid: str, partitions: int) -> tuple[int, str, list[str]]:
+    """The partition of `sid`, a session of that partition, and four sessions of others."""
+    partition = partition_for(sid, partitions)
+    neighbour = _in_partition(partition, partitions, "s-neighbour")
+    others = [_in_partition(0, partitions, f"s-other{i}", avoid=partition) for i in range(4)]
+    return partition, neighbour, others
+
+
+def parked_while_others_go_on(
+    kafka_log: KafkaEventLog,
+    projections: RedisProjectionStore,
+    port: int,
+    worker: Proc,
+    *,
+    neighbour: str,
+    others: list[str],
+) -> list[str]:
+    """Start `neighbour` (after the record its partition parks at) and the `others`; once they
+    are applied and the worker unready (but live), its `/readyz` problems."""
+    kafka_log.append(started("after it, in its partition", session_id=neighbour))
+    for sid in others:
+        kafka_log.append(started("elsewhere", session_id=sid))
+        kafka_log.append(turn("user", "on", session_id=sid))
+    try:
+        wait_for(lambda: all(_seq(projections, sid) == 2 for sid in others), timeout=60)
+        wait_for(lambda: health(port, "/readyz")[0] == 503, timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"{health(port, '/readyz')}\n{worker.log()[-4000:]}") from None
+    status, body = health(port, "/readyz")
+    assert status == 503 and body["live"] is True, body
+    problems: list[str] = body["problems"]
+    return problems
+
+
 def test_a_record_the_fold_raises_on_parks_its_partition_until_a_fixed_worker_takes_it(
     settings: Settings,
     kafka_log: KafkaEventLog,
@@ -48,9 +82,7 @@ def test_a_record_the_fold_raises_on_parks_its_partition_until_a_fixed_worker_ta
 ) -> None:
     partitions = settings.partitions
     poisoned = "s-poisoned"
-    parked = partition_for(poisoned, partitions)
-    neighbour = _in_partition(parked, partitions, "s-neighbour")  # the same partition
-    others = [_in_partition(0, partitions, f"s-other{i}", avoid=parked) for i in range(4)]
+    parked, neighbour, others = around(poisoned, partitions)
     port = free_port()
     ttl = 10.0  # retention: the sweep must leave the parked partition's sessions alone
     buggy = start_worker(
@@ -73,19 +105,9 @@ def test_a_record_the_fold_raises_on_parks_its_partition_until_a_fixed_worker_ta
     kafka_log.append(turn("user", "before", session_id=poisoned))
     poison_at = kafka_log.append(plan(POISON, session_id=poisoned))
     kafka_log.append(turn("user", "after", session_id=poisoned))
-    kafka_log.append(started("after it, in its partition", session_id=neighbour))
-    for sid in others:
-        kafka_log.append(started("elsewhere", session_id=sid))
-        kafka_log.append(turn("user", "on", session_id=sid))
-
-    try:
-        wait_for(lambda: all(_seq(projections, sid) == 2 for sid in others), timeout=60)
-        wait_for(lambda: health(port, "/readyz")[0] == 503, timeout=30)
-    except TimeoutError:
-        raise AssertionError(f"{health(port, '/readyz')}\n{buggy.log()[-4000:]}") from None
-    status, body = health(port, "/readyz")
-    assert status == 503 and body["live"] is True, body
-    (problem,) = body["problems"]
+    (problem,) = parked_while_others_go_on(
+        kafka_log, projections, port, buggy, neighbour=neighbour, others=others
+    )
     assert problem == (
         f"partition {parked} parked at offset {poison_at.offset}: the fold raised TypeError "
         "(a bug: see the worker's log)"

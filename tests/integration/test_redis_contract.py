@@ -37,6 +37,7 @@ from session_model.projection import BatchFolder, Folded, Position, Record
 from session_model.session import HISTORY_KINDS
 from tests.contract_projection import ProjectionStoreContract
 from tests.contract_waiting import WaitingIndexContract
+from tests.integration.conftest import damage_state
 
 pytestmark = pytest.mark.integration
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -521,10 +522,7 @@ def test_a_workers_read_puts_apart_what_does_not_decode_and_what_is_being_rebuil
     store = projection_store
     for sid in ("fine", "damaged", "rebuilding"):
         _commit(store, _idle(sid), 3)
-    key = store.keys.session("damaged").state
-    fields = store.client.hgetall(key)
-    (name,) = [f for f in (b"s", b"s1") if f in fields]
-    store.client.hset(key, name, b"\x09" + fields[name][1:])  # a layout no reader knows
+    damage_state(store, "damaged")
     restore = store.begin_restore("rebuilding", datetime.now(UTC))
     asked = ["fine", "damaged", "rebuilding", "unknown"]
 

@@ -23,11 +23,17 @@ from session_model.partitioning import partition_for
 from tests.integration.conftest import (
     PacedProducer,
     committed_offsets,
+    damage_state,
     health,
     run_cli,
     with_keys,
 )
-from tests.integration.test_parked_partition import _in_partition, _seq
+from tests.integration.test_parked_partition import (
+    _in_partition,
+    _seq,
+    around,
+    parked_while_others_go_on,
+)
 from tests.unit.builders import started, turn
 
 pytestmark = pytest.mark.integration
@@ -39,14 +45,6 @@ def _turns(projections: RedisProjectionStore, sid: str) -> int | None:
     return None if session is None else session.turn_count
 
 
-def _damage(projections: RedisProjectionStore, sid: str) -> None:
-    """Give the session's stored state a layout byte no reader knows."""
-    key = projections.keys.session(sid).state
-    fields = projections.client.hgetall(key)
-    (name,) = [f for f in (b"s", b"s1") if f in fields]
-    projections.client.hset(key, name, b"\x09" + fields[name][1:])
-
-
 def test_an_unreadable_state_parks_its_partition_until_the_session_is_rebuilt(
     settings: Settings,
     kafka_log: KafkaEventLog,
@@ -55,9 +53,7 @@ def test_an_unreadable_state_parks_its_partition_until_the_session_is_rebuilt(
 ) -> None:
     partitions = settings.partitions
     victim = "s-damaged"
-    parked = partition_for(victim, partitions)
-    neighbour = _in_partition(parked, partitions, "s-neighbour")  # the same partition
-    others = [_in_partition(0, partitions, f"s-other{i}", avoid=parked) for i in range(4)]
+    parked, neighbour, others = around(victim, partitions)
     port = free_port()
     worker_settings = with_keys(settings, metrics_port=port, park_retry_s=0.5)
 
@@ -66,25 +62,17 @@ def test_an_unreadable_state_parks_its_partition_until_the_session_is_rebuilt(
     applied = kafka_log.append(turn("user", "before", session_id=victim))
     wait_for(lambda: committed_offsets(settings).get(parked, 0) > applied.offset, timeout=60)
     first.stop()
-    _damage(projections, victim)
+    damage_state(projections, victim)
 
     worker = start_worker(worker_settings)
     waits_at = kafka_log.append(turn("user", "after", session_id=victim))
-    kafka_log.append(started("after it, in its partition", session_id=neighbour))
-    for sid in others:
-        kafka_log.append(started("elsewhere", session_id=sid))
-        kafka_log.append(turn("user", "on", session_id=sid))
-    try:
-        wait_for(lambda: all(_seq(projections, sid) == 2 for sid in others), timeout=60)
-        wait_for(lambda: health(port, "/readyz")[0] == 503, timeout=30)
-    except TimeoutError:
-        raise AssertionError(f"{health(port, '/readyz')}\n{worker.log()[-4000:]}") from None
-    status, body = health(port, "/readyz")
-    assert status == 503 and body["live"] is True, body
-    assert body["problems"] == [
+    problems = parked_while_others_go_on(
+        kafka_log, projections, port, worker, neighbour=neighbour, others=others
+    )
+    assert problems == [
         f"partition {parked} parked at offset {waits_at.offset}: a session's stored state cannot "
         "be read now (see the worker's log)"
-    ], body
+    ]
     assert _seq(projections, neighbour) is None  # after it in its partition: waiting
     elsewhere = {partition_for(sid, partitions) for sid in others}
     wait_for(lambda: all(committed_offsets(settings).get(p, 0) > 0 for p in elsewhere), timeout=30)

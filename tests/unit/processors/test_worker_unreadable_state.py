@@ -88,14 +88,24 @@ def _applied_before(inner: InMemoryProjectionStore) -> None:
     assert (_seq(inner, "a"), _seq(inner, "b")) == (2, 1)
 
 
-def test_the_partition_waits_at_the_session_s_first_record_and_the_others_go_on(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def _damaged() -> tuple[
+    InMemoryProjectionStore, _Corrupting, ProjectionWorker, list[list[int]], list[list[str]]
+]:
+    """Sessions a and b applied by an earlier worker, a's stored state then damaged, and a worker
+    new to them (what it tells the consumer, and its listeners hear)."""
     inner = InMemoryProjectionStore()
     _applied_before(inner)
     store = _Corrupting(inner)
     store.corrupt.add("a")
-    worker, told, _ = _worker(store)  # a worker new to these sessions: it reads their states
+    return inner, store, *_worker(store)
+
+
+def test_the_partition_waits_at_the_session_s_first_record_and_the_others_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner, _store, worker, told, _ = (
+        _damaged()
+    )  # a worker new to these sessions: it reads their states
     batch = [
         _raw(started(session_id="c"), 0, 2),  # before it in its partition: applied
         _raw(turn("user", "lost?", session_id="a"), 0, 3),
@@ -136,11 +146,7 @@ def test_the_partition_waits_at_the_session_s_first_record_and_the_others_go_on(
 
 
 def test_once_the_state_reads_again_the_partition_is_read_again_from_where_it_waited() -> None:
-    inner = InMemoryProjectionStore()
-    _applied_before(inner)
-    store = _Corrupting(inner)
-    store.corrupt.add("a")
-    worker, _, heard = _worker(store)
+    inner, store, worker, _, heard = _damaged()
     waiting = [
         _raw(turn("user", "one", session_id="a"), 0, 2),
         _raw(started(session_id="c"), 0, 3),
@@ -175,11 +181,7 @@ def test_once_the_state_reads_again_the_partition_is_read_again_from_where_it_wa
 
 
 def test_a_rebuilt_session_that_parked_nothing_is_told_to_the_listeners() -> None:
-    inner = InMemoryProjectionStore()
-    _applied_before(inner)
-    store = _Corrupting(inner)
-    store.corrupt.add("a")
-    worker, _, heard = _worker(store)
+    _inner, store, worker, _, heard = _damaged()
     assert asyncio.run(worker.states(["a"])) == {}  # the scheduler's read left it out
     asyncio.run(worker.reread())
     worker.tell_rebuilt()
@@ -211,11 +213,7 @@ def test_a_fault_moved_earlier_is_logged_again(caplog: pytest.LogCaptureFixture)
 
 
 def test_a_session_that_reads_again_before_its_record_comes_parks_nothing() -> None:
-    inner = InMemoryProjectionStore()
-    _applied_before(inner)
-    store = _Corrupting(inner)
-    store.corrupt.add("a")
-    worker, _, _ = _worker(store)
+    inner, store, worker, _, _ = _damaged()
     assert asyncio.run(worker.states(["a", "b"])).keys() == {"b"}  # the scheduler's read
     assert set(worker.folder.unreadable) == {"a"}
     store.corrupt.discard("a")
@@ -226,11 +224,7 @@ def test_a_session_that_reads_again_before_its_record_comes_parks_nothing() -> N
 
 
 def test_a_rebalance_forgets_what_did_not_read() -> None:
-    inner = InMemoryProjectionStore()
-    _applied_before(inner)
-    store = _Corrupting(inner)
-    store.corrupt.add("a")
-    worker, _, _ = _worker(store)
+    _inner, _store, worker, _, _ = _damaged()
     asyncio.run(worker.process([_raw(turn("user", "one", session_id="a"), 0, 2)]))
     assert worker.stats.parked and worker.folder.unreadable
     worker.forget()
@@ -289,11 +283,7 @@ def test_the_redis_read_puts_apart_a_session_that_does_not_decode_or_is_being_re
 
 
 def test_a_partition_parked_again_meanwhile_is_not_let_go() -> None:
-    inner = InMemoryProjectionStore()
-    _applied_before(inner)
-    store = _Corrupting(inner)
-    store.corrupt.add("a")
-    worker, _, _ = _worker(store)
+    _inner, store, worker, _, _ = _damaged()
     asyncio.run(worker.process([_raw(turn("user", "one", session_id="a"), 0, 2)]))
     store.corrupt.discard("a")
     ready = asyncio.run(worker.unparkable())
@@ -306,11 +296,7 @@ def test_a_partition_parked_again_meanwhile_is_not_let_go() -> None:
 
 
 def test_the_timer_feed_s_read_names_a_state_that_does_not_decode() -> None:
-    inner = InMemoryProjectionStore()
-    _applied_before(inner)
-    store = _Corrupting(inner)
-    store.corrupt.add("a")
-    worker, _, _ = _worker(store)
+    _inner, _store, worker, _, _ = _damaged()
     assert asyncio.run(worker.states(["a", "b"])).keys() == {"b"}
     with pytest.raises(CorruptProjectionError, match=r"^a: the stored state cannot be read"):
         asyncio.run(worker.readable_states(["a", "b"]))
