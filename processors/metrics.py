@@ -141,8 +141,14 @@ class StatsCollector(Collector):
         )
         yield _counter(
             "milpa_corrupt_state_reads",
-            "Reads retried because a stored state does not decode (see the log: replay --session).",
+            "Stored states found not to decode: their partitions wait (see the log: replay "
+            "--session).",
             w.corrupt_reads,
+        )
+        yield _counter(
+            "milpa_rebuilding_state_reads",
+            "Sessions read while a replay --session rebuilt them: their partitions wait for it.",
+            w.rebuilding_reads,
         )
         yield _counter(
             "milpa_publish_retries",

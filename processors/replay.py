@@ -207,6 +207,15 @@ def replay(
     ends, partitions = _end_offsets(access, topic, session_id)
     # Where a session's keys live depends on the topic's partition count (`projections.keys`).
     store = dataclasses.replace(store, keys=dataclasses.replace(store.keys, partitions=partitions))
+    restoring: str | None = None  # one session's mark: half built (reads refuse it) meanwhile
+    if session_id is not None:
+        restoring = store.begin_restore(session_id, datetime.now(UTC))
+        store.drop(session_id, restoring=True)  # its tombstone and retention entry too
+        # Its partition's end read again, after the mark: a worker that applied an event of it
+        # past the first read, before the mark or onto its cached state before the drop, has
+        # that event folded here (one that reads it after the mark leaves it: its partition
+        # waits for this restore, `BatchFolder.unreadable`).
+        ends, _ = _end_offsets(access, topic, session_id)
     plan = Plan(starts=dict.fromkeys(ends, 0))
     if snapshots_topic is not None:
         plan = _snapshot_plan(
@@ -224,13 +233,9 @@ def replay(
     # generation of its own that readers and workers are moved to only once it is whole: neither
     # leaves the fleet's projection half built.
     marked = session_id is None and clear
-    restoring: str | None = None  # one session's mark: half built (reads refuse it) meanwhile
     if marked:
         store.begin_rebuild("replay" if snapshots_topic else "replay --full", datetime.now(UTC))
         store.clear()
-    elif session_id is not None:
-        restoring = store.begin_restore(session_id, datetime.now(UTC))
-        store.drop(session_id, restoring=True)  # its tombstone and retention entry too
     folder = BatchFolder(keys, start_mode, cutover)
     intake = Intake(codec, partitions)
     job = _Job(

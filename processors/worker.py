@@ -88,6 +88,7 @@ class WorkerStats:
     redis_round_trips: int = 0
     redis_retries: int = 0
     corrupt_reads: int = 0  # stored states that did not decode (parked at, or retried)
+    rebuilding_reads: int = 0  # sessions read while a `replay --session` rebuilt them
     publish_retries: int = 0  # decisions, question changes and dead letters sent again
     outcomes: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
@@ -424,10 +425,12 @@ class ProjectionWorker:
         """The states of these sessions; one that does not decode is left out and put in the
         folder's `unreadable`, whose first record then parks its partition (the others go on)."""
         bad: dict[str, str] = {}
+        rebuilding: set[str] = set()
 
         async def read() -> dict[str, Folded]:
             bad.clear()
-            return await self.store.folded(ids, unreadable=bad)
+            rebuilding.clear()
+            return await self.store.folded(ids, unreadable=bad, rebuilding=rebuilding)
 
         found = await self._retrying(read)
         unreadable = self.folder.unreadable
@@ -435,15 +438,21 @@ class ProjectionWorker:
             why = bad.get(sid)
             if why is None:
                 unreadable.pop(sid, None)  # read (or absent) now: rebuilt, or its keys dropped
-            elif sid not in unreadable:
-                self.stats.corrupt_reads += 1
-                log.error(
-                    "a stored state cannot be read now (%s): its partition waits at the "
-                    "session's next record until it reads (a damaged one: rebuild it with "
-                    "`milpa-sessions replay --session <id> --force`)",
-                    why,
-                )
-                unreadable[sid] = why
+                continue
+            if sid in unreadable:
+                continue  # said already
+            unreadable[sid] = why
+            if sid in rebuilding:  # a routine restore, not damage
+                self.stats.rebuilding_reads += 1
+                log.warning("%s: its partition waits at the session's next record", why)
+                continue
+            self.stats.corrupt_reads += 1
+            log.error(
+                "a stored state cannot be read (%s): its partition waits at the session's next "
+                "record until it reads (rebuild it with `milpa-sessions replay --session <id> "
+                "--force`)",
+                why,
+            )
         return found
 
     async def _decode(self, raws: Sequence[Consumed]) -> list[Record]:

@@ -480,13 +480,15 @@ class AsyncRedisProjectionStore:
         *,
         event_ids: bool = True,
         unreadable: dict[str, str] | None = None,
+        rebuilding: set[str] | None = None,
     ) -> dict[str, Folded]:
         """State, mark and event ids of the known sessions, in one round trip.
 
         `event_ids=False` leaves `Session.event_ids` empty, for readers that never fold (the
         scheduler): a session's ids are most of what a read carries once it has a long life.
-        With `unreadable`, a session whose projection does not decode is put there (id -> why)
-        instead of failing the read (`requests.read`).
+        With `unreadable`, a session whose projection does not decode, or that a `replay
+        --session` is rebuilding (also put in `rebuilding`), is put there (id -> why) instead of
+        failing the read (`requests.read`).
 
         With `durability` on, the read waits for the replicas as a write does. A worker that finds
         events already applied moves its Kafka offsets past them: a commit whose own `WAIT` came
@@ -494,7 +496,13 @@ class AsyncRedisProjectionStore:
         or a failover could still lose it.
         """
         await self._fresh()
-        request = requests.read(self.keys, session_ids, event_ids=event_ids, unreadable=unreadable)
+        request = requests.read(
+            self.keys,
+            session_ids,
+            event_ids=event_ids,
+            unreadable=unreadable,
+            rebuilding=rebuilding,
+        )
         return await execute_async(self.client, request, self.durability, settle=True)
 
     async def loaded(self, session_id: str) -> tuple[Folded | None, str | None]:

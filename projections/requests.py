@@ -360,13 +360,15 @@ def read(
     *,
     event_ids: bool = True,
     unreadable: dict[str, str] | None = None,
+    rebuilding: set[str] | None = None,
 ) -> Request[dict[str, Folded]]:
     """State, mark (and event ids) of the known sessions among `session_ids`.
 
     A session whose projection does not decode fails the read (`CorruptProjectionError`), or,
     with `unreadable` given, is left out of the answer and put there (id -> why), as is one a
     `replay --session` is rebuilding (`Keys.restoring`: what is stored is half rebuilt; the
-    same round trip reads the marks).
+    same round trip reads the marks, after the states: read before them, a mark taken away in
+    between would let a half-rebuilt state through), also put in `rebuilding` when given.
     """
     flag = "1" if event_ids else "0"
     sha = scripts.READ.sha
@@ -392,6 +394,8 @@ def read(
                     f"{sid}: half rebuilt, by a `replay --session` of it begun at {began} that "
                     "has not ended (wait for it, or run it again if it died)"
                 )
+                if rebuilding is not None:
+                    rebuilding.add(sid)
                 continue
             try:
                 folded = parse_read(raw, sid)

@@ -185,3 +185,30 @@ def test_a_restore_takes_away_its_own_mark_only(store: RedisProjectionStore) -> 
     assert store.client.data[restoring] == {"a": second}  # type: ignore[union-attr]
     store.end_restore("a", second)
     assert restoring not in store.client.data  # type: ignore[operator]
+
+
+def test_one_sessions_rebuild_reads_the_log_s_ends_again_after_its_mark_and_drop(
+    store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker may apply an event of the session after a first read of the ends and before the
+    # mark (or onto its cached state before the drop): the fold must reach past that event.
+    steps: list[str] = []
+    restoring = KEYS.restoring(KEYS.partition_of("a"))
+
+    def ends(*args: Any) -> tuple[dict[int, int], int]:
+        marked = restoring in store.client.data  # type: ignore[operator]
+        steps.append("ends after the mark" if marked else "ends")
+        return ({0: 3, 1: 2}, 2) if not marked else ({0: 5, 1: 2}, 2)
+
+    def drop(self: RedisProjectionStore, sid: str, **options: bool) -> None:
+        steps.append("drop")
+
+    def run(job: Any, ends: Any, progress: Any, grow: Any = None) -> ReplayReport:
+        steps.append(f"fold to {dict(ends)}")
+        return ReplayReport(3, 1)
+
+    monkeypatch.setattr(replay_module, "_end_offsets", ends)
+    monkeypatch.setattr(RedisProjectionStore, "drop", drop)
+    monkeypatch.setattr(replay_module._Job, "run", run)
+    replay("127.0.0.1:9", "t.events", store, TrustedKeys.none(), session_id="a", processes=1)
+    assert steps == ["ends", "drop", "ends after the mark", "fold to {0: 5, 1: 2}"]

@@ -30,7 +30,11 @@ class _AsyncStore:
         self.inner = inner
 
     async def folded(
-        self, session_ids: Sequence[str], *, unreadable: dict[str, str] | None = None
+        self,
+        session_ids: Sequence[str],
+        *,
+        unreadable: dict[str, str] | None = None,
+        rebuilding: set[str] | None = None,
     ) -> dict[str, Folded]:
         return self.inner.folded(session_ids)
 

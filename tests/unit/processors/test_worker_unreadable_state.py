@@ -39,7 +39,11 @@ class _Corrupting(_AsyncStore):
         self.restoring: dict[str, str] = {}  # session -> when its `replay --session` began
 
     async def folded(
-        self, session_ids: Sequence[str], *, unreadable: dict[str, str] | None = None
+        self,
+        session_ids: Sequence[str],
+        *,
+        unreadable: dict[str, str] | None = None,
+        rebuilding: set[str] | None = None,
     ) -> dict[str, Folded]:
         bad = [sid for sid in session_ids if sid in self.corrupt]
         if bad and unreadable is None:
@@ -47,14 +51,21 @@ class _Corrupting(_AsyncStore):
         for sid in bad:
             assert unreadable is not None
             unreadable[sid] = f"{sid}: the stored state cannot be read: bad zlib"
-        gone = self.dropped | self.corrupt
+        marked = [sid for sid in session_ids if sid in self.restoring]
+        for sid in marked:
+            assert unreadable is not None and rebuilding is not None
+            unreadable[sid] = f"{sid}: half rebuilt, by a `replay --session` of it"
+            rebuilding.add(sid)
+        gone = self.dropped | self.corrupt | set(marked)
         found = await super().folded(session_ids)
         return {sid: f for sid, f in found.items() if sid not in gone}
 
     async def loaded(self, session_id: str) -> tuple[Folded | None, str | None]:
         if session_id in self.corrupt:
             raise CorruptProjectionError(f"{session_id}: the stored state cannot be read")
-        found = (await self.folded([session_id])).get(session_id)
+        if session_id in self.dropped:
+            return None, self.restoring.get(session_id)
+        found = (await super().folded([session_id])).get(session_id)
         return found, self.restoring.get(session_id)
 
 
@@ -312,3 +323,20 @@ def test_records_before_the_fault_are_folded_again_after_a_conflict_and_it_moves
     folder.unreadable["u"] = "u: bad"
     folder.fold({}, [_record(turn("user", "x", session_id="u"), 0, 1)])
     assert folder.parked == {0: Fault(Position(0, 1), "u", UNREADABLE, "u: bad")}
+
+
+def test_a_session_being_rebuilt_parks_its_partition_and_is_counted_apart(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner, store, worker, _, _ = _damaged()
+    store.corrupt.discard("a")
+    store.restoring["a"] = "2026-12-07T09:00:00+00:00 beef"
+    with caplog.at_level(logging.WARNING, logger="processors.worker"):
+        asyncio.run(worker.process([_raw(turn("user", "x", session_id="a"), 0, 2)]))
+    assert set(worker.stats.parked) == {0} and _seq(inner, "a") == 2
+    assert worker.stats.rebuilding_reads == 1 and worker.stats.corrupt_reads == 0
+    (read,) = [r for r in caplog.records if "half rebuilt" in r.getMessage()][:1]
+    assert read.levelno == logging.WARNING  # a routine restore, not damage
+    assert asyncio.run(worker.unparkable()) == {}
+    del store.restoring["a"]
+    assert set(asyncio.run(worker.unparkable())) == {0}
