@@ -196,7 +196,9 @@ def replay(
     if session_id is not None:
         # The session's pauses and outcomes are already in the global counters: rebuilding its
         # projection must not count them a second time.
-        store = dataclasses.replace(store, count_stats=False)
+        # Its commits restore it if it expired: its tombstone, kept by the drop so that a worker
+        # meanwhile does not write it from nothing, does not refuse them.
+        store = dataclasses.replace(store, count_stats=False, restores=True)
         if store.retention is not None:
             restored = store.retention.restored(restored_at or datetime.now(UTC))
             store = dataclasses.replace(store, retention=restored)

@@ -83,6 +83,9 @@ class RedisProjectionStore:
     track: bool = False  # note committed sessions for the next snapshot (snapshots are taken)
     durability: Durability = NOT_DURABLE  # replicas a write must reach before it is done
     follow: bool = True  # follow the partitions' generations (False: a rebuild's own target)
+    # Its commits restore expired sessions (`replay --session`): a tombstone does not refuse
+    # them, they take it away (the drop before them keeps it: `drop(restoring=True)`).
+    restores: bool = False
     _generations_at: float = field(default=float("-inf"), repr=False, compare=False)
 
     def refresh_generations(self) -> tuple[int, ...]:
@@ -159,6 +162,7 @@ class RedisProjectionStore:
                 self.count_stats,
                 retention=retention,
                 track=self.track,
+                restore=self.restores,
             )
             for u in updates
         ]
@@ -308,14 +312,18 @@ class RedisProjectionStore:
         deadlines and compaction-due indexes, its retention entry and its tombstone (a rebuild
         of it follows: `replay --session`).
 
-        `restoring` (snapshots taken: `track`): in the same script call, hold it in its
+        `restoring`: keep its tombstone, which the restore's first commit takes away (`restores`):
+        a worker's commit of an event of it meanwhile still finds it expired instead of writing
+        it from nothing. And (snapshots taken: `track`) in the same script call, hold it in its
         partition's unsnapshotted index at offset 0, so that no checkpoint passes its events
         before a snapshot of it, whole again, is taken (a restore that dies before its first
         commit would otherwise leave a rebuild from snapshots its older snapshot for whole).
         """
         self._fresh()
         p = self.keys.partition_of(session_id)
-        call = drop_command(self.keys, session_id, p, hold=restoring and self.track)
+        call = drop_command(
+            self.keys, session_id, p, hold=restoring and self.track, keep_tombstone=restoring
+        )
         request = requests.Request([call], lambda _: None, f"dropping {session_id} failed", True)
         execute(self.client, request, self.durability)
 

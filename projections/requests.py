@@ -543,11 +543,14 @@ def drop_command(
     hold: bool = False,
     retire: bool = False,
     below: int | None = None,
+    keep_tombstone: bool = False,
 ) -> tuple[Any, ...]:
     """The drop script's call for one session (lua/drop.lua).
 
     Without `now_ms`: forget it, its retention entry, tombstone and retired entry too (a rebuild
-    follows); `hold`: keep it in the unsnapshotted index, at offset 0. With `now_ms`: expire it
+    follows); `hold`: keep it in the unsnapshotted index, at offset 0; `keep_tombstone` (a
+    restore follows, whose first commit takes it away): a worker's commit of it meanwhile still
+    finds it expired instead of writing it from nothing. With `now_ms`: expire it
     if its retention deadline is at or before `now_ms`, leaving a tombstone, and with `retire`
     (snapshots are taken) a retired entry for the next snapshot round; with `below`, only if its
     last event's offset is below it (its partition's settled offset).
@@ -574,6 +577,7 @@ def drop_command(
         "1" if hold else "",
         "1" if retire else "",
         "" if below is None else below,
+        "1" if keep_tombstone else "",
     )
 
 
@@ -666,11 +670,13 @@ def commit_call(
     *,
     retention: Retention | None = None,
     track: bool = False,
+    restore: bool = False,
 ) -> Call:
     """The KEYS and ARGV of one session's commit (state, appends, indexes, counters).
 
     `count`: add its counters to the fleet's; `track` (snapshots are taken): to the session's
-    own too, and note the session in its partition's unsnapshotted index.
+    own too, and note the session in its partition's unsnapshotted index. `restore` (`replay
+    --session`): a tombstone does not refuse it (expired), it takes the tombstone away.
     """
     head, groups = id_groups(update)
     changes = index_changes(update, keys, compact_after)
@@ -690,6 +696,7 @@ def commit_call(
         retain=None if retention is None else retention.deadline_ms(update),
         track=first if track else None,
         history=update.facts,
+        restore=restore,
     )
 
 
@@ -774,6 +781,7 @@ def _call(
     retain: int | None,
     track: int | None,
     history: Sequence[HistoryRecord],
+    restore: bool = False,
 ) -> Call:
     sid = update.session_id
     partition = update.mark.partition
@@ -826,6 +834,7 @@ def _call(
         "1" if own else "0",
         "" if track is None else track,
         *history_args(history, len(k.all()) + len(keys.partition_keys(partition)) + 1),
+        "1" if restore else "",
     ]
     return script_keys, args
 

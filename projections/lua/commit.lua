@@ -18,12 +18,14 @@
 --       the session's own (fields `c:<counter>` of its state hash, while snapshots are taken:
 --       a field, not a key, so an idle session stays one small hash), the first offset
 --       applied ("" = not tracked: snapshots are not taken),
---       then n_hist, (key index among the session's KEYS, n, entries...)...
+--       then n_hist, (key index among the session's KEYS, n, entries...)..., then "1" to restore
+--       (`replay --session`: a tombstone does not refuse the commit, which takes it away).
 -- Event ids (session_model/dedupe.py): while the session is compact they are inline and all in
 -- the first dedupe chunk; once spread, the id list holds one element per chunk, the last
 -- @KEPT_GROUPS@ only.
 -- A session without a mark that has a tombstone expired (retention): nothing is written for it
--- (its events stay in Kafka; `replay --session` deletes the tombstone and rebuilds it whole).
+-- (its events stay in Kafka; `replay --session` rebuilds it whole: its commits carry a last
+-- argument "1", restore, which a tombstone does not refuse and which takes the tombstone away).
 -- Returns one 1 (applied), 0 (conflict: nothing written) or 2 (expired: nothing written) per
 -- session, in order. The counters of
 -- the sessions applied are summed and written once per (key, field) at the end.
@@ -91,8 +93,8 @@ local function waiting(ko, sid, at, was)
   return entry
 end
 
--- One session: its KEYS start after `ko`, its arguments after `ao`.
-local function commit(ko, ao)
+-- One session: its KEYS start after `ko`, its arguments after `ao`; `restore`: its last one.
+local function commit(ko, ao, restore)
   H = KEYS[ko + 1]
   local state, window, summary, head = ARGV[ao + 3], ARGV[ao + 4], ARGV[ao + 8], ARGV[ao + 9]
   local n_groups = tonumber(ARGV[ao + 10])
@@ -106,7 +108,10 @@ local function commit(ko, ao)
 
   local got = redis.call('HMGET', H, 'mark', 'n', 'f')
   if (got[1] or '') ~= ARGV[ao + 1] then return 0 end
-  if not got[1] and redis.call('HEXISTS', KEYS[ko + 17], ARGV[ao + 5]) == 1 then return 2 end
+  if not got[1] and redis.call('HEXISTS', KEYS[ko + 17], ARGV[ao + 5]) == 1 then
+    if restore ~= '1' then return 2 end
+    redis.call('HDEL', KEYS[ko + 17], ARGV[ao + 5])
+  end
   local sc, ic, tc = header(got[2])
   local set, del = {'mark', ARGV[ao + 2]}, {}
 
@@ -279,7 +284,7 @@ end
 local top = -1  -- the highest offset this call committed, for the switch's comparison
 while ao < #ARGV do
   local n_keys, n_args = tonumber(ARGV[ao + 1]), tonumber(ARGV[ao + 2])
-  local done = commit(ko, ao + 2)
+  local done = commit(ko, ao + 2, ARGV[ao + 2 + n_args])
   applied[#applied + 1] = done
   if done == 1 then
     local offset = tonumber(string.match(ARGV[ao + 4], ':(%d+)$'))

@@ -10,16 +10,18 @@
 -- the unsnapshotted index at offset 0 instead of taking it out (a restore follows: no
 -- checkpoint may pass its events before a snapshot of it, whole again, is taken), and "1" to
 -- retire it when it expires (snapshots are taken), and (the sweep) its partition's settled
--- offset ("": none), before which everything applied has what it made published.
--- Without now ("", a rebuild follows): drop it and forget its retention entry, tombstone and
--- retired entry; returns how many keys were unlinked. With now (the retention sweep): only if
+-- offset ("": none), before which everything applied has what it made published, and "1" to
+-- keep its tombstone (a restore follows, whose first commit takes it away: a worker's commit of
+-- it meanwhile finds it expired, instead of writing it from nothing).
+-- Without now ("", a rebuild follows): drop it and forget its retention entry, tombstone (unless
+-- kept) and retired entry; returns how many keys were unlinked. With now (the retention sweep): only if
 -- its retention deadline is at or before now, drop it and leave a tombstone `<now> <last mark>`
 -- (and, retiring, a retired entry `<now> <last mark> <its counters as JSON>`, which the next
 -- snapshot round replaces its snapshot with a stub by); returns 1 if it was dropped, else 0
 -- (restored meanwhile, expired by another sweep already, or its last state not in a snapshot
 -- yet, or its last event not below the settled offset: then its deadline moves a minute on).
 local sid, rprefix, now, hold, retire = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
-local settled = ARGV[6]
+local settled, keep_tombstone = ARGV[6], ARGV[7] == '1'
 if now ~= '' then
   local due = redis.call('ZSCORE', KEYS[14], sid)
   if not due or tonumber(due) > tonumber(now) then return 0 end
@@ -71,7 +73,7 @@ redis.call('ZREM', KEYS[17], sid)
 redis.call('SREM', KEYS[18], sid)
 local unlinked = redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], unpack(KEYS, 9, 13))
 if now == '' then
-  redis.call('HDEL', KEYS[15], sid)
+  if not keep_tombstone then redis.call('HDEL', KEYS[15], sid) end
   redis.call('HDEL', KEYS[19], sid)
   return unlinked
 end

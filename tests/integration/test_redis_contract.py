@@ -545,6 +545,31 @@ def test_a_workers_read_puts_apart_what_does_not_decode_and_what_is_being_rebuil
     assert unknown == (None, None)
 
 
+def test_a_restore_keeps_the_tombstone_until_its_own_commit_takes_it_away(
+    projection_store: RedisProjectionStore,
+) -> None:
+    """`replay --session` of an expired session: a worker's commit of it meanwhile (base none)
+    still finds it expired and writes nothing; the restore's own commit applies and takes the
+    tombstone away."""
+    store = projection_store
+    sid = next(f"tomb-{i}" for i in range(1000) if store.keys.partition_of(f"tomb-{i}") == 0)
+    records = _idle(sid)  # (at partition 0: the partition the commits name)
+    _commit(store, records, 3)
+    store.drop(sid)
+    store.client.hset(store.keys.expired(0), sid, "1700000000000 0:2")  # as the sweep leaves it
+    assert store.expired(sid) is not None
+    restore = store.begin_restore(sid, datetime.now(UTC))
+    store.drop(sid, restoring=True)
+    assert store.expired(sid) is not None  # kept for the restore's commit
+    updates = BatchFolder().fold({}, records)
+    assert store.commit(updates).expired == (sid,)  # a worker's: nothing written
+    assert not store.client.exists(store.keys.session(sid).state)
+    assert dataclasses.replace(store, restores=True).commit(updates).applied == (sid,)
+    assert store.expired(sid) is None
+    store.end_restore(sid, restore)
+    assert store.load(sid) == fold(sid, [r.event for r in records])
+
+
 def test_a_workers_read_waits_for_the_replicas_as_its_writes_do(
     projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
 ) -> None:
