@@ -104,6 +104,7 @@ def worker(ctx: Ctx, loglevel: str) -> None:
     from processors.faust_process import Worker  # noqa: PLC0415
 
     keys = wiring.trusted_keys(ctx.settings)
+    wiring.check_worker_settings(ctx.settings)
     endpoint, starting = wiring.serve_while_starting(ctx.settings)
     wiring.wait_for_stack(ctx.settings, starting)
     wiring.check_rebuild_finished(
@@ -142,6 +143,7 @@ def scheduler(ctx: Ctx, loglevel: str, poll_interval: float) -> None:
     from processors.faust_process import Worker  # noqa: PLC0415 - Faust's import-time cost
     from processors.scheduler_app import create_scheduler_app  # noqa: PLC0415
 
+    wiring.check_worker_settings(ctx.settings)
     endpoint, starting = wiring.serve_while_starting(ctx.settings)
     wiring.wait_for_stack(ctx.settings, starting)
     wiring.check_rebuild_finished(

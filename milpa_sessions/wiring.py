@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from processors.health import Starting
+from processors.health import Starting, checked_stall
 from processors.running import wait_for
 from processors.settings import WorkerSettings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
@@ -256,6 +256,14 @@ def wait_for_stack(settings: WorkerSettings, starting: Starting | None = None) -
         starting.waited()
 
 
+def check_worker_settings(settings: WorkerSettings) -> None:
+    """The long-running processes' settings that the app checks, checked before the start-up
+    wait for Kafka and Redis (which may last for ever): ConfigurationError."""
+    settings.cache_limit()
+    settings.park_retry()
+    checked_stall(settings.stall_s)
+
+
 def serve_while_starting(settings: WorkerSettings) -> tuple[Endpoint | None, Starting | None]:
     """The health endpoints on the metrics port from now on (`/livez` alive while the process
     waits for Kafka and Redis, `/readyz` not ready), for the app to take over; none without a
@@ -264,7 +272,7 @@ def serve_while_starting(settings: WorkerSettings) -> tuple[Endpoint | None, Sta
 
     if settings.metrics_port <= 0:
         return None, None
-    starting = Starting(settings.stall_s)
+    starting = Starting()
     return serve_starting(settings.metrics_port, settings.metrics_host, starting), starting
 
 

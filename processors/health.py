@@ -14,9 +14,10 @@ killing the process.
 A lag is seen by a probe: a stall is reported by the first probe `stall_s` after one that saw the
 records waiting (the probes of an orchestrator come every few seconds).
 
-Before all that, while the process waits for Kafka and Redis and then starts its app, the same
-port answers `Starting`'s verdicts: alive (the wait has its own `MILPA_STARTUP_TIMEOUT`), never
-ready, and no longer alive once the app has not started `stall_s` after the wait ended.
+Before all that, while the process waits for Kafka and Redis and then starts its app (Faust
+serves its tasks only once it has joined the group, which may wait for a dead member's session
+to time out), the same port answers `Starting`'s verdicts: alive, never ready. The wait has its
+own bound (`MILPA_STARTUP_TIMEOUT`); an orchestrator bounds the rest with a start-up probe.
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ def judge(
     return Health(live, not problems, tuple(problems), loop_s, lag, waiting_s)
 
 
+def checked_stall(stall_s: float) -> float:
+    """`MILPA_STALL_S`, at least two heartbeats (ConfigurationError otherwise)."""
+    if not stall_s >= 2 * BEAT_S:  # (NaN too) a shorter one fails between two heartbeats
+        raise ConfigurationError(
+            f"MILPA_STALL_S={stall_s}: must be at least {2 * BEAT_S:g} seconds"
+        )
+    return stall_s
+
+
 class Checks(Protocol):
     """What the health endpoints ask: a verdict now."""
 
@@ -96,29 +106,20 @@ class Checks(Protocol):
 class Starting:
     """The verdicts while the process starts, before its app serves its own (`Probe`)."""
 
-    def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.stall_s = stall_s
-        self.clock = clock
+    def __init__(self) -> None:
         self.doing = "starting"
-        self._waited_at: float | None = None  # when the wait for Kafka and Redis ended
 
     def waiting_for(self, what: str) -> None:
         """Say what the process waits for now (e.g. "Redis at redis://…")."""
         self.doing = f"waiting for {what}"
 
     def waited(self) -> None:
-        """Kafka and Redis answered: the app starts now, within `stall_s`."""
-        self.doing = "starting the app"
-        self._waited_at = self.clock()
+        """Kafka and Redis answered: the app starts now (it joins the consumer group)."""
+        self.doing = "starting the app and joining the consumer group"
 
     def check(self) -> Health:
-        """Alive while it waits, and for `stall_s` after; never ready."""
-        problems = [f"starting: {self.doing}"]
-        since = None if self._waited_at is None else self.clock() - self._waited_at
-        live = since is None or since <= self.stall_s
-        if not live:
-            problems.append(f"the app has not started {since:.1f}s after Kafka and Redis answered")
-        return Health(live, False, tuple(problems), 0.0, 0, None)
+        """Alive, never ready, saying what it is doing."""
+        return Health(True, False, (f"starting: {self.doing}",), 0.0, 0, None)
 
 
 class Heartbeat:
@@ -152,10 +153,7 @@ class Probe:
         *,
         troubles: Callable[[], Sequence[str]] = tuple,
     ) -> None:
-        if not stall_s >= 2 * BEAT_S:  # (NaN too) a shorter one fails between two heartbeats
-            raise ConfigurationError(
-                f"MILPA_STALL_S={stall_s}: must be at least {2 * BEAT_S:g} seconds"
-            )
+        checked_stall(stall_s)
         self.heartbeat = heartbeat
         self._troubles = troubles
         self._lag = lag

@@ -192,8 +192,9 @@ class StatsCollector(Collector):
         )
         yield GaugeMetricFamily(
             "milpa_parked_partitions",
-            "Partitions parked at a record the fold raised on (a bug, see the log): their "
-            "records wait, uncommitted, for a fixed worker.",
+            "Partitions parked (see the log): at a record the fold raised on (a bug: their "
+            "records wait, uncommitted, for a fixed worker), or of a session whose stored state "
+            "cannot be read (damaged, or being rebuilt: they go on once it reads).",
             value=len(w.parked),
         )
         yield GaugeMetricFamily(

@@ -175,9 +175,11 @@ def replay(
     own, emptied beforehand: `processors.generations`). A rebuild that clears marks the store
     half built (`RedisProjectionStore.begin_rebuild`) until its fold has ended.
 
-    One session's rebuild also deletes its tombstone (an expired projection comes back whole)
-    and, under a retention, keeps it at least one TTL from `restored_at` (default: now), so the
-    next sweep does not drop it again at once. A full rebuild indexes every ended session at
+    One session's rebuild also takes its tombstone away with its first commit (an expired
+    projection comes back whole; the drop before keeps it, so that a worker's commit meanwhile
+    finds it expired instead of writing it from nothing) and, under a retention, keeps it at
+    least one TTL from `restored_at` (default: now), so the next sweep does not drop it again at
+    once. A full rebuild indexes every ended session at
     its own deadline again.
 
     `processes`: how many processes rebuild partitions in parallel, at most one per partition;

@@ -307,15 +307,16 @@ class ProjectionWorker:
         now (rebuilt) are readable again, and `tell_rebuilt` tells the listeners of them."""
         faulted = {f.session_id for f in (self.folder.parked or {}).values()}
         unreadable = self.folder.unreadable
-        for sid in [s for s in unreadable if s not in faulted][:most]:
-            try:
-                self.stats.redis_round_trips += 1
-                folded, restoring = await self.store.loaded(sid)
-            except ProjectionError:
-                continue
-            if folded is None or folded.mark is None or restoring is not None:
-                continue  # still absent, or half rebuilt
-            if unreadable.pop(sid, None) is not None:
+        ids = [s for s in unreadable if s not in faulted][:most]
+        if not ids:
+            return
+        try:  # one round trip; one still unreadable, or half rebuilt, is left out again
+            self.stats.redis_round_trips += 1
+            found = await self.store.folded(ids, unreadable={}, rebuilding=set())
+        except ProjectionError:
+            return
+        for sid, folded in found.items():
+            if folded.mark is not None and unreadable.pop(sid, None) is not None:
                 self._to_tell.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
 
     async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:

@@ -179,7 +179,12 @@ class RedisProjectionStore:
             return CommitResult()
         calls = [
             restore_call(
-                self.keys, r, self.compact_after, self.count_stats, retention=self.retention
+                self.keys,
+                r,
+                self.compact_after,
+                self.count_stats,
+                retention=self.retention,
+                restore=self.restores,
             )
             for r in sessions
         ]

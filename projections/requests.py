@@ -727,10 +727,11 @@ def restore_call(
     count: bool = True,
     *,
     retention: Retention | None = None,
+    restore: bool = False,
 ) -> Call:
     """The commit script's call that writes a session from its snapshot (no mark stored yet):
     its state, window and dedupe window, its indexes, and its counters (the fleet's too with
-    `count`). Its history before the snapshot stays in Kafka only."""
+    `count`). Its history before the snapshot stays in Kafka only. `restore`: as `commit_call`'s."""
     state = snapshot.folded.state
     update = SessionUpdate(state.id, None, snapshot.mark, state, ())
     changes = index_changes(update, keys, compact_after)
@@ -751,6 +752,7 @@ def restore_call(
         retain=_restored_retention(snapshot, retention),
         track=None,
         history=(),
+        restore=restore,
     )
 
 

@@ -148,11 +148,7 @@ class Fault:
     session_id: str
     kind: str  # the exception's type name (`UNREADABLE`: the session's stored state)
     error: str  # the exception's repr, cut to FAULT_CHARS (it may quote an agent's text)
-
-    @property
-    def unreadable(self) -> bool:
-        """Whether the session's stored state could not be read (not a bug in the fold)."""
-        return self.kind == UNREADABLE
+    unreadable: bool = False  # the session's stored state could not be read (not a fold bug)
 
 
 @dataclass(slots=True)
@@ -250,7 +246,9 @@ class BatchFolder:
         unless it is parked already at an earlier record."""
         fault = parked.get(position.partition)
         if fault is None or position < fault.position:
-            parked[position.partition] = Fault(position, sid, UNREADABLE, why[:FAULT_CHARS])
+            parked[position.partition] = Fault(
+                position, sid, UNREADABLE, why[:FAULT_CHARS], unreadable=True
+            )
         self.held += 1
 
 

@@ -72,3 +72,18 @@ def test_a_folding_process_refuses_to_start_on_a_half_built_projection(
 def test_it_starts_once_the_rebuild_finished(redis: DictRedis, command: str) -> None:
     result = CliRunner().invoke(main, [command], env=ENV)
     assert isinstance(result.exception, _StartedError), result.output
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler"])
+@pytest.mark.parametrize(
+    ("setting", "value"), [("MILPA_STALL_S", "1"), ("MILPA_PARK_RETRY_S", "0")]
+)
+def test_a_bad_setting_is_refused_before_the_wait_for_the_stack(
+    monkeypatch: pytest.MonkeyPatch, command: str, setting: str, value: str
+) -> None:
+    def wait(*args: Any) -> None:
+        raise AssertionError("waited for Kafka and Redis with a setting it will refuse")
+
+    monkeypatch.setattr(wiring, "wait_for_stack", wait)
+    result = CliRunner().invoke(main, [command], env={**ENV, setting: value})
+    assert result.exit_code != 0 and setting in result.output, result.output

@@ -181,26 +181,20 @@ def test_a_stall_time_shorter_than_two_heartbeats_is_refused(stall_s: float) -> 
         Probe(Heartbeat(), dict, lambda: None, lambda: True, stall_s)
 
 
-def test_while_starting_it_is_alive_and_never_ready_until_the_app_is_late() -> None:
-    clock = Clock()
-    starting = Starting(stall_s=30.0, clock=clock)
+def test_while_starting_it_is_alive_never_ready_and_says_what_it_does() -> None:
+    starting = Starting()
     starting.waiting_for("Kafka at 127.0.0.1:9092")
-    clock.now += 3600  # a wait as long as it takes (MILPA_STARTUP_TIMEOUT bounds it)
     health = starting.check()
     assert health.live and not health.ready
     assert health.problems == ("starting: waiting for Kafka at 127.0.0.1:9092",)
-    starting.waited()
-    clock.now += 30
-    assert starting.check().live
-    assert starting.check().problems == ("starting: starting the app",)
-    clock.now += 1
+    starting.waited()  # the group join may wait for a dead member's session timeout: still live
     health = starting.check()
-    assert not health.live and not health.ready
-    assert health.problems[1] == "the app has not started 31.0s after Kafka and Redis answered"
+    assert health.live and not health.ready
+    assert health.problems == ("starting: starting the app and joining the consumer group",)
 
 
 def test_the_app_takes_over_the_start_up_s_endpoint_without_a_gap() -> None:
-    starting = Starting(stall_s=30.0, clock=Clock())
+    starting = Starting()
     starting.waiting_for("Redis at redis://127.0.0.1:1/0")
     endpoint = serve_starting(0, "127.0.0.1", starting)
     try:

@@ -322,7 +322,7 @@ def test_records_before_the_fault_are_folded_again_after_a_conflict_and_it_moves
     assert sorted(u.session_id for u in updates) == ["s3", "s4"] and folder.held == 2
     folder.unreadable["u"] = "u: bad"
     folder.fold({}, [_record(turn("user", "x", session_id="u"), 0, 1)])
-    assert folder.parked == {0: Fault(Position(0, 1), "u", UNREADABLE, "u: bad")}
+    assert folder.parked == {0: Fault(Position(0, 1), "u", UNREADABLE, "u: bad", unreadable=True)}
 
 
 def test_a_session_being_rebuilt_parks_its_partition_and_is_counted_apart(
