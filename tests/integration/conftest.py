@@ -30,7 +30,11 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
-from kafka.errors import CoordinatorNotAvailableError
+from kafka.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    NotCoordinatorError,
+)
 from kafka.net import inet
 
 from deploy.harness import (
@@ -344,11 +348,12 @@ def health(port: int, path: str) -> tuple[int, dict[str, Any]]:
 
 def committed_offsets(settings: Settings) -> dict[int, int]:
     """partition → the group's committed offset on the events topic (next record to read);
-    none while the broker has no coordinator for the group yet (a broker just started)."""
+    none while the broker has no coordinator for the group yet (a broker just started: it may
+    answer any of these, which a caller polling `wait_for` asks again after)."""
     admin = KafkaAdminClient(**settings.kafka_access().kafka_python())
     try:
         offsets = admin.list_group_offsets({settings.consumer_group: None})
-    except CoordinatorNotAvailableError:
+    except (CoordinatorNotAvailableError, NotCoordinatorError, CoordinatorLoadInProgressError):
         return {}
     finally:
         admin.close()
