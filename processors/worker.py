@@ -242,23 +242,26 @@ class ProjectionWorker:
         now can, whole (an operator rebuilt it): each partition is to be read again from at
         most its fault's record (`unpark`).
 
-        Read once, not retried: the caller asks again later. A session being rebuilt (`replay
-        --session`, under way or died: what is stored is half rebuilt), or still absent (its
-        keys dropped: folded onto nothing it would lose its past), keeps its partition parked.
+        A session being rebuilt (`replay --session`, under way or died: what is stored is half
+        rebuilt), or still absent (its keys dropped: folded onto nothing it would lose its past),
+        keeps its partition parked.
         """
         faults = {p: f for p, f in (self.folder.parked or {}).items() if f.unreadable}
-        ready: dict[int, Fault] = {}
-        for partition, fault in faults.items():
-            sid = fault.session_id
-            try:
-                self.stats.redis_round_trips += 1
-                folded, restoring = await self.store.loaded(sid)
-            except ProjectionError:  # still unreadable, or Redis away: asked again later
-                continue
-            if folded is not None and folded.mark is not None and restoring is None:
-                self._rebuilt[sid] = folded
-                ready[partition] = fault
-        return ready
+        whole = await self._whole([f.session_id for f in faults.values()])
+        self._rebuilt.update(whole)
+        return {p: f for p, f in faults.items() if f.session_id in whole}
+
+    async def _whole(self, session_ids: Sequence[str]) -> dict[str, Folded]:
+        """Those of these sessions stored whole now: readable, present, not being rebuilt. One
+        round trip, not retried (Redis away: none; the caller asks again later)."""
+        if not session_ids:
+            return {}
+        try:
+            self.stats.redis_round_trips += 1
+            found = await self.store.folded(session_ids, unreadable={}, rebuilding=set())
+        except ProjectionError:
+            return {}
+        return {sid: f for sid, f in found.items() if f.mark is not None}
 
     def unpark(self, faults: Mapping[int, Fault]) -> set[int]:
         """Fold these partitions' records again (the consumer reads them again from where they
@@ -307,15 +310,8 @@ class ProjectionWorker:
         now (rebuilt) are readable again, and `tell_rebuilt` tells the listeners of them."""
         faulted = {f.session_id for f in (self.folder.parked or {}).values()}
         unreadable = self.folder.unreadable
-        ids = [s for s in unreadable if s not in faulted][:most]
-        if not ids:
-            return
-        try:  # one round trip; one still unreadable, or half rebuilt, is left out again
-            self.stats.redis_round_trips += 1
-            found = await self.store.folded(ids, unreadable={}, rebuilding=set())
-        except ProjectionError:
-            return
-        for sid, folded in found.items():
+        whole = await self._whole([s for s in unreadable if s not in faulted][:most])
+        for sid, folded in whole.items():
             if folded.mark is not None and unreadable.pop(sid, None) is not None:
                 self._to_tell.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
 

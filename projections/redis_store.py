@@ -518,14 +518,6 @@ class AsyncRedisProjectionStore:
         )
         return await execute_async(self.client, request, self.durability, settle=True)
 
-    async def loaded(self, session_id: str) -> tuple[Folded | None, str | None]:
-        """The session's state and mark (`CorruptProjectionError` if it does not decode), and
-        when a `replay --session` of it began if one is under way or died (then what is stored
-        is half rebuilt: `RedisProjectionStore.begin_restore`)."""
-        await self._fresh()
-        request = requests.loaded(self.keys, session_id)
-        return await execute_async(self.client, request, self.durability, settle=True)
-
     async def decisions(
         self, session_ids: Sequence[str], latest: Sequence[int] | None = None
     ) -> dict[str, tuple[Decision, ...]]:

@@ -517,8 +517,8 @@ def test_a_workers_read_puts_apart_what_does_not_decode_and_what_is_being_rebuil
     projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest
 ) -> None:
     """A parking worker's read leaves out, and names, a state that does not decode and one a
-    `replay --session` is rebuilding (its mark read in the same round trip); `loaded`, which
-    decides when a parked partition goes on, says both apart."""
+    `replay --session` is rebuilding (its mark read in the same round trip): what it finds is
+    whole, which is what lets a parked partition go on."""
     store = projection_store
     for sid in ("fine", "damaged", "rebuilding"):
         _commit(store, _idle(sid), 3)
@@ -526,23 +526,27 @@ def test_a_workers_read_puts_apart_what_does_not_decode_and_what_is_being_rebuil
     restore = store.begin_restore("rebuilding", datetime.now(UTC))
     asked = ["fine", "damaged", "rebuilding", "unknown"]
 
-    async def read() -> tuple[dict[str, Folded], dict[str, str], list[Any]]:
+    async def read(
+        unreadable: dict[str, str], rebuilding: set[str]
+    ) -> tuple[dict[str, Folded], dict[str, Folded]]:
         async with _worker_store(store, secured, request) as worker:
-            bad: dict[str, str] = {}
-            found = await worker.folded(asked, unreadable=bad)
+            found = await worker.folded(asked, unreadable=unreadable, rebuilding=rebuilding)
             with pytest.raises(ProjectionError, match="layout 9"):
                 await worker.folded(["fine", "damaged"])
-            with pytest.raises(ProjectionError, match="layout 9"):
-                await worker.loaded("damaged")
-            loaded = [await worker.loaded(sid) for sid in ("fine", "rebuilding", "unknown")]
-            return found, bad, loaded
+            return found, await worker.folded(["rebuilding"], unreadable={}, rebuilding=set())
 
-    found, bad, [fine, rebuilding, unknown] = asyncio.run(read())
-    assert set(found) == {"fine"} and set(bad) == {"damaged", "rebuilding"}
+    bad: dict[str, str] = {}
+    rebuilding: set[str] = set()
+    found, marked = asyncio.run(read(bad, rebuilding))
+    assert set(found) == {"fine"} and found["fine"] == store.folded(["fine"])["fine"]
+    assert set(bad) == {"damaged", "rebuilding"} and rebuilding == {"rebuilding"}
     assert "layout 9" in bad["damaged"] and "half rebuilt" in bad["rebuilding"]
-    assert fine == (found["fine"], None)
-    assert rebuilding[0] is not None and rebuilding[1] == restore
-    assert unknown == (None, None)
+    assert marked == {}
+    store.end_restore("rebuilding", restore)
+    bad, rebuilding = {}, set()
+    found, marked = asyncio.run(read(bad, rebuilding))
+    assert set(found) == {"fine", "rebuilding"} and set(marked) == {"rebuilding"}
+    assert set(bad) == {"damaged"} and rebuilding == set()
 
 
 def test_a_restore_keeps_the_tombstone_until_its_own_commit_takes_it_away(

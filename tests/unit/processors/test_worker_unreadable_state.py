@@ -60,14 +60,6 @@ class _Corrupting(_AsyncStore):
         found = await super().folded(session_ids)
         return {sid: f for sid, f in found.items() if sid not in gone}
 
-    async def loaded(self, session_id: str) -> tuple[Folded | None, str | None]:
-        if session_id in self.corrupt:
-            raise CorruptProjectionError(f"{session_id}: the stored state cannot be read")
-        if session_id in self.dropped:
-            return None, self.restoring.get(session_id)
-        found = (await super().folded([session_id])).get(session_id)
-        return found, self.restoring.get(session_id)
-
 
 def _worker(store: _Corrupting) -> tuple[ProjectionWorker, list[list[int]], list[list[str]]]:
     worker = ProjectionWorker(
