@@ -184,6 +184,9 @@ class ProjectionWorker:
         self._announced: dict[int, Fault] = {}  # the fault logged per parked partition
         self._rebuilt: dict[str, Folded] = {}  # read by `unparkable`, for `unpark`
         self._to_tell: list[SessionUpdate] = []  # rebuilt states, for `tell_rebuilt`
+        # Sessions in the folder's `unreadable` for their decisions history (their state reads):
+        # how many of its latest decisions a redelivery needed. A state read does not clear them.
+        self._histories: dict[str, int] = {}
         if folder.parked is not None:
             self.stats.parked = folder.parked
 
@@ -195,6 +198,7 @@ class ProjectionWorker:
         if self.folder.parked:
             self.folder.parked.clear()
         self.folder.unreadable.clear()
+        self._histories.clear()
         self._rebuilt.clear()
         self._to_tell.clear()
         self._announced.clear()
@@ -212,12 +216,12 @@ class ProjectionWorker:
             announced[partition] = fault
             if fault.unreadable:
                 log.error(
-                    "partition %d parked at offset %d: the stored state of session %r cannot be "
+                    "partition %d parked at offset %d: what is stored of session %r cannot be "
                     "read (%s). This partition's records wait, unapplied and uncommitted, while "
                     "the others go on. A damaged state: rebuild the session with `milpa-sessions "
                     "replay --session %s --force`; one being rebuilt: let its replay end. The "
-                    "partition is read again from that record once the state reads whole (tried "
-                    "every MILPA_PARK_RETRY_S)",
+                    "partition is read again from that record once the session reads whole "
+                    "(tried every MILPA_PARK_RETRY_S)",
                     partition,
                     fault.position.offset,
                     fault.session_id,
@@ -252,16 +256,25 @@ class ProjectionWorker:
         return {p: f for p, f in faults.items() if f.session_id in whole}
 
     async def _whole(self, session_ids: Sequence[str]) -> dict[str, Folded]:
-        """Those of these sessions stored whole now: readable, present, not being rebuilt. One
-        round trip, not retried (Redis away: none; the caller asks again later)."""
+        """Those of these sessions stored whole now: readable, present, not being rebuilt, and
+        their decisions history readable where a redelivery found it not. One round trip (two
+        with such histories), not retried (Redis away: none; the caller asks again later)."""
         if not session_ids:
             return {}
         try:
             self.stats.redis_round_trips += 1
             found = await self.store.folded(session_ids, unreadable={}, rebuilding=set())
+            whole = {sid: f for sid, f in found.items() if f.mark is not None}
+            histories = self._histories
+            if histories and (ids := [s for s in whole if s in histories]):
+                bad: dict[str, str] = {}
+                self.stats.redis_round_trips += 1
+                await self.store.decisions(ids, [histories[s] for s in ids], unreadable=bad)
+                for sid in bad:
+                    del whole[sid]
         except ProjectionError:
             return {}
-        return {sid: f for sid, f in found.items() if f.mark is not None}
+        return whole
 
     def unpark(self, faults: Mapping[int, Fault]) -> set[int]:
         """Fold these partitions' records again (the consumer reads them again from where they
@@ -281,6 +294,7 @@ class ProjectionWorker:
             self._announced.pop(partition, None)
             sid = fault.session_id
             self.folder.unreadable.pop(sid, None)
+            self._histories.pop(sid, None)
             log.warning(
                 "partition %d is read again from offset %d or before: the state of session %r "
                 "reads now",
@@ -312,6 +326,7 @@ class ProjectionWorker:
         unreadable = self.folder.unreadable
         whole = await self._whole([s for s in unreadable if s not in faulted][:most])
         for sid, folded in whole.items():
+            self._histories.pop(sid, None)
             if folded.mark is not None and unreadable.pop(sid, None) is not None:
                 self._to_tell.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
 
@@ -415,8 +430,40 @@ class ProjectionWorker:
             read,
             lambda updates: self._retrying(functools.partial(store.commit, updates)),
             self._pause,
-            lambda ids, latest: self._retrying(functools.partial(store.decisions, ids, latest)),
+            self._read_decisions,
         )
+
+    async def _read_decisions(
+        self, ids: tuple[str, ...], latest: tuple[int, ...]
+    ) -> dict[str, tuple[Decision, ...]]:
+        """A redelivery's decisions from the sessions' histories; a history that does not decode
+        (with parking) is left out and its session put in the folder's `unreadable`, whose
+        records then park their partition (the others go on)."""
+        if self.folder.parked is None:  # a history that does not read stalls every partition
+            return await self._retrying(functools.partial(self.store.decisions, ids, latest))
+        bad: dict[str, str] = {}
+
+        async def read() -> dict[str, tuple[Decision, ...]]:
+            bad.clear()
+            return await self.store.decisions(ids, latest, unreadable=bad)
+
+        found = await self._retrying(read)
+        unreadable = self.folder.unreadable
+        for sid, n in zip(ids, latest, strict=True):
+            why = bad.get(sid)
+            if why is None:
+                continue
+            self._histories[sid] = max(n, self._histories.get(sid, 0))
+            if sid not in unreadable:
+                unreadable[sid] = why
+                self.stats.corrupt_reads += 1
+                log.error(
+                    "a stored decisions history cannot be read (%s): its partition waits at the "
+                    "session's redelivered record until it reads (rebuild the session with "
+                    "`milpa-sessions replay --session <id> --force`)",
+                    why,
+                )
+        return found
 
     async def _read_parking(self, ids: tuple[str, ...]) -> dict[str, Folded]:
         """The states of these sessions; one that does not decode is left out and put in the
@@ -434,7 +481,8 @@ class ProjectionWorker:
         for sid in ids:
             why = bad.get(sid)
             if why is None:
-                unreadable.pop(sid, None)  # read (or absent) now: rebuilt, or its keys dropped
+                if sid not in self._histories:  # its history is read again apart (`_whole`)
+                    unreadable.pop(sid, None)  # read (or absent) now: rebuilt, or keys dropped
                 continue
             if sid in unreadable:
                 continue  # said already

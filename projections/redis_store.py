@@ -519,12 +519,17 @@ class AsyncRedisProjectionStore:
         return await execute_async(self.client, request, self.durability, settle=True)
 
     async def decisions(
-        self, session_ids: Sequence[str], latest: Sequence[int] | None = None
+        self,
+        session_ids: Sequence[str],
+        latest: Sequence[int] | None = None,
+        *,
+        unreadable: dict[str, str] | None = None,
     ) -> dict[str, tuple[Decision, ...]]:
         """The decisions of these sessions, from their history lists (one round trip): every one,
-        or the latest `latest[i]` of session i."""
+        or the latest `latest[i]` of session i. With `unreadable`, a history that does not
+        decode is left out and put there (id -> why) instead of failing the read."""
         await self._fresh()
-        request = requests.decisions(self.keys, session_ids, latest)
+        request = requests.decisions(self.keys, session_ids, latest, unreadable=unreadable)
         return await execute_async(self.client, request)
 
     async def commit(self, updates: Sequence[SessionUpdate]) -> CommitResult:

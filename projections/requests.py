@@ -425,10 +425,18 @@ def loaded(keys: Keys, session_id: str) -> Request[tuple[Folded | None, str | No
 
 
 def decisions(
-    keys: Keys, session_ids: Sequence[str], latest: Sequence[int] | None = None
+    keys: Keys,
+    session_ids: Sequence[str],
+    latest: Sequence[int] | None = None,
+    *,
+    unreadable: dict[str, str] | None = None,
 ) -> Request[dict[str, tuple[Decision, ...]]]:
     """The decisions each session's history holds, in seq order (one `LRANGE` each): every one,
-    or the latest `latest[i]` (at least one) of session i."""
+    or the latest `latest[i]` (at least one) of session i.
+
+    A history that does not decode fails the read (`CorruptProjectionError`), or, with
+    `unreadable` given, is left out of the answer and put there (id -> why).
+    """
     at = HISTORY_KINDS.index("decisions")
     firsts = [0] * len(session_ids) if latest is None else [-max(n, 1) for n in latest]
     commands = [
@@ -437,10 +445,18 @@ def decisions(
     ]
 
     def parse(replies: list[Any]) -> dict[str, tuple[Decision, ...]]:
-        return {
-            sid: decisions_from_json(sid, raw)
-            for sid, raw in zip(session_ids, replies, strict=True)
-        }
+        if unreadable is None:
+            return {
+                sid: decisions_from_json(sid, raw)
+                for sid, raw in zip(session_ids, replies, strict=True)
+            }
+        found: dict[str, tuple[Decision, ...]] = {}
+        for sid, raw in zip(session_ids, replies, strict=True):
+            try:
+                found[sid] = decisions_from_json(sid, raw)
+            except CorruptProjectionError as e:
+                unreadable[sid] = str(e)
+        return found
 
     return Request(commands, parse, "reading decisions failed")
 

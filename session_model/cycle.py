@@ -56,7 +56,9 @@ class ReadDecisions:
     """Request: the latest decisions these sessions' histories hold, in seq order (answered with
     `dict[str, tuple[Decision, ...]]`), for a redelivery whose decisions the states no longer hold.
 
-    `latest[i]`: how many of session i's latest decisions are needed (more may be answered).
+    `latest[i]`: how many of session i's latest decisions are needed (more may be answered). A
+    worker's answer leaves out a session whose history does not decode, having put it in its
+    folder's `unreadable`: folded again, its records park their partition.
     """
 
     session_ids: tuple[str, ...]
@@ -225,11 +227,14 @@ class ProjectionCycle:
                         skipped = len(chunk) - steps - (folder.held - held)
                         short = beyond_recent_decisions(cache, chunk)
                     known = ChainMap(self._with_decisions(history), cache)
-                strays = foreign_records(cache, chunk)
+                seen: Sequence[Record] = chunk
+                if folder.unreadable:  # their records were held: published once read again
+                    seen = [r for r in chunk if r.event.session_id not in folder.unreadable]
+                strays = foreign_records(cache, seen)
                 foreign.extend(strays)
                 redelivered += skipped - len(strays)
-                again.extend(redelivered_decisions(known, chunk))
-                reasked.extend(redelivered_changes(known, chunk))
+                again.extend(redelivered_decisions(known, seen))
+                reasked.extend(redelivered_changes(known, seen))
             for u in updates:
                 sid = u.session_id
                 before = merged.get(sid)

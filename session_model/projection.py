@@ -160,9 +160,10 @@ class BatchFolder:
     partition is let go, and the fault is kept in `parked` (the earliest, should a record before
     it fail when folded again); the other partitions go on. Without it (a rebuild's), the error
     is raised. The exception never reaches the worker's event loop, and no worker after it ends
-    on it in turn. A session in `unreadable` (its stored state does not decode: the worker's
-    reads put it there) parks its partition at its first record alike: folded onto nothing it
-    would lose its past, and skipped it would be committed unapplied.
+    on it in turn. A session in `unreadable` (what is stored of it does not decode: its state,
+    or the history a redelivery's decisions are read from; the worker's reads put it there)
+    parks its partition at its first record alike: folded onto nothing it would lose its past,
+    skipped it would be committed unapplied, and redelivered its decisions would go unpublished.
     """
 
     keys: TrustedKeys = field(default_factory=TrustedKeys.none)
@@ -190,11 +191,11 @@ class BatchFolder:
             sid = event.session_id
             entry = current.get(sid)
             if entry is None:
+                if unreadable and sid in unreadable and parked is not None:
+                    self._park_unreadable(parked, record.position, sid, unreadable[sid])
+                    continue
                 folded = known.get(sid)
                 if folded is None:
-                    if unreadable and sid in unreadable and parked is not None:
-                        self._park_unreadable(parked, record.position, sid, unreadable[sid])
-                        continue
                     entry = [Session(sid), None, None, [], None]
                 else:
                     entry = [folded.state, folded.mark, folded.mark, [], None]

@@ -512,6 +512,24 @@ def test_a_workers_decisions_read_returns_the_latest_asked_for_or_every_one(
     assert asyncio.run(read([500, 1]))["dec-long"] == every
     assert asyncio.run(read(None))["dec-long"] == every
 
+    # A history entry that does not decode: the read fails, or a parking worker's leaves the
+    # session out and names it (its partition then waits, the others go on).
+    history = store.keys.session("dec-long").history[HISTORY_KINDS.index("decisions")]
+    store.client.lset(history, -2, b"{not json")
+
+    async def lenient(latest: list[int]) -> tuple[dict[str, Any], dict[str, str]]:
+        bad: dict[str, str] = {}
+        async with _worker_store(store, secured, request) as worker:
+            with pytest.raises(ProjectionError, match="stored decisions cannot be read"):
+                await worker.decisions(["dec-long"], latest[:1])
+            found = await worker.decisions(["dec-long", "dec-unknown"], latest, unreadable=bad)
+            return found, bad
+
+    found, bad = asyncio.run(lenient([3, 2]))
+    assert found == {"dec-unknown": ()} and set(bad) == {"dec-long"}
+    assert "dec-long: the stored decisions cannot be read" in bad["dec-long"]
+    assert asyncio.run(read([1, 1]))["dec-long"] == every[-1:]  # the entry is not read
+
 
 def test_a_workers_read_puts_apart_what_does_not_decode_and_what_is_being_rebuilt(
     projection_store: RedisProjectionStore, secured: Settings, request: pytest.FixtureRequest

@@ -41,6 +41,7 @@ from schemas import events as ev
 from schemas.codec import EventCodec
 from schemas.errors import LogError, ProducerStoppedError
 from schemas.events import Event
+from session_model.partitioning import partition_for
 from session_model.policy import (
     APPROVAL,
     SIGNATURE,
@@ -50,7 +51,7 @@ from session_model.policy import (
 )
 from session_model.principal import Principal
 from session_model.projection import BatchFolder, Position
-from session_model.session import RECENT_DECISIONS, Question, Rejection
+from session_model.session import HISTORY_KINDS, RECENT_DECISIONS, Question, Rejection
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import committed_offsets, with_keys
 from tests.integration.expected import (
@@ -708,8 +709,6 @@ class CountingStore:
 
 def raw_records(events: Sequence[Event], partitions: int = 6) -> list[RawRecord]:
     """The records as Kafka would hand them over: keyed, encoded, at per-partition offsets."""
-    from session_model.partitioning import partition_for  # noqa: PLC0415
-
     codec = EventCodec()
     next_offset = dict.fromkeys(range(partitions), 0)
     out = []
@@ -825,12 +824,8 @@ def test_decisions_lost_between_the_commit_and_the_publish_are_published_after_a
     assert decided(expected), "the workload answers or closes questions"
 
 
-def test_a_session_s_decisions_beyond_the_state_s_recent_ones_are_republished_after_a_restart(
-    settings: Settings, projections: RedisProjectionStore
-) -> None:
-    # One batch answers more questions of one session than its state keeps decisions of: the
-    # decisions a restarted worker republishes come from the session's history list in Redis.
-    sid, count = "s-many-answers", RECENT_DECISIONS + 5
+def _many_answers(sid: str, count: int) -> list[Event]:
+    """A session asked and answered `count` questions."""
     at = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
     events = [Event(f"{sid}-start", sid, ev.STARTED, at, "it", {"goal": "g", "mode": "ask"})]
     for n in range(count):
@@ -838,6 +833,60 @@ def test_a_session_s_decisions_beyond_the_state_s_recent_ones_are_republished_af
         events.append(Event(f"{sid}-ask{n}", sid, ev.QUESTION_ASKED, at, "it", q))
         a = {"question_id": f"q{n}", "answer": "y", "by": None, "executor": "it"}
         events.append(Event(f"{sid}-answer{n}", sid, ev.QUESTION_ANSWERED, at, "it", a))
+    return events
+
+
+def test_a_decisions_history_that_does_not_decode_parks_only_its_partition_until_it_reads(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    """A redelivery that must read a session's decisions history, damaged in Redis, parks that
+    session's partition at its first redelivered record (before: every partition of the worker
+    waited on the read); once the history reads (rebuilt), the partition is read again and every
+    decision is published."""
+    sid, count = "s-history-damaged", RECENT_DECISIONS + 5
+    many = raw_records(_many_answers(sid, count))
+    home = many[0].partition
+    other = next(f"s-other-{i}" for i in range(100) if partition_for(f"s-other-{i}", 6) != home)
+    at = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+    on = raw_records([Event(f"{other}-start", other, ev.STARTED, at, "it", {"goal": "g"})])
+    history = projections.keys.session(sid).history[HISTORY_KINDS.index("decisions")]
+    republished, dead = RecordingSink(), RecordingSink()
+
+    async def run(store: AsyncRedisProjectionStore) -> None:
+        await _worker(store, RecordingSink(), dead).process(many)  # its offsets never committed
+        entry = projections.client.lindex(history, -3)
+        projections.client.lset(history, -3, b"{damaged")
+        restarted = ProjectionWorker(
+            store, BatchFolder(parked={}), dead, republished, questions=RecordingSink()
+        )
+        prepared = await restarted.prepare([*many, *on])
+        assert prepared.ends == {on[0].partition: 0}  # the damaged session's partition waits
+        await restarted.finish(prepared)
+        (fault,) = restarted.stats.parked.values()
+        assert fault.position.partition == home and fault.position.offset == 0
+        assert fault.unreadable and "stored decisions cannot be read" in fault.error
+        assert projections.load(other) is not None  # the other partition went on
+        assert republished.decisions() == []
+        assert await restarted.unparkable() == {}
+        projections.client.lset(history, -3, entry)  # rebuilt
+        ready = await restarted.unparkable()
+        assert ready == {home: fault} and restarted.unpark(ready) == {home}
+        assert await restarted.process(many) == ()  # read again from the record it waited at
+
+    asyncio.run(_with_store(settings, run))
+    assert [event_id for _, _, event_id in republished.decisions()] == [
+        f"{sid}-answer{n}" for n in range(count)
+    ]
+    assert dead.published == []
+
+
+def test_a_session_s_decisions_beyond_the_state_s_recent_ones_are_republished_after_a_restart(
+    settings: Settings, projections: RedisProjectionStore
+) -> None:
+    # One batch answers more questions of one session than its state keeps decisions of: the
+    # decisions a restarted worker republishes come from the session's history list in Redis.
+    sid, count = "s-many-answers", RECENT_DECISIONS + 5
+    events = _many_answers(sid, count)
     raws = raw_records(events)
     restarted, dead, changes = RecordingSink(), RecordingSink(), RecordingSink()
 

@@ -19,11 +19,13 @@ from projections import requests
 from projections.codec import session_to_blob
 from projections.keys import Keys
 from projections.memory import InMemoryProjectionStore
+from schemas import events as ev
+from schemas.codec import EventCodec
 from schemas.errors import CorruptProjectionError
 from schemas.events import Event
 from session_model.projection import UNREADABLE, BatchFolder, Fault, Folded, Position, Record
-from session_model.session import Session
-from tests.unit.builders import started, turn
+from session_model.session import RECENT_DECISIONS, Decision, Session
+from tests.unit.builders import answer, ask, started, turn
 from tests.unit.processors.test_worker_expired import _AsyncStore, _Sink
 from tests.unit.processors.test_worker_parked import _raw, _seq
 
@@ -332,3 +334,87 @@ def test_a_session_being_rebuilt_parks_its_partition_and_is_counted_apart(
     assert asyncio.run(worker.unparkable()) == {}
     del store.restoring["a"]
     assert set(asyncio.run(worker.unparkable())) == {0}
+
+
+class _DamagedHistory(_Corrupting):
+    """As `_Corrupting`, and the decisions history lists of `histories` do not decode."""
+
+    def __init__(self, inner: InMemoryProjectionStore) -> None:
+        super().__init__(inner)
+        self.histories: set[str] = set()
+
+    async def decisions(
+        self,
+        session_ids: Sequence[str],
+        latest: Sequence[int],
+        *,
+        unreadable: dict[str, str] | None = None,
+    ) -> dict[str, tuple[Decision, ...]]:
+        bad = [sid for sid in session_ids if sid in self.histories]
+        if bad and unreadable is None:
+            raise CorruptProjectionError(f"{bad[0]}: the stored decisions cannot be read: [")
+        for sid in bad:
+            assert unreadable is not None
+            unreadable[sid] = f"{sid}: the stored decisions cannot be read: ["
+        found = await super().decisions(session_ids, latest)
+        return {sid: d for sid, d in found.items() if sid not in self.histories}
+
+
+def _published(sink: _Sink) -> list[str]:
+    """The event ids of the decisions published to `sink`, in order."""
+    codec = EventCodec()
+    return [codec.decode_decision(value)["event_id"] for _, value in sink.published]
+
+
+def test_a_redelivery_whose_decisions_history_does_not_decode_parks_only_its_partition(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before, the worker retried the history read for ever: every partition it owned waited.
+    inner = InMemoryProjectionStore()
+    many = [started(session_id="a")]
+    for n in range(RECENT_DECISIONS + 3):
+        many += [ask(f"q{n}", session_id="a"), answer(f"q{n}", "yes", session_id="a")]
+    redelivered = [_raw(e, 0, offset) for offset, e in enumerate(many)]
+    earlier, _, _ = _worker(_Corrupting(inner))
+    asyncio.run(earlier.process(redelivered))  # applied; its offsets never committed
+    answers = [e.event_id for e in many if e.type == ev.QUESTION_ANSWERED]
+    store = _DamagedHistory(inner)
+    store.histories.add("a")
+    decisions = _Sink()
+    worker = ProjectionWorker(
+        store,  # type: ignore[arg-type]
+        BatchFolder(parked={}),
+        _Sink(),
+        decisions,
+        questions=_Sink(),
+    )
+    told: list[list[int]] = []
+    worker.on_park = lambda partitions: told.append(list(partitions))
+    on = [_raw(started(session_id="b"), 1, 0), _raw(turn("user", "on", session_id="b"), 1, 1)]
+
+    with caplog.at_level(logging.ERROR, logger="processors.worker"):
+        prepared = asyncio.run(worker.prepare([*redelivered, *on]))
+        assert prepared.ends == {1: 1}  # nothing of partition 0 is to be committed
+        asyncio.run(worker.finish(prepared))
+    (fault,) = worker.stats.parked.values()
+    assert fault.position == Position(0, 0) and fault.session_id == "a" and fault.unreadable
+    assert "stored decisions cannot be read" in fault.error
+    assert told and all(t == [0] for t in told)
+    assert _seq(inner, "b") == 2  # the other partition went on
+    assert _published(decisions) == []  # none half published: all once it reads again
+    assert worker.stats.corrupt_reads == 1 and worker.stats.redelivered == 0
+    assert "cannot be read" in caplog.text and "replay --session" in caplog.text
+
+    # A read of its state (readable) does not let the partition go: the history is read apart.
+    worker.cycle.forget()
+    assert set(asyncio.run(worker.readable_states(["a"]))) == {"a"}
+    assert "a" in worker.folder.unreadable
+    assert asyncio.run(worker.unparkable()) == {}
+
+    store.histories.clear()  # rebuilt
+    ready = asyncio.run(worker.unparkable())
+    assert ready == {0: fault}
+    assert worker.unpark(ready) == {0} and worker.folder.unreadable == {}
+    asyncio.run(worker.process(redelivered))  # read again from offset 0
+    assert _published(decisions) == answers  # every decision, in order
+    assert worker.stats.parked == {} and worker.stats.redelivered == len(redelivered)
