@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,50 @@ class SchedulerApp:
     scheduler: Scheduler
 
 
+class WholeStates:
+    """The standalone scheduler's state reads: the sessions stored whole.
+
+    A session whose stored state does not decode, or that a `replay --session` is rebuilding
+    (half rebuilt), is left out, named once in the log: its deadline and due compaction wait
+    (the next poll finds them again in the indexes). Before, such a session failed the whole
+    read, and the deadlines read with it (a chunk of the poll's, or every one due) waited too.
+    Without the event ids: the scheduler never folds, and they are most of an old session's read.
+    """
+
+    SAID = 10_000  # sessions named at most before the names are forgotten (and said again)
+
+    def __init__(self, store: Callable[[], AsyncRedisProjectionStore]) -> None:
+        self._store = store
+        self._said: set[str] = set()  # named in the log, not read whole since
+
+    async def __call__(self, session_ids: Sequence[str]) -> dict[str, Folded]:
+        """The states of these sessions, those stored whole."""
+        bad: dict[str, str] = {}
+        rebuilding: set[str] = set()
+        found = await self._store().folded(
+            session_ids, event_ids=False, unreadable=bad, rebuilding=rebuilding
+        )
+        said = self._said
+        if said:
+            said.difference_update(found)
+        for sid, why in bad.items():
+            if sid in said:
+                continue
+            if len(said) >= self.SAID:
+                said.clear()
+            said.add(sid)
+            if sid in rebuilding:
+                log.warning("%s: its deadline and due compaction wait for it", why)
+            else:
+                log.error(
+                    "a stored state cannot be read (%s): its deadline and due compaction wait "
+                    "until it reads (rebuild it with `milpa-sessions replay --session <id> "
+                    "--force`)",
+                    why,
+                )
+        return found
+
+
 def create_scheduler_app(
     settings: WorkerSettings,
     *,
@@ -72,9 +116,7 @@ def create_scheduler_app(
         result: AsyncRedisProjectionStore = holder["store"]
         return result
 
-    async def states(session_ids: Sequence[str]) -> dict[str, Folded]:
-        # The scheduler never folds: it needs the question and the turns, not the event ids.
-        return await store().folded(session_ids, event_ids=False)
+    states = WholeStates(store)
 
     async def full_index(
         partitions: Iterable[int],

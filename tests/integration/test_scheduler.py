@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -15,20 +16,23 @@ from kafka import KafkaConsumer
 from deploy.harness import free_port, wait_for
 from milpa_sessions.settings import Settings
 from processors.scheduler import Scheduler
+from processors.scheduler_app import WholeStates
 from processors.sinks import LazyProducer, ProducerSink
 from producers.kafka_log import KafkaEventLog
 from producers.store import SessionStore, deadline_in
 from projections.indexes import ceil_ms
 from projections.redis_client import async_client
 from projections.redis_store import AsyncRedisProjectionStore, RedisProjectionStore
+from schemas import events as ev
 from schemas.codec import EventCodec
+from schemas.errors import ProjectionError
 from session_model.compaction import Compactor
 from session_model.deadlines import format_instant, parse_deadline
 from session_model.partitioning import partition_for
 from session_model.policy import permission_question
 from session_model.principal import Principal
 from session_model.projection import BatchFolder, Folded, Position, Record
-from tests.integration.conftest import health, with_keys
+from tests.integration.conftest import damage_state, health, with_keys
 from tests.unit.builders import ask, started, turn
 
 pytestmark = pytest.mark.integration
@@ -350,3 +354,62 @@ def test_the_schedulers_own_producer_puts_a_closing_in_its_sessions_partition(
         consumer.close()
     assert seen == {sid: partition_for(sid, settings.partitions) for sid in sids}
     assert len(set(seen.values())) > 1  # spread over partitions, not all in one
+
+
+class _Kept:
+    """A sink that keeps the events sent to it."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    async def publish_many(
+        self, records: Sequence[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]
+    ) -> None:
+        self.events += [EventCodec().decode(value) for _, value, _ in records]
+
+
+def test_the_standalone_schedulers_reads_leave_out_a_damaged_or_half_rebuilt_session(
+    settings: Settings, projections: RedisProjectionStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session whose state does not decode, or that a `replay --session` is rebuilding, waits
+    alone: before, it failed the whole read, and every deadline read with it waited too."""
+    deadline = format_instant(datetime.now(UTC) - timedelta(seconds=1))
+    sids = ["wait-fine", "wait-damaged", "wait-rebuilding"]
+    for sid in sids:
+        p = projections.keys.partition_of(sid)
+        events = [started(session_id=sid), ask("q1", session_id=sid, expires_at=deadline)]
+        projections.commit(
+            BatchFolder().fold({}, [Record(e, Position(p, i)) for i, e in enumerate(events)])
+        )
+    state = projections.keys.session("wait-damaged").state
+    whole = projections.client.hgetall(state)
+    damage_state(projections, "wait-damaged")
+    restore = projections.begin_restore("wait-rebuilding", datetime.now(UTC))
+
+    async def closed(repair: bool) -> list[str]:
+        client = async_client(settings.redis_url, auth=settings.redis_auth())
+        store = AsyncRedisProjectionStore(client, settings.redis_keys())
+        with pytest.raises(ProjectionError, match="layout 9"):  # a read that fails on it
+            await store.folded(sids, event_ids=False)
+        sink = _Kept()
+        scheduler = Scheduler(WholeStates(lambda: store), store.due_work, sink, Compactor())
+        await scheduler.assign(range(settings.partitions))
+        await scheduler.loaded()
+        await scheduler.tick()
+        if repair:  # rebuilt, and its replay ended: the next poll finds them
+            projections.client.hset(state, mapping=whole)
+            projections.end_restore("wait-rebuilding", restore)
+        await scheduler.prepare(*(await store.due_work(range(settings.partitions))))
+        await scheduler.tick()
+        await client.aclose()
+        return [e.session_id for e in sink.events if e.type == ev.ANSWER_WINDOW_CLOSED]
+
+    with caplog.at_level(logging.WARNING, logger="processors.scheduler_app"):
+        assert asyncio.run(closed(repair=False)) == ["wait-fine"]
+    named = [r for r in caplog.records if r.name == "processors.scheduler_app"]
+    assert [(r.levelno, "wait-damaged" in r.getMessage()) for r in named] == [
+        (logging.ERROR, True),  # once, however often it is read
+        (logging.WARNING, False),  # being rebuilt: a routine restore, not damage
+    ]
+    assert "half rebuilt" in named[1].getMessage()
+    assert sorted(asyncio.run(closed(repair=True))) == sorted(sids)
