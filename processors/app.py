@@ -470,7 +470,7 @@ def _serve_worker_metrics(
         return [
             f"partition {p} parked at offset {f.position.offset}: "
             + (
-                "a session's stored state cannot be read now (see the worker's log)"
+                "what is stored of a session cannot be read now (see the worker's log)"
                 if f.unreadable
                 else f"the fold raised {f.kind} (a bug: see the worker's log)"
             )

@@ -141,8 +141,8 @@ class StatsCollector(Collector):
         )
         yield _counter(
             "milpa_corrupt_state_reads",
-            "Stored states found not to decode: their partitions wait (see the log: replay "
-            "--session).",
+            "Stored states (or a redelivery's decisions histories) found not to decode: their "
+            "partitions wait (see the log: replay --session).",
             w.corrupt_reads,
         )
         yield _counter(

@@ -296,8 +296,8 @@ class ProjectionWorker:
             self.folder.unreadable.pop(sid, None)
             self._histories.pop(sid, None)
             log.warning(
-                "partition %d is read again from offset %d or before: the state of session %r "
-                "reads now",
+                "partition %d is read again from offset %d or before: what is stored of session "
+                "%r reads now",
                 partition,
                 fault.position.offset,
                 sid,
@@ -320,12 +320,19 @@ class ProjectionWorker:
 
     async def reread(self, most: int = 100) -> None:
         """Read again sessions whose stored state did not decode and that parked nothing (the
-        scheduler or the timer feed read them; no record of theirs came): those that read whole
-        now (rebuilt) are readable again, and `tell_rebuilt` tells the listeners of them."""
+        scheduler or the timer feed read them; no record of theirs came), `most` at a time, in
+        turn: those that read whole now (rebuilt) are readable again, and `tell_rebuilt` tells
+        the listeners of them."""
         faulted = {f.session_id for f in (self.folder.parked or {}).values()}
         unreadable = self.folder.unreadable
-        whole = await self._whole([s for s in unreadable if s not in faulted][:most])
-        for sid, folded in whole.items():
+        ids = [s for s in unreadable if s not in faulted][:most]
+        whole = await self._whole(ids)
+        for sid in ids:
+            folded = whole.get(sid)
+            if folded is None:  # still not whole: to the back, so the next call reads others
+                if sid in unreadable:
+                    unreadable[sid] = unreadable.pop(sid)
+                continue
             self._histories.pop(sid, None)
             if folded.mark is not None and unreadable.pop(sid, None) is not None:
                 self._to_tell.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))

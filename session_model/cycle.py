@@ -214,9 +214,16 @@ class ProjectionCycle:
                 if short:  # rarer still: decisions the states hold too few of, from history
                     history: dict[str, tuple[Decision, ...]] = {}
                     read: dict[str, int] = {}
-                    while need := {s: n for s, n in short.items() if n > read.get(s, 0)}:
-                        history.update((yield ReadDecisions(tuple(need), tuple(need.values()))))
-                        read.update(need)
+                    unreadable = folder.unreadable
+                    # (A session whose history does not decode is left out of the answer, and
+                    # put in `unreadable`: its records are held, so not asked for again. Let go
+                    # of meanwhile (it reads now), it is asked for again.)
+                    while need := {
+                        s: n for s, n in short.items() if n > read.get(s, 0) and s not in unreadable
+                    }:
+                        answer = yield ReadDecisions(tuple(need), tuple(need.values()))
+                        history.update(answer)
+                        read.update((s, n) for s, n in need.items() if s in answer)
                         # Other work ran meanwhile (a commit may have replaced states this slice
                         # was folded onto): fold the slice again, as after a pause. A state
                         # read again may have a later mark, and need more of the history.

@@ -70,8 +70,8 @@ def test_an_unreadable_state_parks_its_partition_until_the_session_is_rebuilt(
         kafka_log, projections, port, worker, neighbour=neighbour, others=others
     )
     assert problems == [
-        f"partition {parked} parked at offset {waits_at.offset}: a session's stored state cannot "
-        "be read now (see the worker's log)"
+        f"partition {parked} parked at offset {waits_at.offset}: what is stored of a session "
+        "cannot be read now (see the worker's log)"
     ]
     assert _seq(projections, neighbour) is None  # after it in its partition: waiting
     elsewhere = {partition_for(sid, partitions) for sid in others}

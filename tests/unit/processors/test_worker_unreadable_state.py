@@ -418,3 +418,14 @@ def test_a_redelivery_whose_decisions_history_does_not_decode_parks_only_its_par
     asyncio.run(worker.process(redelivered))  # read again from offset 0
     assert _published(decisions) == answers  # every decision, in order
     assert worker.stats.parked == {} and worker.stats.redelivered == len(redelivered)
+
+
+def test_sessions_that_stay_unreadable_do_not_keep_the_others_from_being_read_again() -> None:
+    _inner, store, worker, _, heard = _damaged()
+    store.corrupt.add("b")
+    assert asyncio.run(worker.states(["a", "b"])) == {}  # the scheduler's read left both out
+    store.corrupt.discard("b")  # b rebuilt, a still damaged
+    for _ in range(2):
+        asyncio.run(worker.reread(most=1))
+    worker.tell_rebuilt()
+    assert heard == [["b"]] and set(worker.folder.unreadable) == {"a"}

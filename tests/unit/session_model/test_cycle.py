@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
@@ -27,7 +28,7 @@ from session_model.cycle import (
 )
 from session_model.fold import fold
 from session_model.ports import CommitResult
-from session_model.projection import BatchFolder, Fault, Folded, Position, Record
+from session_model.projection import UNREADABLE, BatchFolder, Fault, Folded, Position, Record
 from session_model.questions import QuestionStatus
 from session_model.session import RECENT_DECISIONS
 from tests.unit.builders import answer, ask, make_event, started, turn
@@ -37,10 +38,10 @@ def _records(events: Sequence[Any], partition: int = 0, start: int = 0) -> list[
     return [Record(e, Position(partition, start + i)) for i, e in enumerate(events)]
 
 
-def _script(steps: Steps[Any], replies: Sequence[Any]) -> tuple[list[Any], Any]:
-    """Feed `replies` to the cycle in order; the requests it made and its result."""
+def _script(steps: Steps[Any], replies: Sequence[Any], reply: Any = None) -> tuple[list[Any], Any]:
+    """Feed `replies` to the cycle in order (after `reply`, the answer to a request it made
+    already); the requests it made and its result."""
     requests: list[Any] = []
-    reply: Any = None
     answers = iter(replies)
     while True:
         try:
@@ -195,6 +196,41 @@ def test_a_redelivery_returns_every_decision_also_those_older_than_the_state_kee
     folding, _ = run(ProjectionCycle(BatchFolder()).project(records), store)  # through the shell
     assert [d for _, d in folding.again] == made
     assert store.decision_reads == reads + 1
+
+
+def test_a_history_left_out_of_the_answer_holds_the_session_s_records_or_is_asked_again() -> None:
+    # A parking worker leaves a history that does not decode out of its answer, having put the
+    # session in `unreadable`: its records are held (their partition parks), not skipped as
+    # redelivered. One left out and let go of meanwhile (it reads now) is asked for again, so
+    # its decisions are published before its offsets are committed.
+    count = RECENT_DECISIONS + 5
+    records = _records(_questions_answered(count))
+    store = _Counting()
+    run(ProjectionCycle(BatchFolder()).project(records), store)
+    history = {"s1": store.facts("s1").decisions}
+    asked = ReadDecisions(("s1",), (len(records),))
+
+    folder = BatchFolder(parked={})
+    cycle = ProjectionCycle(folder)
+    steps = cycle.fold(records)
+    assert steps.send(None) == Read(("s1",))
+    assert steps.send(store.folded(("s1",))) == asked
+    folder.unreadable["s1"] = "s1: the stored decisions cannot be read"  # as the worker does
+    requests, folding = _script(steps, [], reply={})  # without s1: no request follows
+    assert requests == []
+    assert folding.again == () and folding.reasked == () and folding.redelivered == 0
+    assert folder.parked == {0: Fault(Position(0, 0), "s1", UNREADABLE, ANY, unreadable=True)}
+    assert folder.held == len(records)
+
+    folder = BatchFolder(parked={})
+    steps = ProjectionCycle(folder).fold(records)
+    steps.send(None)
+    assert steps.send(store.folded(("s1",))) == asked
+    requests, folding = _script(steps, [history], reply={})  # left out, not (or no longer)
+    # put in `unreadable`
+    assert requests == [asked]  # asked again
+    assert [d.event_id for _, d in folding.again] == [d.event_id for d in history["s1"]]
+    assert folder.parked == {} and folding.redelivered == len(records)
 
 
 def test_a_redelivered_tail_of_a_long_session_reads_only_the_decisions_it_can_have_made() -> None:
