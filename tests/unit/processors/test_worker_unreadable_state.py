@@ -30,6 +30,19 @@ from tests.unit.processors.test_worker_expired import _AsyncStore, _Sink
 from tests.unit.processors.test_worker_parked import _raw, _seq
 
 
+def _damaged_read(
+    session_ids: Sequence[str], damaged: set[str], unreadable: dict[str, str] | None, what: str
+) -> None:
+    """As the Redis store's reads: a `damaged` session fails the read, or is put in
+    `unreadable` when it is given (`f"{sid}: the stored {what}"`)."""
+    bad = [sid for sid in session_ids if sid in damaged]
+    if bad and unreadable is None:
+        raise CorruptProjectionError(f"{bad[0]}: the stored {what}")
+    for sid in bad:
+        assert unreadable is not None
+        unreadable[sid] = f"{sid}: the stored {what}"
+
+
 class _Corrupting(_AsyncStore):
     """Answers as the Redis store does for sessions whose stored state does not decode
     (`corrupt`) and for sessions whose keys were dropped (`dropped`)."""
@@ -47,12 +60,7 @@ class _Corrupting(_AsyncStore):
         unreadable: dict[str, str] | None = None,
         rebuilding: set[str] | None = None,
     ) -> dict[str, Folded]:
-        bad = [sid for sid in session_ids if sid in self.corrupt]
-        if bad and unreadable is None:
-            raise CorruptProjectionError(f"{bad[0]}: the stored state cannot be read: bad zlib")
-        for sid in bad:
-            assert unreadable is not None
-            unreadable[sid] = f"{sid}: the stored state cannot be read: bad zlib"
+        _damaged_read(session_ids, self.corrupt, unreadable, "state cannot be read: bad zlib")
         marked = [sid for sid in session_ids if sid in self.restoring]
         for sid in marked:
             assert unreadable is not None and rebuilding is not None
@@ -350,12 +358,7 @@ class _DamagedHistory(_Corrupting):
         *,
         unreadable: dict[str, str] | None = None,
     ) -> dict[str, tuple[Decision, ...]]:
-        bad = [sid for sid in session_ids if sid in self.histories]
-        if bad and unreadable is None:
-            raise CorruptProjectionError(f"{bad[0]}: the stored decisions cannot be read: [")
-        for sid in bad:
-            assert unreadable is not None
-            unreadable[sid] = f"{sid}: the stored decisions cannot be read: ["
+        _damaged_read(session_ids, self.histories, unreadable, "decisions cannot be read: [")
         found = await super().decisions(session_ids, latest)
         return {sid: d for sid, d in found.items() if sid not in self.histories}
 
