@@ -4,8 +4,9 @@
 instead of Faust's per-record streams (which cap a worker below the throughput target). A batch's
 offsets become committable only after the worker returned, that is after Redis holds every event
 of it (or the dead-letter topic does); a parked partition's stop before the record the fold raised
-on, or the first of a session whose stored state does not read (`BatchFolder.parked`; the
-`retry_parked` task reads the latter again from there once the state reads). Faust's
+on, or the first of a session whose stored state (or, for a redelivery, decisions history) does not
+read (`BatchFolder.parked`; the `retry_parked` task reads the latter again from there once it
+reads). Faust's
 exactly-once mode is not used: at-least-once
 delivery plus the marks in Redis make redeliveries no-ops. Folding a batch overlaps with committing
 the previous one (the commits stay in order); a rebalance waits for both before the worker drops

@@ -3,10 +3,10 @@
 The Faust agent (processors/app.py) only feeds it batches and acks them after it returns. It never
 returns before every record of the batch is either applied in Redis (with its mark), written to
 the dead-letter topic, or left unapplied in a parked partition (a record the fold raised on, or
-of a session whose stored state does not read, and the partition's later ones: their offsets are
-kept out of the batch's), so an ack never commits past an event that was not applied. Redis
-failures are retried with backoff for as long as it takes; the consumer stalls instead of
-skipping.
+of a session whose stored state or needed history does not read, and the partition's later ones:
+their offsets are kept out of the batch's), so an ack never commits past an event that was not
+applied. Redis failures are retried with backoff for as long as it takes; the consumer stalls
+instead of skipping.
 """
 
 from __future__ import annotations
@@ -128,9 +128,9 @@ def _redis_retry(e: Exception, stats: WorkerStats) -> str | None:
     stats.redis_retries += 1
     if isinstance(e, CorruptProjectionError):
         # Folding on would build on a state nobody can read, skipping it would commit past its
-        # events: the worker waits, and says what ends the wait. (A worker that parks reads
-        # states apart, `_read_parking`: only their partitions wait; a history that does not
-        # read, for a redelivery's decisions, still holds every partition here.)
+        # events: the worker waits, and says what ends the wait. (Only without parking: a
+        # worker that parks reads states and histories apart, `_read_parking` and
+        # `_read_decisions`, and only their partitions wait.)
         stats.corrupt_reads += 1
         return (
             f"a stored state cannot be read ({e}): rebuild that session with "
@@ -242,9 +242,9 @@ class ProjectionWorker:
         self.on_park(sorted(parked))
 
     async def unparkable(self) -> dict[int, Fault]:
-        """The faults of the partitions parked at a session whose state could not be read and
-        now can, whole (an operator rebuilt it): each partition is to be read again from at
-        most its fault's record (`unpark`).
+        """The faults of the partitions parked at a session whose state (or needed decisions
+        history) could not be read and now can, whole (an operator rebuilt it): each partition
+        is to be read again from at most its fault's record (`unpark`).
 
         A session being rebuilt (`replay --session`, under way or died: what is stored is half
         rebuilt), or still absent (its keys dropped: folded onto nothing it would lose its past),

@@ -396,7 +396,8 @@ def test_a_redelivery_whose_decisions_history_does_not_decode_parks_only_its_par
     on = [_raw(started(session_id="b"), 1, 0), _raw(turn("user", "on", session_id="b"), 1, 1)]
 
     with caplog.at_level(logging.ERROR, logger="processors.worker"):
-        prepared = asyncio.run(worker.prepare([*redelivered, *on]))
+        # (Before, the history read was retried for ever: bounded here, that fails fast.)
+        prepared = asyncio.run(asyncio.wait_for(worker.prepare([*redelivered, *on]), 30))
         assert prepared.ends == {1: 1}  # nothing of partition 0 is to be committed
         asyncio.run(worker.finish(prepared))
     (fault,) = worker.stats.parked.values()
@@ -406,7 +407,8 @@ def test_a_redelivery_whose_decisions_history_does_not_decode_parks_only_its_par
     assert _seq(inner, "b") == 2  # the other partition went on
     assert _published(decisions) == []  # none half published: all once it reads again
     assert worker.stats.corrupt_reads == 1 and worker.stats.redelivered == 0
-    assert "cannot be read" in caplog.text and "replay --session" in caplog.text
+    assert "a stored decisions history cannot be read (a: the stored decisions" in caplog.text
+    assert "replay --session a --force" in caplog.text
 
     # A read of its state (readable) does not let the partition go: the history is read apart.
     worker.cycle.forget()
