@@ -36,7 +36,7 @@ from console.inputs import (
 )
 from console.problems import detail_of
 from console.runtime import Runtime, runtime
-from schemas.errors import MilpaError, UnknownSessionError
+from schemas.errors import CorruptProjectionError, MilpaError, UnknownSessionError
 from session_model.modes import Mode
 from session_model.projection import Position
 
@@ -320,6 +320,9 @@ async def session_page(request: Request, caller: PageCaller, session_id: str) ->
         return render(request, "error.html", caller, missing, 404)
     except MilpaError as e:
         failed = {"title": "The session cannot be read", "message": detail_of(e)}
+        if isinstance(e, CorruptProjectionError):  # damaged: no retry cures it, a rebuild does
+            log.warning("the session page answered 500 (%s): %s", e.code, e)
+            return render(request, "error.html", caller, failed, 500)
         return render(request, "error.html", caller, failed, 503)
     question = view["question"]
     grantable = ""

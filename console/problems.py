@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from console.inputs import error_detail, error_lines
 from schemas.errors import (
     BackendError,
+    CorruptProjectionError,
     EncodeError,
     InvalidCall,
     MilpaError,
@@ -33,6 +34,7 @@ PROBLEM_JSON = "application/problem+json"
 # Checked in order: the first class an error is an instance of gives its status.
 _STATUS: tuple[tuple[type[MilpaError], int], ...] = (
     (SessionRestoringError, 409),  # half rebuilt until a restore ends: no retry cures it alone
+    (CorruptProjectionError, 500),  # damaged: no retry cures it, a rebuild does
     (SessionEndedError, 409),  # late_answer (a subclass) too
     (NoOpenQuestionError, 409),
     (QuestionOpenError, 409),
@@ -93,6 +95,11 @@ def status_of(error: MilpaError) -> int:
 
 def detail_of(error: MilpaError) -> str:
     """What the caller is told about an error (a backend failure stays vague: it names hosts)."""
+    if isinstance(error, CorruptProjectionError):  # (the log has its text)
+        return (
+            "what is stored of this session cannot be read; trying again will not help: an "
+            "operator rebuilds it with `milpa-sessions replay --session ID --force`"
+        )
     if isinstance(error, BackendError) and not isinstance(error, SessionRestoringError):
         return "the event log or the projection store is unavailable; try again shortly"
     return str(error) or error.code

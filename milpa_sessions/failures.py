@@ -18,7 +18,13 @@ from rich.console import Console
 
 from milpa_sessions.settings import Settings
 from projections.redis_client import REDIS_ERRORS, redacted
-from schemas.errors import InvalidCall, LogError, MilpaError, ProjectionError
+from schemas.errors import (
+    CorruptProjectionError,
+    InvalidCall,
+    LogError,
+    MilpaError,
+    ProjectionError,
+)
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -35,6 +41,12 @@ class CleanGroup(click.Group):
             return super().invoke(ctx)
         except InvalidCall as e:
             _fail(f"error: {e}", EXIT_REFUSED)
+        except CorruptProjectionError as e:  # no retry cures it: say what does
+            _fail(
+                f"error: {type(e).__name__}: {e} (Redis at {_where(ctx, 'redis')}; rebuild the "
+                "session with `milpa-sessions replay --session ID --force`)",
+                EXIT_FAILED,
+            )
         except ProjectionError as e:
             _fail(f"error: {type(e).__name__}: {e} (Redis at {_where(ctx, 'redis')})", EXIT_FAILED)
         except LogError as e:

@@ -158,6 +158,8 @@ class CorruptProjectionError(ProjectionError):
     """A stored projection cannot be decoded: reading it again gives the same bytes (Redis was
     reached; a rebuild with `replay` is what mends it)."""
 
+    code = "projection_corrupt"
+
 
 class ReplicationLagError(ProjectionError):
     """A projection write was not acknowledged by as many Redis replicas as the settings ask for

@@ -16,7 +16,9 @@ from deploy.harness import end_offsets, wait_for
 from producers.decisions import DecisionSubscriber
 from producers.questions import QuestionSubscriber
 from producers.store import deadline_in
+from projections.redis_store import RedisProjectionStore
 from session_model.session import Question
+from tests.integration.conftest import damage_state
 from tests.integration.console_support import ConsoleStack
 
 pytestmark = pytest.mark.integration
@@ -226,3 +228,26 @@ def test_grant_and_mode_are_signed_by_the_console(console_stack: ConsoleStack) -
         60,
     )
     assert console_stack.agent.load(sid).rejection_counts() == {}
+
+
+def test_a_damaged_session_answers_500_naming_the_rebuild_and_the_others_still_answer(
+    console_stack: ConsoleStack,
+) -> None:
+    """A session whose stored state does not decode: no retry cures it, so not a 503 "try again
+    shortly" (as before) but a 500 that says a rebuild mends it; the log has what was found."""
+    damaged, fine = _waiting(console_stack), _waiting(console_stack)
+    projections = console_stack.agent.projections
+    assert isinstance(projections, RedisProjectionStore)
+    damage_state(projections, damaged)
+    headers = {"Authorization": f"Bearer {console_stack.token}"}
+    with console_stack.client() as client:
+        refused = client.get(f"/api/v1/sessions/{damaged}", headers=headers)
+        assert refused.status_code == 500, refused.text
+        assert refused.json()["code"] == "projection_corrupt"
+        assert "replay --session ID --force" in refused.json()["detail"]
+        assert client.get(f"/api/v1/sessions/{fine}", headers=headers).status_code == 200
+        console_stack.login(client)
+        page = client.get(f"/sessions/{damaged}")
+        assert page.status_code == 500 and "replay --session ID --force" in page.text
+        assert client.get(f"/sessions/{fine}").status_code == 200
+    assert "layout 9" in console_stack.log.read_text()

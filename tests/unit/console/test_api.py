@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from producers.store import SessionStore
 from schemas.errors import (
+    CorruptProjectionError,
     NoOpenQuestionError,
     ProjectionError,
     SessionRestoringError,
@@ -162,6 +163,18 @@ def test_a_backend_failure_is_503_without_details(
     assert response.status_code == 503
     assert response.json()["code"] == "projection_unavailable"
     assert "10.0.0.7" not in response.text and "Traceback" not in response.text
+
+
+def test_a_damaged_session_is_500_saying_a_rebuild_mends_it_not_a_retry(
+    api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    damaged = CorruptProjectionError("s-a: the stored state has layout 9, this version reads 6")
+    response = _reading_raises(api, store, monkeypatch, damaged)
+    assert response.status_code == 500
+    assert response.json()["code"] == "projection_corrupt"
+    detail = response.json()["detail"]
+    assert "replay --session ID --force" in detail and "will not help" in detail
+    assert "layout 9" not in response.text  # the log has it
 
 
 def test_a_half_rebuilt_session_is_409_saying_how_to_make_it_whole(

@@ -11,7 +11,7 @@ from redis.exceptions import RedisClusterUnreachableError, SlotNotCoveredError
 
 from milpa_sessions.failures import EXIT_FAILED, CleanGroup
 from projections.redis_client import UNREADABLE_URL
-from schemas.errors import UnknownSessionError
+from schemas.errors import CorruptProjectionError, UnknownSessionError
 
 
 def _group(error: Exception) -> click.Group:
@@ -61,3 +61,12 @@ def test_an_error_quoting_agent_text_prints_it_as_written() -> None:
     result = CliRunner().invoke(_group(error), ["fail"])
     assert result.exit_code != 0
     assert "deploy :x: [bold]now[/bold]" in result.output
+
+
+def test_a_damaged_session_s_error_says_a_rebuild_mends_it() -> None:
+    error = CorruptProjectionError("s1: the stored state cannot be read: bad zlib")
+    result = CliRunner().invoke(_group(error), ["fail"])
+    assert result.exit_code == EXIT_FAILED
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: CorruptProjectionError: s1: the stored state cannot be read")
+    assert line.endswith("rebuild the session with `milpa-sessions replay --session ID --force`)")
