@@ -59,15 +59,25 @@ def parse_cursor(text: str | None) -> Cursor | None:
 
 def waiting(rt: Runtime, reason: str | None, after: Cursor | None, limit: int) -> WaitingPage:
     """A page of waiting questions, soonest deadline first."""
-    return rt.deps.index.waiting(reason=reason or None, after=after, limit=limit)
+    page = rt.deps.index.waiting(reason=reason or None, after=after, limit=limit)
+    if page.unreadable:
+        log.warning(
+            "the waiting-questions entries of %d sessions cannot be read (%s): left out of the "
+            "inbox and named there; rebuild each with `milpa-sessions replay --session ID "
+            "--force`",
+            len(page.unreadable),
+            ", ".join(repr(s) for s in page.unreadable[:10]),
+        )
+    return page
 
 
 def waiting_page_record(page: WaitingPage) -> dict[str, Any]:
-    """`{items, total, next}`."""
+    """`{items, total, next, unreadable}`."""
     return {
         "items": [waiting_record(i) for i in page.items],
         "total": page.total,
         "next": str(page.next) if page.next is not None else None,
+        "unreadable": list(page.unreadable),
     }
 
 

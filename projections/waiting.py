@@ -15,7 +15,7 @@ from projections import scripts
 from projections.cards import card_from_json, fleet_key
 from projections.keys import Keys
 from projections.requests import Request, text
-from session_model.questions import Cursor, WaitingPage
+from session_model.questions import Cursor, WaitingPage, WaitingQuestion
 
 K = TypeVar("K")
 
@@ -59,10 +59,18 @@ def page(
             ]
             runs.append(run)
         merged = list(heapq.merge(*runs))  # each run is in (score, member) order already
-        chosen = [m for m in merged[:limit] if m[2]]
-        items = tuple(card_from_json(sid, card) for _, sid, card in chosen)
+        items: list[WaitingQuestion] = []
+        unreadable: list[str] = []
+        for _, sid, card in merged[:limit]:
+            if not card:
+                continue
+            try:
+                items.append(card_from_json(sid, card))
+            except (ValueError, KeyError, TypeError):  # one damaged entry: not the whole page
+                unreadable.append(sid)
         last = merged[limit - 1] if len(merged) > limit else None
-        return WaitingPage(items, total, None if last is None else Cursor(last[0], last[1]))
+        cursor = None if last is None else Cursor(last[0], last[1])
+        return WaitingPage(tuple(items), total, cursor, tuple(unreadable))
 
     return Request(commands, parse, "reading waiting questions failed")
 

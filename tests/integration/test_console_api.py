@@ -251,3 +251,27 @@ def test_a_damaged_session_answers_500_naming_the_rebuild_and_the_others_still_a
         assert page.status_code == 500 and "replay --session ID --force" in page.text
         assert client.get(f"/sessions/{fine}").status_code == 200
     assert "layout 9" in console_stack.log.read_text()
+
+
+def test_an_inbox_entry_that_does_not_decode_is_named_and_the_others_are_listed(
+    console_stack: ConsoleStack,
+) -> None:
+    """Before, one damaged entry of the waiting-questions index failed every operator's inbox."""
+    damaged, fine = _waiting(console_stack), _waiting(console_stack)
+    projections = console_stack.agent.projections
+    assert isinstance(projections, RedisProjectionStore)
+    cards = projections.keys.waiting_cards(projections.keys.partition_of(damaged))
+    assert projections.client.hexists(cards, damaged)
+    projections.client.hset(cards, damaged, b"{damaged")
+    headers = {"Authorization": f"Bearer {console_stack.token}"}
+    with console_stack.client() as client:
+        page = client.get("/api/v1/questions?limit=500", headers=headers)
+        assert page.status_code == 200, page.text
+        assert page.json()["unreadable"] == [damaged]
+        listed = [q["session_id"] for q in page.json()["items"]]
+        assert fine in listed and damaged not in listed
+        console_stack.login(client)
+        inbox = client.get("/inbox")
+        assert inbox.status_code == 200 and 'id="inbox-unreadable"' in inbox.text
+        assert f"/sessions/{damaged}" in inbox.text and "replay --session ID --force" in inbox.text
+    assert damaged in console_stack.log.read_text()
