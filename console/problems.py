@@ -97,8 +97,9 @@ def detail_of(error: MilpaError) -> str:
     """What the caller is told about an error (a backend failure stays vague: it names hosts)."""
     if isinstance(error, CorruptProjectionError):  # (the log has its text)
         return (
-            "what is stored of this session cannot be read; trying again will not help: an "
-            "operator rebuilds it with `milpa-sessions replay --session ID --force`"
+            "what is stored of this session cannot be read by this console, and trying again "
+            "will not help: if the console is older than the workers, upgrade it; otherwise an "
+            "operator rebuilds the session with `milpa-sessions replay --session ID --force`"
         )
     if isinstance(error, BackendError) and not isinstance(error, SessionRestoringError):
         return "the event log or the projection store is unavailable; try again shortly"

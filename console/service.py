@@ -44,6 +44,7 @@ PAUSE_WINDOW = timedelta(hours=24)
 # the calls and observations, which grow with the agent's work.
 SHOWN_HISTORY = ("decisions",)
 PAGE_TIMELINE = 300  # the session page shows at most this many timeline entries, the latest
+UNREADABLE_SAID = 10_000  # damaged inbox entries logged once each, up to this many at a time
 
 
 class ConfirmationRequiredError(InvalidCall):
@@ -60,13 +61,17 @@ def parse_cursor(text: str | None) -> Cursor | None:
 def waiting(rt: Runtime, reason: str | None, after: Cursor | None, limit: int) -> WaitingPage:
     """A page of waiting questions, soonest deadline first."""
     page = rt.deps.index.waiting(reason=reason or None, after=after, limit=limit)
-    if page.unreadable:
+    said = rt.unreadable_said
+    for sid, why in page.unreadable:
+        if sid in said:
+            continue
+        if len(said) >= UNREADABLE_SAID:
+            said.clear()  # said again, then: a bound, not a cache
+        said.add(sid)
         log.warning(
-            "the waiting-questions entries of %d sessions cannot be read (%s): left out of the "
-            "inbox and named there; rebuild each with `milpa-sessions replay --session ID "
-            "--force`",
-            len(page.unreadable),
-            ", ".join(repr(s) for s in page.unreadable[:10]),
+            "%s: left out of the inbox and named there (rebuild the session with "
+            "`milpa-sessions replay --session ID --force`)",
+            why,
         )
     return page
 
@@ -77,7 +82,7 @@ def waiting_page_record(page: WaitingPage) -> dict[str, Any]:
         "items": [waiting_record(i) for i in page.items],
         "total": page.total,
         "next": str(page.next) if page.next is not None else None,
-        "unreadable": list(page.unreadable),
+        "unreadable": [sid for sid, _ in page.unreadable],
     }
 
 

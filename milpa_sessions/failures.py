@@ -43,8 +43,9 @@ class CleanGroup(click.Group):
             _fail(f"error: {e}", EXIT_REFUSED)
         except CorruptProjectionError as e:  # no retry cures it: say what does
             _fail(
-                f"error: {type(e).__name__}: {e} (Redis at {_where(ctx, 'redis')}; rebuild the "
-                "session with `milpa-sessions replay --session ID --force`)",
+                f"error: {type(e).__name__}: {e} (Redis at {_where(ctx, 'redis')}; if this "
+                "command is older than the workers, upgrade it; otherwise rebuild the session "
+                "with `milpa-sessions replay --session ID --force`)",
                 EXIT_FAILED,
             )
         except ProjectionError as e:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
+from schemas.errors import CorruptProjectionError
 from session_model.projection import SessionUpdate
 from session_model.questions import WaitingQuestion, score_of, session_status, waiting_question
 
@@ -71,20 +72,35 @@ def card_to_json(item: WaitingQuestion) -> bytes:
 
 
 def card_from_json(session_id: str, raw: bytes | str) -> WaitingQuestion:
-    """Read a stored card back."""
-    r = orjson.loads(raw)
-    asked = r.get("a")
-    return WaitingQuestion(
-        session_id=session_id,
-        question_id=r["q"],
-        question=r["t"],
-        options=tuple(r.get("o", ())),
-        reason=r["r"],
-        why=r.get("w"),
-        expires_at=r.get("e"),
-        deadline_ms=r.get("d"),
-        asked_at=None if asked is None else datetime.fromtimestamp(asked / 1000, UTC),
-        seq=r["s"],
-        mode=r["m"],
-        goal=r["g"],
-    )
+    """Read a stored card back; `CorruptProjectionError` if it is not one (whatever is wrong)."""
+    try:
+        r = orjson.loads(raw)
+        asked = r.get("a")
+        card = WaitingQuestion(
+            session_id=session_id,
+            question_id=_typed(r["q"], str),
+            question=_typed(r["t"], str),
+            options=tuple(_typed(o, str) for o in _typed(r.get("o", []), list)),
+            reason=_typed(r["r"], str),
+            why=_typed(r.get("w"), str, None),
+            expires_at=_typed(r.get("e"), str, None),
+            deadline_ms=_typed(r.get("d"), int, None),
+            asked_at=None if asked is None else _EPOCH + timedelta(milliseconds=asked),
+            seq=_typed(r["s"], int),
+            mode=_typed(r["m"], str),
+            goal=_typed(r["g"], str),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
+        raise CorruptProjectionError(
+            f"{session_id}: its waiting-questions entry cannot be read: {type(e).__name__}: {e}"
+        ) from e
+    return card
+
+
+def _typed(value: Any, kind: type, *alternatives: None) -> Any:
+    """`value` if it is a `kind` (or None where allowed); `TypeError` otherwise."""
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    if value is None and alternatives:
+        return None
+    raise TypeError(f"{value!r} is not a {kind.__name__}")

@@ -15,6 +15,7 @@ from projections import scripts
 from projections.cards import card_from_json, fleet_key
 from projections.keys import Keys
 from projections.requests import Request, text
+from schemas.errors import CorruptProjectionError
 from session_model.questions import Cursor, WaitingPage, WaitingQuestion
 
 K = TypeVar("K")
@@ -60,14 +61,14 @@ def page(
             runs.append(run)
         merged = list(heapq.merge(*runs))  # each run is in (score, member) order already
         items: list[WaitingQuestion] = []
-        unreadable: list[str] = []
+        unreadable: list[tuple[str, str]] = []
         for _, sid, card in merged[:limit]:
             if not card:
                 continue
             try:
                 items.append(card_from_json(sid, card))
-            except (ValueError, KeyError, TypeError):  # one damaged entry: not the whole page
-                unreadable.append(sid)
+            except CorruptProjectionError as e:  # one damaged entry: not the whole page
+                unreadable.append((sid, str(e)))
         last = merged[limit - 1] if len(merged) > limit else None
         cursor = None if last is None else Cursor(last[0], last[1])
         return WaitingPage(tuple(items), total, cursor, tuple(unreadable))

@@ -136,8 +136,8 @@ class WaitingPage:
     items: tuple[WaitingQuestion, ...]
     total: int  # waiting questions matching the filter, over every page
     next: Cursor | None  # pass as `after` for the next page; None on the last
-    # Sessions of this page whose stored entry does not decode: left out of `items`, not hidden
-    unreadable: tuple[str, ...] = ()
+    # (session, why) of this page's entries that do not decode: left out of `items`, not hidden
+    unreadable: tuple[tuple[str, str], ...] = ()
 
 
 def score_of(item: WaitingQuestion) -> int:
