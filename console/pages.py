@@ -34,9 +34,9 @@ from console.inputs import (
     RevokeRequest,
     validated,
 )
-from console.problems import detail_of
+from console.problems import detail_of, status_of
 from console.runtime import Runtime, runtime
-from schemas.errors import CorruptProjectionError, MilpaError, UnknownSessionError
+from schemas.errors import MilpaError, UnknownSessionError
 from session_model.modes import Mode
 from session_model.projection import Position
 
@@ -319,11 +319,12 @@ async def session_page(request: Request, caller: PageCaller, session_id: str) ->
         missing = {"title": "No such session", "message": f"There is no session «{session_id}»."}
         return render(request, "error.html", caller, missing, 404)
     except MilpaError as e:
+        # The API's status (half rebuilt 409, damaged 500, a backend away 503), and its log.
         failed = {"title": "The session cannot be read", "message": detail_of(e)}
-        if isinstance(e, CorruptProjectionError):  # damaged: no retry cures it, a rebuild does
-            log.warning("the session page answered 500 (%s): %s", e.code, e)
-            return render(request, "error.html", caller, failed, 500)
-        return render(request, "error.html", caller, failed, 503)
+        status = status_of(e)
+        if status >= 500:
+            log.warning("the session page answered %s (%s): %s", status, e.code, e)
+        return render(request, "error.html", caller, failed, status)
     question = view["question"]
     grantable = ""
     if question is not None:

@@ -15,6 +15,7 @@ from console.app import pattern_literal, reason_class
 from console.inputs import AnswerRequest, InvalidInputError, OperationRequest
 from console.pages import form_input
 from producers.store import SessionStore
+from schemas.errors import CorruptProjectionError, ProjectionError, SessionRestoringError
 from session_model.principal import Principal
 from session_model.session import Question
 from tests.unit.console.conftest import BEARER, NOW, at, page_csrf, seed
@@ -387,3 +388,33 @@ def test_a_long_sessions_page_shows_its_latest_whole_events_and_says_what_is_lef
     assert listed
     assert re.findall(r'data-seq="(\d+)"', listed.group(0)) == [str(s) for s in range(9, 14)]
     assert "Events before seq 9 are left out" in html  # turn k is seq k + 1
+
+
+_HALF = SessionRestoringError("session 's-b' is half rebuilt: … `replay --session s-b`")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (_HALF, 409, "replay --session s-b"),
+        (CorruptProjectionError("s-b: the stored state has layout 9"), 500, "--session ID --force"),
+        (ProjectionError("redis://10.0.0.7:6379 refused the connection"), 503, "try again"),
+    ],
+    ids=["half rebuilt", "damaged", "Redis away"],
+)
+def test_a_session_page_that_cannot_be_read_answers_as_the_api_does(
+    operator: TestClient,
+    store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[Exception, int, str],
+) -> None:
+    error, status, says = case
+    seed(store)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(store.projections, "load", broken)
+    page = operator.get("/sessions/s-b")
+    assert page.status_code == status and says in page.text
+    assert "10.0.0.7" not in page.text and "layout 9" not in page.text
