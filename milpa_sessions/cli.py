@@ -32,6 +32,7 @@ from milpa_sessions.settings import Settings
 from milpa_sessions.stats_cli import stats
 from producers.store import SessionStore
 from schemas.errors import (
+    CorruptProjectionError,
     InvalidCall,
     MilpaError,
     SessionExpiredError,
@@ -418,6 +419,10 @@ def list_cmd(ctx: Ctx) -> None:
             s = projections.load(sid)
         except SessionRestoringError:  # half rebuilt: nothing of it is shown
             rows.append({"id": sid, "status": "restoring"} | dict.fromkeys(_LISTED))
+            continue
+        except CorruptProjectionError as e:  # damaged: listed as such, the others still are
+            err.print(f"warning: {e}", markup=False, highlight=False, emoji=False)
+            rows.append({"id": sid, "status": "unreadable"} | dict.fromkeys(_LISTED))
             continue
         if s is not None:
             rows.append(session_summary(s))

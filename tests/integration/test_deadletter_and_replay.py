@@ -29,6 +29,7 @@ from session_model.fold import fold
 from session_model.partitioning import partition_for
 from session_model.projection import Position
 from session_model.signing import TrustedKeys
+from tests.integration.conftest import damage_state
 from tests.integration.expected import expected_projections
 from tests.integration.test_scale_and_crash import (
     assert_equals_the_fold,
@@ -317,6 +318,21 @@ def test_a_session_restore_that_dies_leaves_the_session_refused_until_one_ends(
 
     _replay(settings, session_id=sid)  # run again, to its end
     assert projections.load(sid) == fold(sid, events)
+
+
+def test_list_shows_a_damaged_session_as_unreadable_and_the_others_as_they_are(
+    settings: Settings, kafka_log: KafkaEventLog, projections: RedisProjectionStore
+) -> None:
+    """Before, one session whose stored state does not decode failed the whole `list`."""
+    for sid in ("list-fine", "list-damaged"):
+        kafka_log.append(_event(sid, 1, ev.STARTED, {"goal": "g", "mode": "ask"}))
+    _replay(settings)
+    damage_state(projections, "list-damaged")
+    result = CliRunner().invoke(main, ["--json", "list"], env=settings.to_env())
+    assert result.exit_code == 0, result.output
+    status = {r["id"]: r["status"] for r in json.loads(result.stdout)}
+    assert status == {"list-fine": "runnable", "list-damaged": "unreadable"}
+    assert "warning: list-damaged: the stored state has layout 9" in result.stderr
 
 
 def test_redis_flushed_then_replay_gives_identical_projections(
