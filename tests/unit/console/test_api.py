@@ -155,36 +155,41 @@ def _reading_raises(
     return api.get("/api/v1/sessions/s-a")
 
 
-def test_a_backend_failure_is_503_without_details(
-    api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "case",
+    [
+        # A backend away: 503, without details (they name hosts).
+        (ProjectionError("redis://10.0.0.7:6379 refused"), 503, "projection_unavailable", "again"),
+        # Damaged: no retry cures it, a rebuild (or a console as new as the workers) does.
+        (
+            CorruptProjectionError("s-a: the stored state has layout 9, this version reads 6"),
+            500,
+            "projection_corrupt",
+            "will not help: if the console is older than the workers, upgrade it; otherwise an "
+            "operator rebuilds the session with `milpa-sessions replay --session ID --force`",
+        ),
+        # Half rebuilt: 409, saying how to make it whole.
+        (
+            SessionRestoringError("session 's-a' is half rebuilt: … `replay --session s-a`"),
+            409,
+            "session_restoring",
+            "replay --session s-a",
+        ),
+    ],
+    ids=["Redis away", "damaged", "half rebuilt"],
+)
+def test_a_session_that_cannot_be_read_is_answered_by_what_would_mend_it(
+    api: TestClient,
+    store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[Exception, int, str, str],
 ) -> None:
-    failure = ProjectionError("redis://10.0.0.7:6379 refused the connection")
-    response = _reading_raises(api, store, monkeypatch, failure)
-    assert response.status_code == 503
-    assert response.json()["code"] == "projection_unavailable"
-    assert "10.0.0.7" not in response.text and "Traceback" not in response.text
-
-
-def test_a_damaged_session_is_500_saying_a_rebuild_mends_it_not_a_retry(
-    api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    damaged = CorruptProjectionError("s-a: the stored state has layout 9, this version reads 6")
-    response = _reading_raises(api, store, monkeypatch, damaged)
-    assert response.status_code == 500
-    assert response.json()["code"] == "projection_corrupt"
-    detail = response.json()["detail"]
-    assert "replay --session ID --force" in detail and "will not help" in detail
-    assert "layout 9" not in response.text  # the log has it
-
-
-def test_a_half_rebuilt_session_is_409_saying_how_to_make_it_whole(
-    api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    half = SessionRestoringError("session 's-a' is half rebuilt: … `replay --session s-a`")
-    response = _reading_raises(api, store, monkeypatch, half)
-    assert response.status_code == 409
-    assert response.json()["code"] == "session_restoring"
-    assert "replay --session s-a" in response.json()["detail"]
+    error, status, code, says = case
+    response = _reading_raises(api, store, monkeypatch, error)
+    assert response.status_code == status and response.json()["code"] == code
+    assert says in response.json()["detail"]
+    assert "10.0.0.7" not in response.text and "layout 9" not in response.text
+    assert "Traceback" not in response.text
 
 
 # -- answers ---------------------------------------------------------------------------------------
