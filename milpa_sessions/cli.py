@@ -421,7 +421,14 @@ def list_cmd(ctx: Ctx) -> None:
             rows.append({"id": sid, "status": "restoring"} | dict.fromkeys(_LISTED))
             continue
         except CorruptProjectionError as e:  # damaged: listed as such, the others still are
-            err.print(f"warning: {e}", markup=False, highlight=False, emoji=False)
+            err.print(
+                f"warning: {e} (rebuild the session with `milpa-sessions replay --session ID "
+                "--force`)",
+                markup=False,
+                highlight=False,
+                emoji=False,
+                soft_wrap=True,
+            )
             rows.append({"id": sid, "status": "unreadable"} | dict.fromkeys(_LISTED))
             continue
         if s is not None:

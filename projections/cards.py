@@ -85,7 +85,7 @@ def card_from_json(session_id: str, raw: bytes | str) -> WaitingQuestion:
             why=_typed(r.get("w"), str, None),
             expires_at=_typed(r.get("e"), str, None),
             deadline_ms=_typed(r.get("d"), int, None),
-            asked_at=None if asked is None else _EPOCH + timedelta(milliseconds=asked),
+            asked_at=None if asked is None else _EPOCH + timedelta(milliseconds=_typed(asked, int)),
             seq=_typed(r["s"], int),
             mode=_typed(r["m"], str),
             goal=_typed(r["g"], str),

@@ -122,7 +122,12 @@
     const total = document.getElementById("inbox-total");
     if (total) total.textContent = String(Math.max(0, Number(total.textContent) + delta));
     const empty = document.getElementById("inbox-empty");
-    if (empty) empty.hidden = list.querySelector("li.question") !== null;
+    // (Not "nothing" while the page names entries it could not read.)
+    if (empty) {
+      empty.hidden =
+        list.querySelector("li.question") !== null ||
+        document.getElementById("inbox-unreadable") !== null;
+    }
   }
 
   function onInbox(c) {

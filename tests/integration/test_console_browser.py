@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from deploy.harness import REPO, wait_for
 from producers.store import deadline_in
+from projections.redis_store import RedisProjectionStore
 from session_model.policy import signature_question
 from session_model.session import Question
 from tests.integration.console_support import ConsoleStack
@@ -136,4 +137,29 @@ def test_a_signature_question_needs_a_deliberate_confirmation(
     wait_for(lambda: (s := console_stack.agent.find(sid)) is not None and s.question is None, 60)
     session = console_stack.agent.load(sid)
     assert session.approval_for(*call.signed_call()) is not None  # the call itself is approved
+    context.close()
+
+
+def test_an_entry_that_cannot_be_read_is_named_and_the_inbox_never_says_nothing_waits(
+    console_stack: ConsoleStack, browser: Browser
+) -> None:
+    damaged, fine = _ask(console_stack), _ask(console_stack)
+    wait_for(lambda: all(console_stack.agent.find(s) is not None for s in (damaged, fine)), 60)
+    projections = console_stack.agent.projections
+    assert isinstance(projections, RedisProjectionStore)
+    cards = projections.keys.waiting_cards(projections.keys.partition_of(damaged))
+    wait_for(lambda: projections.client.hexists(cards, damaged), 60)
+    projections.client.hset(cards, damaged, b"{damaged")
+    context = browser.new_context()
+    page = context.new_page()
+    _sign_in(page, console_stack)
+    notice = page.locator("#inbox-unreadable")
+    expect(notice).to_be_visible()
+    expect(notice.locator(f'a[href="/sessions/{damaged}"]')).to_have_text(damaged)
+    expect(page.locator(f'li.question[data-session="{fine}"]')).to_be_visible()
+    expect(page.locator("#inbox-empty")).to_be_hidden()
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=15_000)
+    console_stack.agent.end(fine, "done")  # its question leaves the inbox, live
+    expect(page.locator(f'li.question[data-session="{fine}"]')).to_have_count(0, timeout=15_000)
+    expect(page.locator("#inbox-empty")).to_be_hidden()  # the notice still names one
     context.close()

@@ -333,6 +333,7 @@ def test_list_shows_a_damaged_session_as_unreadable_and_the_others_as_they_are(
     status = {r["id"]: r["status"] for r in json.loads(result.stdout)}
     assert status == {"list-fine": "runnable", "list-damaged": "unreadable"}
     assert "warning: list-damaged: the stored state has layout 9" in result.stderr
+    assert "replay --session ID --force" in result.stderr
 
 
 def test_redis_flushed_then_replay_gives_identical_projections(

@@ -46,12 +46,17 @@ def test_an_entry_that_does_not_decode_is_named_apart_and_the_others_are_read() 
     assert page.total == 3 and page.next == Cursor(2000, "s2")  # the cursor goes past it
 
 
+_ASKED = b'{"q": "q1", "t": "Go on?", "r": "permission", "s": 3, "m": "ask", "g": "g", "a": %s}'
+
+
 @pytest.mark.parametrize(
     "stored",
     [
         b"[]",  # JSON, not an object
         b"null",
-        b'{"q": "q1", "t": "Go on?", "r": "permission", "s": 3, "m": "ask", "g": "g", "a": 1e300}',
+        _ASKED % b"1e300",  # not an int
+        _ASKED % b"true",
+        _ASKED % b"9000000000000000000",  # past what a datetime holds
         b'{"q": 5, "t": "Go on?", "r": "permission", "s": 3, "m": "ask", "g": "g"}',
         b'{"q": "q1", "t": "Go on?", "o": "yes", "r": "permission", "s": 3, "m": "ask", "g": "g"}',
         b'{"q": "q1", "t": "Go on?", "r": "permission", "s": "3", "m": "ask", "g": "g"}',
