@@ -129,6 +129,7 @@ def take_snapshots(settings: StackSettings, applied: Mapping[int, int], trust: s
 
 def session_store(settings: WriterSettings, *, producer: str | None = None) -> SessionStore:
     """A `SessionStore` writing to Kafka and reading the Redis projections."""
+    id_key, key = settings.id_key(), signer(settings)  # read before a connection is made
     try:
         config = ProducerConfig(
             max_block=settings.kafka_timeout, delivery_timeout=settings.delivery_timeout
@@ -148,9 +149,10 @@ def session_store(settings: WriterSettings, *, producer: str | None = None) -> S
         log,
         projection_store(settings),
         producer=producer or settings.producer_id,
-        signer=signer(settings),
+        signer=key,
         start_mode=settings.start_mode(),
         read_timeout=settings.read_timeout,
+        id_key=id_key,
     )
 
 

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import heapq
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from schemas.errors import ProjectionError
 from schemas.events import Event
 from session_model.compaction import Compactor, compaction_due
 from session_model.projection import Folded, SessionUpdate
-from session_model.scheduled import ID_KEY_BYTES, ScheduledIds, compacted, window_closed
+from session_model.scheduled import ScheduledIds, compacted, window_closed
 from session_model.session import Session
 
 log = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ class Scheduler:
     ) -> None:
         self._states = states
         # Its own key unless given: see `ScheduledIds` for why nobody else may know its ids.
-        self.ids = ids or ScheduledIds(secrets.token_bytes(ID_KEY_BYTES))
+        self.ids = ids or ScheduledIds.random()
         self._due_index = due_index
         self._events = events
         self.compactor = compactor

@@ -17,7 +17,6 @@ import bisect
 import ctypes
 import logging
 import os
-import secrets
 import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -35,7 +34,7 @@ from processors.sinks import LazyProducer, ProducerSink
 from processors.timer import Closing, Frames, Timetable
 from producers.kafka_access import KafkaAccess
 from schemas.codec import EventCodec
-from session_model.scheduled import ID_KEY_BYTES, ScheduledIds, window_closed
+from session_model.scheduled import ScheduledIds, window_closed
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +131,7 @@ class TimerService:
         self.table = Timetable()
         self.codec = codec or EventCodec()
         # A key of this process's own: see `ScheduledIds` for why nobody else may know its ids.
-        self._ids = ScheduledIds(secrets.token_bytes(ID_KEY_BYTES))
+        self._ids = ScheduledIds.random()
         self._frames = Frames()
         self._producer: LazyProducer | None = None
         if sink is None:

@@ -20,6 +20,7 @@ from projections.requests import Durability
 from schemas.errors import ConfigurationError
 from schemas.secret_files import read_secret
 from session_model.authority import Cutover
+from session_model.keyed_ids import ID_KEY_MIN_BYTES
 from session_model.modes import Mode, parse_mode
 
 ENV_PREFIX = "MILPA_"
@@ -198,6 +199,22 @@ class WriterSettings(StackSettings):
     # append waits 10 s past it, so one that failed will not be written later (README). The
     # console may want it shorter: its writes hold a thread while Kafka is away.
     delivery_timeout: float = 120.0
+    # The secret a transfer's event ids derive under (`SessionStore.transfer_open_todos`): give it
+    # to the processes that run transfers, never to an agent's. Without one a random key per
+    # process (a re-run of an interrupted transfer from another process then rests on its reads).
+    id_key_file: Path | None = None
+
+    def id_key(self) -> bytes | None:
+        """The transfer ids' key: `id_key_file`'s bytes (stripped), or None without a file."""
+        path = self.id_key_file
+        if path is None:
+            return None
+        key = read_secret(path, "id key (MILPA_ID_KEY_FILE)").strip()
+        if len(key) < ID_KEY_MIN_BYTES:
+            raise ConfigurationError(
+                f"MILPA_ID_KEY_FILE: the key in {path} is shorter than {ID_KEY_MIN_BYTES} bytes"
+            )
+        return key
 
 
 def _secret(path: Path | None, name: str) -> str | None:

@@ -35,6 +35,7 @@ from session_model.canonical import argument_digest as digest_of
 from session_model.compaction import CompactionPlan
 from session_model.deadlines import format_instant
 from session_model.intake import CONTROL_CHARACTER
+from session_model.keyed_ids import KeyedIds
 from session_model.modes import Mode, less_strict, parse_mode
 from session_model.policy import SIGNATURE, ceiling_for, check_signature_answer
 from session_model.ports import EventLog, ProjectionStore
@@ -53,8 +54,6 @@ from session_model.session import (
 )
 from session_model.signing import Signer, TrustedKeys
 from session_model.timeline import TimelineEntry
-
-_TRANSFER_NAMESPACE = uuid.UUID("6f1c1d8e-3b0a-4c55-9a57-6d696c706121")
 
 
 def _utc_now() -> datetime:
@@ -97,7 +96,12 @@ class SessionStore:
         read_timeout: float = 5.0,
         clock: Callable[[], datetime] = _utc_now,
         new_id: Callable[[], str] = _new_id,
+        id_key: bytes | None = None,
     ) -> None:
+        try:  # what a transfer's ids derive under: see `transfer_open_todos`
+            self._transfer_ids = KeyedIds(id_key) if id_key is not None else KeyedIds.random()
+        except ValueError as e:
+            raise InvalidCall(str(e)) from e
         self.log = log
         self.projections = projections
         self.producer = producer
@@ -636,6 +640,11 @@ class SessionStore:
 
         The streams live in different partitions, so the pair is not atomic; deterministic event
         ids make a re-run after an interruption complete the transfer without duplicating a card.
+        They are derived under the store's `id_key` (`MILPA_ID_KEY_FILE`), so that an agent of
+        either session cannot append an event under one of them first and have the transfer's
+        own dropped as its duplicate. Without a key the store makes a random one: a re-run by
+        the same store is exact, a re-run by another process rests on its read of the target
+        (a card sent before the interruption that the target has not folded yet is sent again).
         A re-run sends the target no card it already holds from this source that it moved on
         since (or that the source did not change): the source's card may have moved too (a new
         version, so a new id), and sending it would undo the target's progress. The source's
@@ -674,17 +683,17 @@ class SessionStore:
                 },
             }
             key = f"transfer:{from_}:{to}:{card.id}:{card.version}"
-            self.append(self.event(to, ev.TODO_CHANGED, payload, event_id=_stable_id(key)))
+            self.append(
+                self.event(to, ev.TODO_CHANGED, payload, event_id=self._transfer_ids.derive(key))
+            )
         versions = [(c.id, held.get(c.id, c.version)) for c in cards]
         moved = [{"id": card_id, "version": version} for card_id, version in versions]
         key = f"transferred:{from_}:{to}:" + ",".join(f"{i}@{v}" for i, v in versions)
         record = {"to": to, "todos": moved}
-        self.append(self.event(from_, ev.TODOS_TRANSFERRED, record, event_id=_stable_id(key)))
+        self.append(
+            self.event(from_, ev.TODOS_TRANSFERRED, record, event_id=self._transfer_ids.derive(key))
+        )
         return len(cards)
-
-
-def _stable_id(key: str) -> str:
-    return str(uuid.uuid5(_TRANSFER_NAMESPACE, key))
 
 
 def deadline_in(now: datetime, seconds: float) -> str:

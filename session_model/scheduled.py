@@ -6,19 +6,15 @@ means a new event (`SessionStore.compact` called twice) passes a fresh one.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import uuid
 from datetime import datetime
 
 from schemas import events as ev
 from schemas.events import Event, utc_millis
 from session_model.compaction import CompactionPlan
+from session_model.keyed_ids import KeyedIds
 
-ID_KEY_BYTES = 32
 
-
-class ScheduledIds:
+class ScheduledIds(KeyedIds):
     """A scheduler's event ids: derived from what they close or compact under a key of its own.
 
     Derived, so that a send tried again (its ack lost) appends a duplicate the fold drops by id.
@@ -31,24 +27,15 @@ class ScheduledIds:
     takes a seq like any no-op.
     """
 
-    __slots__ = ("_key",)
-
-    def __init__(self, key: bytes) -> None:
-        if len(key) < 16:
-            raise ValueError("a scheduler's id key needs at least 16 bytes")
-        self._key = key
+    __slots__ = ()
 
     def closing(self, session_id: str, question_seq: int) -> str:
         """The id of the closing of the question asked at `question_seq`."""
-        return self._derive(f"{session_id}:window:{question_seq}")
+        return self.derive(f"{session_id}:window:{question_seq}")
 
     def compaction(self, session_id: str, through: int) -> str:
         """The id of the compaction of the session through `through`."""
-        return self._derive(f"{session_id}:compact:{through}")
-
-    def _derive(self, name: str) -> str:
-        digest = hmac.new(self._key, name.encode(), hashlib.sha256).digest()
-        return str(uuid.UUID(bytes=digest[:16], version=4))
+        return self.derive(f"{session_id}:compact:{through}")
 
 
 def window_closed(

@@ -446,8 +446,8 @@ def test_record_execution_appends_the_digest_of_the_canonical_arguments() -> Non
 # -- transfers ------------------------------------------------------------------------------------
 
 
-def _with_open_cards() -> SessionStore:
-    store = _store()
+def _with_open_cards(**kwargs: Any) -> SessionStore:
+    store = _store(**kwargs)
     store.start("src", "g")
     store.start("dst", "g")
     store.set_todo("src", "t1", "build", "done")
@@ -500,12 +500,14 @@ def test_transfer_does_not_move_a_card_twice() -> None:
 
 
 def test_transfer_rerun_after_interruption_completes_without_duplicates() -> None:
-    # A run that was interrupted after the target half: replay only those events.
-    full = _with_open_cards()
+    # A run that was interrupted after the target half: replay only those events. The re-run is
+    # another store's, with the same id key (the deployment's MILPA_ID_KEY_FILE).
+    key = b"deployment id key"
+    full = _with_open_cards(id_key=key)
     n = len(full.log.records)
     full.transfer_open_todos("src", "dst")
     target_half = [r.event for r in full.log.records[n:] if r.event.session_id == "dst"]
-    store = _with_open_cards()
+    store = _with_open_cards(id_key=key)
     for e in target_half:
         store.append(e)
     assert store.transfer_open_todos("src", "dst") == 2

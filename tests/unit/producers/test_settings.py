@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from producers.settings import StackSettings
+from producers.settings import StackSettings, WriterSettings
 from schemas.errors import ConfigurationError
 from session_model.modes import Mode
 
@@ -32,3 +34,16 @@ def test_a_bad_authority_setting_is_a_configuration_error_naming_it(
     settings = StackSettings(**{field: value})
     with pytest.raises(ConfigurationError, match=variable):
         settings.start_mode() if field == "unsigned_start_mode" else settings.cutover()
+
+
+def test_the_id_key_is_read_from_its_file_and_a_short_one_is_refused(tmp_path: Path) -> None:
+    assert WriterSettings().id_key() is None
+    path = tmp_path / "id.key"
+    path.write_bytes(b"k" * 32 + b"\n")
+    path.chmod(0o600)
+    assert WriterSettings.from_env({"MILPA_ID_KEY_FILE": str(path)}).id_key() == b"k" * 32
+    path.write_bytes(b"short\n")
+    with pytest.raises(ConfigurationError, match=r"MILPA_ID_KEY_FILE.*shorter than 16 bytes"):
+        WriterSettings(id_key_file=path).id_key()
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        WriterSettings(id_key_file=tmp_path / "absent").id_key()

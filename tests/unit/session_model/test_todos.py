@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import itertools
+import uuid
 from datetime import UTC, datetime
 
 import pytest
 
 from producers.store import SessionStore
 from schemas import events as ev
+from schemas.errors import InvalidCall
 from session_model.fold import Kind, step
 from session_model.session import InheritedFrom, OpenCard, Session, Todo
 from tests.unit.builders import OPERATOR, fold_all, make_event, plan, started, todo, tool
@@ -560,6 +562,49 @@ def test_a_rerun_brings_the_target_a_source_edit_to_a_card_it_did_not_touch(monk
         {"id": "a", "version": 2},
         {"id": "b", "version": 2},
     ]
+
+
+# The derivation of a transfer's ids before they were keyed: uuid5 of a namespace in the source.
+_PUBLIC_NAMESPACE = uuid.UUID("6f1c1d8e-3b0a-4c55-9a57-6d696c706121")
+_NOTE = {"tool": "note", "arguments": {}, "result": "ok", "ok": True, "mutating": False}
+
+
+def test_an_agent_of_the_target_cannot_squat_a_transferred_cards_id():
+    """An agent that appends to the target, first, an event under the id a card's transfer will
+    carry (as the public derivation let anyone work out) would have the card dropped as its
+    duplicate; keyed ids cannot be foreseen, so the card arrives."""
+    store = _store()
+    _source_with_cards(store)
+    for card_id, version in (("a", 1), ("b", 2)):
+        squat = uuid.uuid5(_PUBLIC_NAMESPACE, f"transfer:src:dst:{card_id}:{version}")
+        store.append(store.event("dst", ev.TOOL_CALLED, _NOTE, event_id=str(squat)))
+    assert store.transfer_open_todos("src", "dst") == 2
+    assert [t.id for t in store.load("dst").todos] == ["a", "b"]
+    assert store.load("dst").rejections == ()
+
+
+def _transfer_ids(id_key: bytes | None) -> list[str]:
+    """The ids one transfer of `_source_with_cards` gets from a store with `id_key`."""
+    store = SessionStore.in_memory(signer=OPERATOR, id_key=id_key)
+    _source_with_cards(store)
+    before = len(store.log.records)
+    store.transfer_open_todos("src", "dst")
+    return [r.event.event_id for r in store.log.records[before:]]
+
+
+def test_stores_sharing_an_id_key_give_a_transfer_the_same_ids_and_no_one_else_does():
+    """A re-run from another process with the deployment's key sends the same ids (duplicates the
+    fold drops); stores without one, or with another, give other ids."""
+    shared = _transfer_ids(b"k" * 32)
+    assert len(shared) == len(set(shared)) == 3
+    assert _transfer_ids(b"k" * 32) == shared
+    assert set(_transfer_ids(b"o" * 32)).isdisjoint(shared)
+    assert set(_transfer_ids(None)).isdisjoint(_transfer_ids(None))
+
+
+def test_a_short_id_key_is_refused():
+    with pytest.raises(InvalidCall, match="16 bytes"):
+        SessionStore.in_memory(id_key=b"short")
 
 
 def test_transferred_card_appears_in_open_work_with_target():
