@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from console.auth import Identity
 from console.inputs import is_operation_name
@@ -25,6 +26,7 @@ from console.views import (
     window_records,
 )
 from schemas.errors import (
+    CorruptProjectionError,
     InvalidAnswerError,
     InvalidCall,
     NoOpenQuestionError,
@@ -34,9 +36,10 @@ from session_model.modes import less_strict, parse_mode
 from session_model.policy import PERMISSION_OPTIONS, SIGNATURE, check_signature_answer
 from session_model.projection import Position
 from session_model.questions import Cursor, WaitingPage
-from session_model.session import Question
+from session_model.session import Question, Session
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EXECUTOR = "console"  # the `executor` of answers given here
 PAUSE_WINDOW = timedelta(hours=24)
@@ -44,7 +47,8 @@ PAUSE_WINDOW = timedelta(hours=24)
 # the calls and observations, which grow with the agent's work.
 SHOWN_HISTORY = ("decisions",)
 PAGE_TIMELINE = 300  # the session page shows at most this many timeline entries, the latest
-UNREADABLE_SAID = 10_000  # damaged inbox entries logged once each, up to this many at a time
+UNREADABLE_SAID = 10_000  # damaged entries and lists logged once each, up to this many at a time
+DECISIONS, TIMELINE = "decisions", "timeline"  # what of a session a page may show without
 
 
 class ConfirmationRequiredError(InvalidCall):
@@ -61,19 +65,30 @@ def parse_cursor(text: str | None) -> Cursor | None:
 def waiting(rt: Runtime, reason: str | None, after: Cursor | None, limit: int) -> WaitingPage:
     """A page of waiting questions, soonest deadline first."""
     page = rt.deps.index.waiting(reason=reason or None, after=after, limit=limit)
-    said = rt.unreadable_said
     for sid, why in page.unreadable:
-        if sid in said:
-            continue
-        if len(said) >= UNREADABLE_SAID:
-            said.clear()  # said again, then: a bound, not a cache
-        said.add(sid)
-        log.warning(
-            "%s: left out of the inbox and named there (rebuild the session with "
-            "`milpa-sessions replay --session ID --force`)",
-            why,
-        )
+        _say_once(rt, sid, f"{why}: left out of the inbox and named there")
     return page
+
+
+def _say_once(rt: Runtime, key: str, what: str) -> None:
+    """Log `what` (something damaged, left out of what is shown) once per `key`, with the remedy."""
+    said = rt.unreadable_said
+    if key in said:
+        return
+    if len(said) >= UNREADABLE_SAID:
+        said.clear()  # said again, then: a bound, not a cache
+    said.add(key)
+    log.warning("%s (rebuild the session with `milpa-sessions replay --session ID --force`)", what)
+
+
+def _or_none(rt: Runtime, session_id: str, part: str, read: Callable[[], T]) -> T | None:
+    """`read()`, or None (logged once) if what it reads of the session is damaged: a page shows
+    the rest of the session, and its open question can still be answered."""
+    try:
+        return read()
+    except CorruptProjectionError as e:
+        _say_once(rt, f"{session_id}\x00{part}", f"{e}: the session is shown without its {part}")
+        return None
 
 
 def waiting_page_record(page: WaitingPage) -> dict[str, Any]:
@@ -119,8 +134,18 @@ def fleet(rt: Runtime) -> dict[str, Any]:
 
 def session(rt: Runtime, session_id: str) -> dict[str, Any]:
     """The session as an operator reads it (its open question, decisions, ...)."""
-    store = rt.deps.store
-    return session_record(store.load(session_id), store.facts(session_id, SHOWN_HISTORY))
+    return _session_record(rt, rt.deps.store.load(session_id))
+
+
+def _session_record(rt: Runtime, state: Session) -> dict[str, Any]:
+    """`session_record` with every decision, or the state's recent ones if those do not read
+    (`unreadable` names what was left out)."""
+    history = _or_none(
+        rt, state.id, DECISIONS, partial(rt.deps.store.facts, state.id, SHOWN_HISTORY)
+    )
+    record = session_record(state, history)
+    record["unreadable"] = [] if history is not None else [DECISIONS]
+    return record
 
 
 def window(rt: Runtime, session_id: str) -> list[dict[str, str]]:
@@ -132,18 +157,20 @@ def session_view(rt: Runtime, session_id: str, recent: int | None = None) -> dic
     """The session, the window the model sees and the timeline as sentences (its last `recent`
     entries' events, if given: read alone, so an old session's page costs what a young one's
     does)."""
-    session = rt.deps.store.load(session_id)
+    store = rt.deps.store
+    state = store.load(session_id)
+    record = _session_record(rt, state)
     since = 0
-    if recent is None:
-        entries = rt.deps.store.timeline(session_id)
-    else:
-        entries = rt.deps.store.timeline(session_id, latest=recent + 1)
-        if len(entries) > recent:  # some are left out: show whole events after the first cut
-            since = entries[0]["seq"]
-            entries = [e for e in entries if e["seq"] > since]
-    record = session_record(session, rt.deps.store.facts(session_id, SHOWN_HISTORY))
-    record["window"] = window_records(session)
-    record["timeline"] = timeline_records(entries, question_texts(session, entries))
+    latest = None if recent is None else recent + 1
+    read = _or_none(rt, session_id, TIMELINE, partial(store.timeline, session_id, latest=latest))
+    entries = read or []
+    if recent is not None and len(entries) > recent:  # some left out: whole events after the cut
+        since = entries[0]["seq"]
+        entries = [e for e in entries if e["seq"] > since]
+    if read is None:
+        record["unreadable"].append(TIMELINE)
+    record["window"] = window_records(state)
+    record["timeline"] = timeline_records(entries, question_texts(state, entries))
     record["timeline_since"] = since
     return record
 

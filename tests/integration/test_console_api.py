@@ -275,3 +275,31 @@ def test_an_inbox_entry_that_does_not_decode_is_named_and_the_others_are_listed(
         assert inbox.status_code == 200 and 'id="inbox-unreadable"' in inbox.text
         assert f"/sessions/{damaged}" in inbox.text and "replay --session ID --force" in inbox.text
     assert damaged in console_stack.log.read_text()
+
+
+def test_a_session_whose_timeline_entry_does_not_decode_is_shown_without_it_and_answered(
+    console_stack: ConsoleStack,
+) -> None:
+    """Before, one damaged timeline entry made the session's page a 500: its open question could
+    not be seen or answered there. Now the page names what is left out and how to mend it."""
+    sid = _waiting(console_stack)
+    projections = console_stack.agent.projections
+    assert isinstance(projections, RedisProjectionStore)
+    state = projections.keys.session(sid).state  # a young session's entries are in its hash
+    assert projections.client.hexists(state, b"t1")
+    projections.client.hset(state, b"t1", b"{damaged\n")
+    with console_stack.client() as client:
+        csrf = console_stack.login(client)
+        page = client.get(f"/sessions/{sid}")
+        assert page.status_code == 200, page.text
+        assert 'id="session-unreadable"' in page.text and "timeline cannot be read" in page.text
+        assert "replay --session ID --force" in page.text
+        assert 'data-question="q1"' in page.text  # the open question, to answer
+        done = client.post(
+            f"/api/v1/sessions/{sid}/answer",
+            json={"question_id": "q1", "answer": "yes"},
+            headers={"X-CSRF-Token": csrf},
+        )
+        assert done.status_code == 202, done.text
+    wait_for(lambda: console_stack.agent.load(sid).is_runnable(), 60)
+    assert sid in console_stack.log.read_text()  # the log names the session and the damage

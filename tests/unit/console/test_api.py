@@ -124,6 +124,7 @@ def test_a_session_with_its_plan_todos_and_signature_question(api: TestClient) -
     assert s["question"]["call"]["operation"] == "deploy"
     assert s["question"]["call"]["arguments"] == '{"env":"prod","tag":"v2"}'
     assert s["decisions"] == [] and s["ended_because"] is None
+    assert s["unreadable"] == []
 
 
 def test_the_window_and_the_timeline_as_sentences(api: TestClient) -> None:
@@ -190,6 +191,27 @@ def test_a_session_that_cannot_be_read_is_answered_by_what_would_mend_it(
     assert says in response.json()["detail"]
     assert "10.0.0.7" not in response.text and "layout 9" not in response.text
     assert "Traceback" not in response.text
+
+
+def test_a_session_whose_decisions_history_does_not_read_is_answered_with_the_states(
+    api: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its recent decisions (those the state keeps), named `unreadable`: the open question
+    stays answerable, while `/timeline` alone, which has nothing else to give, answers 500."""
+    store.answer("s-a", "perm:rm", "yes", Principal("ops:bob"))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise CorruptProjectionError("s-a: entry 3 is not JSON")
+
+    monkeypatch.setattr(store.projections, "facts", broken)
+    monkeypatch.setattr(store.projections, "timeline", broken)
+    response = api.get("/api/v1/sessions/s-a")
+    assert response.status_code == 200
+    s = response.json()
+    assert s["unreadable"] == ["decisions"]
+    assert [(d["question_id"], d["answer"]) for d in s["decisions"]] == [("perm:rm", "yes")]
+    timeline = api.get("/api/v1/sessions/s-a/timeline")
+    assert timeline.status_code == 500 and timeline.json()["code"] == "projection_corrupt"
 
 
 # -- answers ---------------------------------------------------------------------------------------

@@ -418,3 +418,51 @@ def test_a_session_page_that_cannot_be_read_answers_as_the_api_does(
     page = operator.get("/sessions/s-b")
     assert page.status_code == status and says in page.text
     assert "10.0.0.7" not in page.text and "layout 9" not in page.text
+
+
+def _damaged(store: SessionStore, monkeypatch: pytest.MonkeyPatch, *parts: str) -> None:
+    """s-a answered once and asked again, its decisions history and/or timeline not decoding."""
+    seed(store)
+    store.answer("s-a", "perm:rm", "yes", Principal("ops:bob"))
+    store.ask("s-a", Question("q-2", "Deploy now?", ("yes", "no"), None, at(900), "permission"))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise CorruptProjectionError("s-a: entry 3 is not JSON")
+
+    for part in parts:
+        monkeypatch.setattr(store.projections, {"decisions": "facts"}.get(part, part), broken)
+
+
+@pytest.mark.parametrize(
+    "parts", [("timeline",), ("decisions",), ("decisions", "timeline")], ids="+".join
+)
+def test_a_session_page_shows_the_rest_when_its_decisions_or_timeline_do_not_read(
+    operator: TestClient,
+    store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    parts: tuple[str, ...],
+) -> None:
+    """The open question can still be seen and answered; the page says what is left out and
+    how a rebuild mends it, and the log says what was wrong, once."""
+    _damaged(store, monkeypatch, *parts)
+    for _ in range(2):
+        page = operator.get("/sessions/s-a")
+        assert page.status_code == 200
+    html = page.text
+    notice = re.search(r'<p id="session-unreadable" class="notice">(.*?)</p>', html, re.S)
+    assert notice and " and ".join(parts) + " cannot be read" in notice.group(1)
+    assert "replay --session ID --force" in notice.group(1) and "entry 3" not in html
+    assert 'data-question="q-2"' in html and 'name="answer"' in html  # answerable
+    decisions = re.search(r'<table id="decisions".*?</table>', html, re.S)
+    assert decisions and "Allow «rm»?" in decisions.group(0)  # the state's recent decision
+    timeline = re.search(r'<ol id="timeline".*?</ol>', html, re.S)
+    assert timeline
+    entries = re.findall(r'data-seq="(\d+)"', timeline.group(0))
+    if "timeline" in parts:
+        assert entries == [] and "The timeline cannot be read" in timeline.group(0)
+    else:
+        assert entries and entries[-1] == str(store.load("s-a").seq)  # read as usual
+    said = [r.getMessage() for r in caplog.records if "entry 3 is not JSON" in r.getMessage()]
+    assert len(said) == len(parts)  # each part once, over two loads
+    assert all("replay --session ID --force" in m for m in said)
