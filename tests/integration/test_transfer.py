@@ -14,8 +14,8 @@ import pytest
 
 from milpa_sessions.settings import Settings
 from milpa_sessions.wiring import session_store
-from schemas import events as ev
 from tests.integration.conftest import with_keys
+from tests.unit.builders import interrupted_transfer
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +41,7 @@ def test_a_transfer_rerun_by_another_process_before_the_target_folded_duplicates
     dst_seq = first.load("dst").seq
     worker.stop()
 
-    real_append = first.append
-
-    def dies_before_the_source(event: ev.Event) -> object:
-        if event.type == ev.TODOS_TRANSFERRED:
-            raise ConnectionError("the writer died")
-        return real_append(event)
-
-    monkeypatch.setattr(first, "append", dies_before_the_source)
-    with pytest.raises(ConnectionError):
-        first.transfer_open_todos("src", "dst")
+    interrupted_transfer(first, monkeypatch, "src", "dst")
     first.close()
 
     second = session_store(keyed)

@@ -199,3 +199,24 @@ def fold_all(events: Iterable[Event], keys: TrustedKeys | None = None) -> Sessio
     events = list(events)
     session_id = events[0].session_id if events else "s1"
     return fold(session_id, events, trusted(keys))
+
+
+def interrupted_transfer(store: Any, monkeypatch: Any, source: str, target: str) -> None:
+    """`store.transfer_open_todos(source, target)` dying after the target's cards were sent, before
+    the source's record (its writer lost): the store appends as before afterwards."""
+    real_append = store.append
+
+    def dies_before_the_source(event: Event) -> Any:
+        if event.type == ev.TODOS_TRANSFERRED:
+            raise ConnectionError("the writer died")
+        return real_append(event)
+
+    monkeypatch.setattr(store, "append", dies_before_the_source)
+    try:
+        store.transfer_open_todos(source, target)
+    except ConnectionError:
+        pass
+    else:
+        raise AssertionError("the transfer was not interrupted")
+    finally:
+        monkeypatch.setattr(store, "append", real_append)

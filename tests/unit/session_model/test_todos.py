@@ -14,7 +14,16 @@ from schemas import events as ev
 from schemas.errors import InvalidCall
 from session_model.fold import Kind, step
 from session_model.session import InheritedFrom, OpenCard, Session, Todo
-from tests.unit.builders import OPERATOR, fold_all, make_event, plan, started, todo, tool
+from tests.unit.builders import (
+    OPERATOR,
+    fold_all,
+    interrupted_transfer,
+    make_event,
+    plan,
+    started,
+    todo,
+    tool,
+)
 
 
 def _card(session: Session, todo_id: str) -> Todo:
@@ -482,17 +491,7 @@ def test_only_cards_open_now_are_moved_by_a_second_transfer():
 def _interrupted_transfer(store, monkeypatch):
     """A transfer that wrote the target's cards and died before the source's record."""
     _source_with_cards(store)
-    real_append = store.append
-
-    def crash_before_source(event):
-        if event.type == ev.TODOS_TRANSFERRED:
-            raise ConnectionError("partition leader lost")
-        return real_append(event)
-
-    monkeypatch.setattr(store, "append", crash_before_source)
-    with pytest.raises(ConnectionError):
-        store.transfer_open_todos("src", "dst")
-    monkeypatch.setattr(store, "append", real_append)
+    interrupted_transfer(store, monkeypatch, "src", "dst")
 
 
 def test_rerunning_an_interrupted_transfer_completes_it_without_duplicates(monkeypatch):
