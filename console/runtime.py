@@ -99,7 +99,7 @@ class Runtime:
     templates: Jinja2Templates
     writes: CapacityLimiter = field(default_factory=lambda: CapacityLimiter(WRITE_THREADS))
     insecure_cookie_noticed: Once = field(default_factory=Once)  # warned once
-    unreadable_said: set[str] = field(default_factory=set)  # inbox entries logged as damaged
+    unreadable_said: set[str] = field(default_factory=set)  # damaged entries and parts logged
 
     async def write(self, act: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         """`act(*args)`, a write, on one of the writes' threads (waiting for one without holding

@@ -682,17 +682,13 @@ class SessionStore:
                     "origin": card.origin,
                 },
             }
-            key = f"transfer:{from_}:{to}:{card.id}:{card.version}"
-            self.append(
-                self.event(to, ev.TODO_CHANGED, payload, event_id=self._transfer_ids.derive(key))
-            )
+            event_id = self._transfer_ids.derive("transfer", from_, to, card.id, card.version)
+            self.append(self.event(to, ev.TODO_CHANGED, payload, event_id=event_id))
         versions = [(c.id, held.get(c.id, c.version)) for c in cards]
         moved = [{"id": card_id, "version": version} for card_id, version in versions]
-        key = f"transferred:{from_}:{to}:" + ",".join(f"{i}@{v}" for i, v in versions)
         record = {"to": to, "todos": moved}
-        self.append(
-            self.event(from_, ev.TODOS_TRANSFERRED, record, event_id=self._transfer_ids.derive(key))
-        )
+        event_id = self._transfer_ids.derive("transferred", from_, to, [*map(list, versions)])
+        self.append(self.event(from_, ev.TODOS_TRANSFERRED, record, event_id=event_id))
         return len(cards)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 import uuid
 from typing import Self
@@ -33,7 +34,13 @@ class KeyedIds:
         """Ids under a fresh random key (known to this process only)."""
         return cls(secrets.token_bytes(ID_KEY_BYTES))
 
-    def derive(self, name: str) -> str:
-        """The id of `name`: the same for the same key and name, unforeseeable without the key."""
-        digest = hmac.new(self._key, name.encode(), hashlib.sha256).digest()
-        return str(uuid.UUID(bytes=digest[:16], version=4))
+    def derive(self, *parts: str | int | list[object]) -> str:
+        """The id of `parts`: the same for the same key and parts, unforeseeable without the key.
+
+        The parts are encoded as one JSON array, so that no two different lists of them (a
+        session id or a card id holding a separator, say) derive from the same bytes.
+        """
+        name = json.dumps(parts, separators=(",", ":")).encode()
+        return str(
+            uuid.UUID(bytes=hmac.new(self._key, name, hashlib.sha256).digest()[:16], version=4)
+        )

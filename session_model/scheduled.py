@@ -31,11 +31,11 @@ class ScheduledIds(KeyedIds):
 
     def closing(self, session_id: str, question_seq: int) -> str:
         """The id of the closing of the question asked at `question_seq`."""
-        return self.derive(f"{session_id}:window:{question_seq}")
+        return self.derive("window", session_id, question_seq)
 
     def compaction(self, session_id: str, through: int) -> str:
         """The id of the compaction of the session through `through`."""
-        return self.derive(f"{session_id}:compact:{through}")
+        return self.derive("compact", session_id, through)
 
 
 def window_closed(

@@ -466,3 +466,30 @@ def test_a_session_page_shows_the_rest_when_its_decisions_or_timeline_do_not_rea
     said = [r.getMessage() for r in caplog.records if "entry 3 is not JSON" in r.getMessage()]
     assert len(said) == len(parts)  # each part once, over two loads
     assert all("replay --session ID --force" in m for m in said)
+
+
+@pytest.mark.parametrize("part", ["facts", "timeline"])
+@pytest.mark.parametrize(
+    "case",
+    [(_HALF, 409), (ProjectionError("redis://10.0.0.7:6379 refused the connection"), 503)],
+    ids=["half rebuilt", "Redis away"],
+)
+def test_only_damage_is_left_out_of_a_session_page_a_backend_away_is_not(
+    operator: TestClient,
+    store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[Exception, int],
+    part: str,
+) -> None:
+    """A read that fails for a cause a retry or a finished rebuild cures is not a damaged part:
+    the page and the API answer as for the state itself."""
+    error, status = case
+    seed(store)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(store.projections, part, broken)
+    assert operator.get("/sessions/s-a").status_code == status
+    if part == "facts":  # the API's record reads no timeline
+        assert operator.get("/api/v1/sessions/s-a").status_code == status

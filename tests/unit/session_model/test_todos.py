@@ -601,6 +601,29 @@ def test_stores_sharing_an_id_key_give_a_transfer_the_same_ids_and_no_one_else_d
     assert set(_transfer_ids(None)).isdisjoint(_transfer_ids(None))
 
 
+def test_no_two_transfers_share_an_id_whatever_their_ids_hold():
+    """The names ids derive from were joined with `:`, `,` and `@`: an agent of the source that
+    named a card `a@1,b` made a later transfer of cards `a` and `b` carry the first one's record
+    id, dropped as its duplicate (the cards stayed open at the source)."""
+    store = _store()
+    store.start("src", "g")
+    store.start("dst", "g")
+    store.set_todo("src", "a@1,b", "one card")
+    assert store.transfer_open_todos("src", "dst") == 1
+    store.set_todo("src", "a", "A")
+    store.set_todo("src", "b", "B")
+    assert store.transfer_open_todos("src", "dst") == 2
+    assert store.open_todos("src") == ()
+    assert [t.id for t in store.load("dst").todos] == ["a@1,b", "a", "b"]
+    store.start("S", "g")
+    store.start("S:dst:x", "g")
+    store.set_todo("S", "x:dst:c", "C")  # transfer:S:dst:x:dst:c:1, as S:dst:x's card c below
+    store.set_todo("S:dst:x", "c", "C")
+    assert store.transfer_open_todos("S", "dst") == 1
+    assert store.transfer_open_todos("S:dst:x", "dst") == 1
+    assert [t.id for t in store.load("dst").todos][-2:] == ["x:dst:c", "c"]
+
+
 def test_a_short_id_key_is_refused():
     with pytest.raises(InvalidCall, match="16 bytes"):
         SessionStore.in_memory(id_key=b"short")
