@@ -128,11 +128,14 @@ class Question:
     def relaxed_by(self, answer: str) -> bool:
         """Whether answering `answer` makes the session less supervised (an operator's act): any
         answer to a signature question (it carries the signed call), and a yes (the first
-        option, what the fold counts as affirmative) to a permission question (`perm:<op>`)."""
+        option, what the fold counts as affirmative) to a permission question (`perm:<op>`) or
+        to a target question (`target_not_named`: the yes is what `Session.confirmed` reads)."""
         if self.reason == "signature":
             return True
-        permission = self.reason == "permission" or self.id.startswith("perm:")
-        return permission and bool(self.options) and answer == self.options[0]
+        yes_relaxes = self.reason in ("permission", "target_not_named") or self.id.startswith(
+            "perm:"
+        )
+        return yes_relaxes and bool(self.options) and answer == self.options[0]
 
     def signed_call(self) -> tuple[str, str]:
         """For a signature question: the operation and the argument digest it asks to approve.

@@ -19,7 +19,7 @@ from schemas.errors import (
 )
 from session_model.canonical import text_digest
 from session_model.modes import Mode
-from session_model.policy import signature_question
+from session_model.policy import signature_question, target_question
 from session_model.principal import Principal
 from session_model.session import Question
 from tests.unit.builders import OPERATOR
@@ -527,8 +527,13 @@ def test_a_service_without_the_operator_scope_cannot_make_a_session_less_supervi
     client: TestClient, store: SessionStore
 ) -> None:
     """A bridge's token answers and tightens; granting, relaxing a mode and signing a call (or
-    the grant a yes to a permission question carries) are operators' acts."""
+    the grant a yes to a permission question carries), and confirming a target, are operators'
+    acts."""
     seed(store)
+    store.start("s-t", "deploy somewhere")
+    store.ask("s-t", target_question("deploy", "prod", "Deploy to prod?", at(600)))
+    asked = store.load("s-t").question
+    assert asked is not None
     before = _records(store)
 
     def as_bridge(session: str, act: str, body: dict[str, str]) -> Any:
@@ -543,8 +548,11 @@ def test_a_service_without_the_operator_scope_cannot_make_a_session_less_supervi
             "answer",
             {"question_id": "sign:deploy", "answer": "approved", "confirm": "deploy"},
         ),
+        as_bridge(
+            "s-t", "answer", {"question_id": asked.id, "answer": "yes", "asked_seq": asked.seq}
+        ),
     ]
-    assert [r.status_code for r in refused] == [403] * 4
+    assert [r.status_code for r in refused] == [403] * 5
     assert {r.json()["code"] for r in refused} == {"unauthorized"}
     assert "operator` scope" in refused[0].json()["detail"]
     assert _records(store) == before
@@ -553,9 +561,13 @@ def test_a_service_without_the_operator_scope_cannot_make_a_session_less_supervi
         as_bridge("s-d", "revoke", {"operation": "rm"}),
         as_bridge("s-a", "answer", {"question_id": "perm:rm", "answer": "no"}),
         as_bridge("s-c", "answer", {"question_id": "q-c", "answer": "formal"}),
+        as_bridge(
+            "s-t", "answer", {"question_id": asked.id, "answer": "no", "asked_seq": asked.seq}
+        ),
     ]
-    assert [r.status_code for r in allowed] == [202] * 4
+    assert [r.status_code for r in allowed] == [202] * 5
     assert store.load("s-c").decisions[-1].by == Principal("service:bridge", verified=True)
+    assert not store.load("s-t").confirmed("deploy", "prod")
 
 
 def _first_read_stale(store: SessionStore, session_id: str, stale: Any) -> None:

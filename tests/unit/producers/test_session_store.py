@@ -29,6 +29,7 @@ from schemas.errors import (
     QuestionOpenError,
     SessionAlreadyStartedError,
     SessionEndedError,
+    UnauthorizedError,
     UnknownSessionError,
 )
 from schemas.events import Event
@@ -36,7 +37,7 @@ from session_model.canonical import argument_digest
 from session_model.deadlines import format_instant
 from session_model.fold import fold
 from session_model.modes import Mode
-from session_model.policy import APPROVAL, signature_question
+from session_model.policy import APPROVAL, signature_question, target_question
 from session_model.principal import Principal
 from session_model.session import OTHER_NAMES, Question, Turn
 from tests.unit.builders import OPERATOR
@@ -974,3 +975,28 @@ def test_when_both_fail_to_close_the_logs_error_is_raised() -> None:
     store.projections.close = failing_projections  # type: ignore[method-assign]
     with pytest.raises(LogError, match="went away"):
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("question", "relaxing", "other"),
+    [
+        (Question("perm:rm", "Allow «rm»?", ("yes", "no"), None, None, "permission"), "yes", "no"),
+        (target_question("deploy", "prod", "Deploy to prod?"), "yes", "no"),
+        (Question("q", "Which tone?", ("formal", "casual"), None, None, "style"), None, "formal"),
+    ],
+    ids=["permission", "target", "other"],
+)
+def test_a_caller_that_may_not_relax_cannot_say_the_yes_that_would(
+    question: Question, relaxing: str | None, other: str
+) -> None:
+    """A yes to a permission question grants; a yes to a target question is what
+    `Session.confirmed` reads: both make the session less supervised, an operator's act."""
+    store = _started()
+    store.ask("s1", question)
+    before = len(store.log.records)
+    if relaxing is not None:
+        with pytest.raises(UnauthorizedError, match="less supervised"):
+            store.answer("s1", question.id, relaxing, Principal("service:bridge"), may_relax=False)
+        assert len(store.log.records) == before
+    store.answer("s1", question.id, other, Principal("service:bridge"), may_relax=False)
+    assert store.load("s1").decisions[-1].answer == other
