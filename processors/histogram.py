@@ -51,6 +51,13 @@ LATENESS_MS_BUCKETS: tuple[float, ...] = (
     10000,
 )
 
+# How old a batch's oldest record is when the worker holds the batch, and when its commit made it
+# readable: a few milliseconds when the worker keeps up, up to minutes while it catches up.
+LAG_MS_BUCKETS: tuple[float, ...] = (
+    *(1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500),
+    *(1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000),
+)
+
 
 @dataclass
 class Histogram:

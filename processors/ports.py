@@ -20,6 +20,8 @@ class Consumed(Protocol):
     def offset(self) -> int: ...
     @property
     def topic(self) -> str: ...
+    @property
+    def timestamp(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,7 @@ class RawRecord:
     partition: int
     offset: int
     topic: str = ""
+    timestamp: int | None = None  # ms since the epoch (CreateTime); None: not known
 
 
 OutRecord = tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from aiokafka import errors as kafka_errors
 
 from processors.fitting import fit, fit_dead_letter, fit_key
-from processors.histogram import BATCH_SIZE_BUCKETS, Histogram
+from processors.histogram import BATCH_SIZE_BUCKETS, LAG_MS_BUCKETS, Histogram
 from processors.ports import Consumed, OutRecord, Sink
 from producers.decisions import decision_record
 from producers.questions import change_record
@@ -67,6 +67,7 @@ class Prepared:
     folding: Folding
     ends: dict[int, int]  # partition -> last offset of the batch
     raws: tuple[Consumed, ...] = ()  # as consumed (a refusal found by the fold is dead-lettered)
+    oldest_ms: int = -1  # the oldest record's timestamp (ms since the epoch); -1: none known
 
 
 @dataclass
@@ -96,6 +97,10 @@ class WorkerStats:
     pauses: Counter[str] = field(default_factory=Counter)
     downgrades: int = 0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
+    # From a batch's oldest record's timestamp (its producer's clock) to the worker holding the
+    # batch, and to its commit making it readable: how far the projection trails the log.
+    fetched_lag_ms: Histogram = field(default_factory=lambda: Histogram(LAG_MS_BUCKETS))
+    visible_lag_ms: Histogram = field(default_factory=lambda: Histogram(LAG_MS_BUCKETS))
     last_offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset processed
     # Sessions whose state was read from Redis, the cache not holding it (a session new to this
     # worker, or dropped past `cache_limit`), and how many the cache holds after the last batch.
@@ -350,13 +355,16 @@ class ProjectionWorker:
         self.stats.batches += 1
         self.stats.records += len(raws)
         self.stats.batch_sizes.observe(len(raws))
+        oldest = min([t for r in raws if (t := r.timestamp) is not None and t >= 0], default=-1)
+        if oldest >= 0:
+            self.stats.fetched_lag_ms.observe(max(0.0, time.time() * 1000 - oldest))
         folding = await self._drive(self.cycle.fold(await self._decode(raws)))
         self.stats.redelivered += folding.redelivered
         await self._refuse_foreign(raws, folding.foreign)
         self._announce_parked()
         parked = self.folder.parked or {}
         ends = {r.partition: r.offset for r in raws if r.partition not in parked}
-        return Prepared(folding, ends, tuple(raws))
+        return Prepared(folding, ends, tuple(raws), oldest)
 
     async def finish(self, prepared: Prepared) -> tuple[SessionUpdate, ...]:
         """Commit a prepared batch (re-folding conflicts), then count and publish its decisions.
@@ -364,6 +372,8 @@ class ProjectionWorker:
         Batches must be finished in the order they were prepared.
         """
         committed = await self._drive(self.cycle.commit(prepared.folding))
+        if prepared.oldest_ms >= 0:  # readable now (its decisions are published after)
+            self.stats.visible_lag_ms.observe(max(0.0, time.time() * 1000 - prepared.oldest_ms))
         self.stats.conflicts += committed.conflicts
         self.stats.redelivered += committed.redelivered
         await self._refuse_foreign(prepared.raws, committed.foreign)
