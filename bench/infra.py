@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
+from kafka.admin import ConfigResource, ConfigResourceType
 
 from deploy.harness import Cleanup, Proc, Stack, free_port, start_python, unlink_matching
 from milpa_sessions.settings import Settings
-from producers.topics import delete_topics, describe_group, ensure_topics
+from producers.topics import admin_client, delete_topics, describe_group, ensure_topics
 from projections.redis_store import RedisProjectionStore
 from session_model.signing import Signer
 
@@ -63,6 +64,22 @@ def create_topics(settings: Settings, cleanup: Cleanup) -> None:
     """Create the figure's topics; delete them (and its group's internal topics) at cleanup."""
     ensure_topics(settings)
     cleanup.push(f"delete topics of {settings.events_topic}", lambda: delete_topics(settings))
+
+
+def stamp_on_append(settings: Settings) -> None:
+    """Have the broker stamp the events topic's records with their append time (LogAppendTime),
+    so that the worker's lag histograms time a batch from the broker's append, not from the
+    producer's send (which the producer's linger and the send itself precede)."""
+    admin = admin_client(settings)
+    try:
+        resource = ConfigResource(
+            ConfigResourceType.TOPIC,
+            settings.events_topic,
+            configs={"message.timestamp.type": "LogAppendTime"},
+        )
+        admin.alter_configs([resource])
+    finally:
+        admin.close()
 
 
 def register_prefix(settings: Settings, cleanup: Cleanup) -> None:

@@ -18,7 +18,7 @@ from bench.profiling import summarize
 from bench.stats import Figure, Target
 from deploy.harness import Cleanup, Proc, Stack, redis_roles, wait_for
 from deploy.host import CpuMeter, PySpy, others_cpu, worst_unaccounted
-from deploy.metrics import parse_counter
+from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from projections.analytics import Analytics
@@ -429,4 +429,32 @@ def scrape_workers(procs: Sequence[Proc]) -> dict[str, Any]:
         total_batches = sum(b or 0 for b in batches)
         if total_batches:
             out["mean_batch_records"] = sum(r or 0 for r in records) / total_batches
+    return out
+
+
+LAG_HISTOGRAMS = {
+    "fetched": "milpa_batch_fetched_lag_ms",
+    "visible": "milpa_batch_visible_lag_ms",
+}
+
+
+def histogram_between(before: str, after: str, name: str) -> list[tuple[float, float]]:
+    """The cumulative buckets of histogram `name` counted between two expositions of a process."""
+    earlier = dict(parse_histogram(before, name))
+    return [(le, count - earlier.get(le, 0.0)) for le, count in parse_histogram(after, name)]
+
+
+def lag_between(before: str, after: str) -> dict[str, Any]:
+    """The worker's batch lags between two of its expositions: how many batches, p50 and p99
+    (interpolated in their buckets, each p99's bucket beside it), per histogram."""
+    out: dict[str, Any] = {}
+    for what, name in LAG_HISTOGRAMS.items():
+        buckets = histogram_between(before, after, name)
+        batches = max((count for _, count in buckets), default=0.0)
+        out[what] = {
+            "batches": int(batches),
+            "p50": histogram_quantile(0.5, buckets) if batches else None,
+            "p99": histogram_quantile(0.99, buckets) if batches else None,
+            "p99_bucket": histogram_bucket(0.99, buckets) if batches else None,
+        }
     return out

@@ -19,7 +19,14 @@ import redis
 import redis.asyncio as aioredis
 
 from bench import infra, workload
-from bench.figures.common import ROUND_SETTLE_MAX_S, TARGETS, FoldCounter, Run, paced
+from bench.figures.common import (
+    ROUND_SETTLE_MAX_S,
+    TARGETS,
+    FoldCounter,
+    Run,
+    lag_between,
+    paced,
+)
 from bench.stats import by_slice, median_item, ratio, summary
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
@@ -292,6 +299,9 @@ def e2e(run: Run) -> None:
         "rounds_produce_ack_p99_ms": [r.produce["p99"] for r in rounds],
         "rounds_ratio": ratios,
         f"rounds_p99_after_first_{run.sizes.e2e_head_s:g}s_ms": [r.rest_p99 for r in rounds],
+        "rounds_worker_batch_lag_p99_ms": [
+            {k: v["p99"] for k, v in r.params["worker_batch_lag_ms"].items()} for r in rounds
+        ],
     }
     head_s = run.sizes.e2e_head_s
     run.put("e2e_latency_p50_ms", m.send["p50"], "ms", params=m.params)
@@ -329,6 +339,7 @@ def measure_e2e(run: Run, name: str) -> E2e:
     s = run.sizes
     settings = run.settings(name)
     infra.create_topics(settings, run.cleanup)
+    infra.stamp_on_append(settings)  # the worker's lag histograms: from the broker's append
     infra.register_prefix(settings, run.cleanup)
     total = int(s.e2e_rate * (s.e2e_warmup_s + s.e2e_seconds))
     sessions = math.ceil(total / 19) + 1
@@ -342,7 +353,9 @@ def measure_e2e(run: Run, name: str) -> E2e:
     warmup_visible_after_s = _warm_up(run, folding, log, events[:n_warm])
     measured_events = events[n_warm:]
     watcher = _start_watcher(run, settings)
+    lag_before = worker.metrics()
     m = _measure(run, folding, log, watcher, measured_events, profile_as=name)
+    lag = lag_between(lag_before, worker.metrics())
     worker.stop()
     send = summary(m.from_send)
     ack = summary(m.from_ack)
@@ -389,6 +402,13 @@ def measure_e2e(run: Run, name: str) -> E2e:
         "redis_cluster": settings.redis_cluster,
         "per_second": per_second,
         "per_second_columns": ["second", "events", "p50_ms", "p99_ms", "max_ms"],
+        "worker_batch_lag_ms": lag,
+        "worker_batch_lag": "the worker's own histograms over the measured window, per batch: "
+        "from its oldest record's timestamp (the broker's append: the topic is made "
+        "LogAppendTime for this figure) to the worker holding the batch (`fetched`: the fetch's "
+        "delivery and the consumer's part) and to its commit making it readable (`visible`: the "
+        "fold and the commit added); the e2e samples add before them the producer's linger and "
+        "send, and after them the watcher's notification and read",
         "profiled": m.profiled,
         **m.usage,
     }
