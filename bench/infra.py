@@ -22,6 +22,7 @@ from deploy.harness import Cleanup, Proc, Stack, free_port, start_python, unlink
 from milpa_sessions.settings import Settings
 from producers.topics import admin_client, delete_topics, describe_group, ensure_topics
 from projections.redis_store import RedisProjectionStore
+from schemas.errors import LogError
 from session_model.signing import Signer
 
 # Faust reads these from the environment; a dead member must not hold a partition for a minute.
@@ -77,9 +78,12 @@ def stamp_on_append(settings: Settings) -> None:
             settings.events_topic,
             configs={"message.timestamp.type": "LogAppendTime"},
         )
-        admin.alter_configs([resource])
+        result = admin.alter_configs([resource])
     finally:
         admin.close()
+    outcome = result.get("topic", {}).get(settings.events_topic)
+    if outcome != "OK":  # kafka-python returns a refusal (an ACL, a policy) instead of raising it
+        raise LogError(f"{settings.events_topic}: LogAppendTime was refused: {outcome}")
 
 
 def register_prefix(settings: Settings, cleanup: Cleanup) -> None:

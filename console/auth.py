@@ -55,8 +55,8 @@ class Identity:
     via: Literal["cookie", "bearer"]
     csrf: str | None = None  # the cookie session's CSRF token (None for a bearer token)
     session_id: str | None = None  # the cookie session's id (what signing out revokes)
-    # May make a session less supervised (grant, relax its mode, sign a call): an operator, or a
-    # service whose token has the `operator` scope.
+    # May make a session less supervised (grant, relax its mode, sign a call, say the yes that
+    # grants or confirms a target): an operator, or a service whose token has the `operator` scope.
     relaxes: bool = False
 
     @property

@@ -137,14 +137,14 @@ class StatsCollector(Collector):
         yield histogram_family("milpa_batch_size", "Records per batch.", w.batch_sizes)
         yield histogram_family(
             "milpa_batch_fetched_lag_ms",
-            "Milliseconds from a batch's oldest record's timestamp (its producer's clock) to the "
-            "worker holding the batch.",
+            "Milliseconds from a batch's oldest record's timestamp (CreateTime: its producer's "
+            "send; LogAppendTime: the broker's append) to the worker holding the batch.",
             w.fetched_lag_ms,
         )
         yield histogram_family(
             "milpa_batch_visible_lag_ms",
-            "Milliseconds from a batch's oldest record's timestamp (its producer's clock) to its "
-            "commit making it readable in Redis.",
+            "Milliseconds from a batch's oldest record's timestamp (CreateTime: its producer's "
+            "send; LogAppendTime: the broker's append) to its commit making it readable in Redis.",
             w.visible_lag_ms,
         )
         yield _counter("milpa_redis_round_trips", "Redis round trips.", w.redis_round_trips)

@@ -97,8 +97,9 @@ class WorkerStats:
     pauses: Counter[str] = field(default_factory=Counter)
     downgrades: int = 0
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
-    # From a batch's oldest record's timestamp (its producer's clock) to the worker holding the
-    # batch, and to its commit making it readable: how far the projection trails the log.
+    # From a batch's oldest record's timestamp (CreateTime: its producer's send; LogAppendTime: the
+    # broker's append) to the worker holding the batch, and to its commit making it readable: how
+    # far the projection trails the log.
     fetched_lag_ms: Histogram = field(default_factory=lambda: Histogram(LAG_MS_BUCKETS))
     visible_lag_ms: Histogram = field(default_factory=lambda: Histogram(LAG_MS_BUCKETS))
     last_offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset processed

@@ -405,7 +405,8 @@ class SessionStore:
         (a window that closes between this read and the append still leaves the grant).
 
         `may_relax=False` (a caller that may not make a session less supervised): an answer that
-        would (`Question.relaxed_by`: a signature question's, a yes to a permission question) is
+        would (`Question.relaxed_by`: a signature question's, a yes to a permission or a target
+        question) is
         refused with `UnauthorizedError` on the very read that would sign it, before anything is
         appended.
 

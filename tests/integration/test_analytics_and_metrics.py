@@ -248,12 +248,13 @@ def test_pauses_by_reason_and_outcome_through_redis_the_cli_and_metrics(
     assert _sample(m, "milpa_batch_size_sum") == _sample(m, "milpa_records_total")
     # How far it trails the log: every batch timed (kafka-python stamps each record), readable
     # within the minute the scenario took.
+    # (A batch is counted from its fold on and made readable at its commit: one folded ahead of
+    # the one committing may be in flight, should the scheduler append meanwhile.)
+    batches = _sample(m, "milpa_batches_total")
+    assert _sample(m, "milpa_batch_fetched_lag_ms_count") == batches
+    assert batches - 2 <= _sample(m, "milpa_batch_visible_lag_ms_count") <= batches
     for lag in ("milpa_batch_fetched_lag_ms", "milpa_batch_visible_lag_ms"):
-        assert _sample(m, f"{lag}_count") == _sample(m, "milpa_batches_total"), lag
         assert 0 < _sample(m, f"{lag}_sum") < 60_000 * _sample(m, f"{lag}_count"), lag
-    assert _sample(m, "milpa_batch_visible_lag_ms_sum") >= _sample(
-        m, "milpa_batch_fetched_lag_ms_sum"
-    )
     assert _sample(m, "milpa_redis_round_trips_total") > 0
     assert _sample(m, "milpa_dead_lettered_total") == 0
     closings = _sample(m, "milpa_scheduler_closings_total")

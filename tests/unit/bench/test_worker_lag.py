@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from bench import infra
 from bench.figures.common import histogram_between, lag_between
+from milpa_sessions.settings import Settings
+from schemas.errors import LogError
 
 
 def _exposition(name: str, cumulative: list[tuple[str, int]]) -> str:
@@ -27,3 +34,31 @@ def test_only_what_was_counted_between_the_two_scrapes_is_summarised() -> None:
     assert 1.0 < fetched["p50"] < 5.0  # not the 100 older sub-millisecond batches
     assert fetched["p99_bucket"] == (5.0, 10.0)
     assert lag["visible"] == {"batches": 0, "p50": None, "p99": None, "p99_bucket": None}
+
+
+class _Admin:
+    def __init__(self, answer: str) -> None:
+        self.answer, self.closed = answer, False
+
+    def alter_configs(self, resources: list[Any]) -> dict[str, dict[str, str]]:
+        return {"topic": {resources[0].name: self.answer}}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_refused_log_append_time_is_an_error_not_a_silent_create_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kafka-python returns a refusal (an ACL, a policy) instead of raising it: the figure must
+    not then say its lags run from the append."""
+    settings = Settings(events_topic="e2e-events")
+    refused = _Admin("[Error 29] TopicAuthorizationFailedError")
+    monkeypatch.setattr(infra, "admin_client", lambda s: refused)
+    with pytest.raises(LogError, match=r"LogAppendTime was refused.*Error 29"):
+        infra.stamp_on_append(settings)
+    assert refused.closed
+    accepted = _Admin("OK")
+    monkeypatch.setattr(infra, "admin_client", lambda s: accepted)
+    infra.stamp_on_append(settings)
+    assert accepted.closed
