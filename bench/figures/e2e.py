@@ -302,6 +302,12 @@ def e2e(run: Run) -> None:
         "rounds_worker_batch_lag_p99_ms": [
             {k: v["p99"] for k, v in r.params["worker_batch_lag_ms"].items()} for r in rounds
         ],
+        # What ran during each round, not only the median one: a slow round is slow at the
+        # broker and in the worker alike (PERFORMANCE.md, "The e2e window taken apart").
+        "rounds_cpu_pct": [
+            {k: v for k, v in r.params.items() if k.endswith("cpu_pct") or k == "loadavg_1m"}
+            for r in rounds
+        ],
     }
     head_s = run.sizes.e2e_head_s
     run.put("e2e_latency_p50_ms", m.send["p50"], "ms", params=m.params)
