@@ -34,7 +34,7 @@ from console.inputs import (
     RevokeRequest,
     validated,
 )
-from console.problems import detail_of, status_of
+from console.problems import detail_of, logged_status
 from console.runtime import Runtime, runtime
 from schemas.errors import MilpaError, UnknownSessionError
 from session_model.modes import Mode
@@ -321,9 +321,7 @@ async def session_page(request: Request, caller: PageCaller, session_id: str) ->
     except MilpaError as e:
         # The API's status (half rebuilt 409, damaged 500, a backend away 503), and its log.
         failed = {"title": "The session cannot be read", "message": detail_of(e)}
-        status = status_of(e)
-        if status >= 500:
-            log.warning("the session page answered %s (%s): %s", status, e.code, e)
+        status = logged_status(e, "the session page ")
         return render(request, "error.html", caller, failed, status)
     question = view["question"]
     grantable = ""

@@ -106,12 +106,18 @@ def detail_of(error: MilpaError) -> str:
     return str(error) or error.code
 
 
-def from_error(error: MilpaError) -> JSONResponse:
-    """The problem response for an error of the project's hierarchy."""
+def logged_status(error: MilpaError, where: str = "") -> int:
+    """`status_of(error)`, the error logged whole when it is the server's (5xx): what the
+    answer's `detail_of` leaves out."""
     status = status_of(error)
     if status >= 500:
-        log.warning("answered %s (%s): %s", status, error.code, error)
-    return problem_response(status, error.code, detail_of(error))
+        log.warning("%sanswered %s (%s): %s", where, status, error.code, error)
+    return status
+
+
+def from_error(error: MilpaError) -> JSONResponse:
+    """The problem response for an error of the project's hierarchy."""
+    return problem_response(logged_status(error), error.code, detail_of(error))
 
 
 async def _on_problem(request: Request, exc: Exception) -> Response:

@@ -28,6 +28,7 @@ from console.live import Hub, QuestionSource
 from console.settings import WebConsoleSettings
 from producers.store import SessionStore
 from projections.analytics import PausesByHour, TimeToAnswer
+from projections.said_once import SaidOnce
 from session_model.ports import WaitingIndex
 
 HERE = Path(__file__).resolve().parent
@@ -99,7 +100,7 @@ class Runtime:
     templates: Jinja2Templates
     writes: CapacityLimiter = field(default_factory=lambda: CapacityLimiter(WRITE_THREADS))
     insecure_cookie_noticed: Once = field(default_factory=Once)  # warned once
-    unreadable_said: set[str] = field(default_factory=set)  # damaged entries and parts logged
+    unreadable_said: SaidOnce = field(default_factory=SaidOnce)  # damaged entries and parts logged
 
     async def write(self, act: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         """`act(*args)`, a write, on one of the writes' threads (waiting for one without holding

@@ -47,7 +47,6 @@ PAUSE_WINDOW = timedelta(hours=24)
 # the calls and observations, which grow with the agent's work.
 SHOWN_HISTORY = ("decisions",)
 PAGE_TIMELINE = 300  # the session page shows at most this many timeline entries, the latest
-UNREADABLE_SAID = 10_000  # damaged entries and lists logged once each, up to this many at a time
 DECISIONS, TIMELINE = "decisions", "timeline"  # what of a session a page may show without
 
 
@@ -72,12 +71,8 @@ def waiting(rt: Runtime, reason: str | None, after: Cursor | None, limit: int) -
 
 def _say_once(rt: Runtime, key: str, what: str) -> None:
     """Log `what` (something damaged, left out of what is shown) once per `key`, with the remedy."""
-    said = rt.unreadable_said
-    if key in said:
+    if not rt.unreadable_said.first(key):
         return
-    if len(said) >= UNREADABLE_SAID:
-        said.clear()  # said again, then: a bound, not a cache
-    said.add(key)
     log.warning("%s (rebuild the session with `milpa-sessions replay --session ID --force`)", what)
 
 

@@ -33,6 +33,7 @@ from processors.scheduler import Scheduler
 from processors.settings import WorkerSettings
 from processors.sinks import LazyProducer, ProducerSink
 from projections.redis_store import AsyncRedisProjectionStore
+from projections.said_once import SaidOnce
 from schemas.errors import ProjectionError
 from session_model.compaction import Compactor
 from session_model.projection import Folded
@@ -58,11 +59,9 @@ class WholeStates:
     Without the event ids: the scheduler never folds, and they are most of an old session's read.
     """
 
-    SAID = 10_000  # sessions named at most before the names are forgotten (and said again)
-
     def __init__(self, store: Callable[[], AsyncRedisProjectionStore]) -> None:
         self._store = store
-        self._said: set[str] = set()  # named in the log, not read whole since
+        self._said = SaidOnce()  # named in the log, not read whole since
 
     async def __call__(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """The states of these sessions, those stored whole."""
@@ -72,14 +71,10 @@ class WholeStates:
             session_ids, event_ids=False, unreadable=bad, rebuilding=rebuilding
         )
         said = self._said
-        if said:
-            said.difference_update(found)
+        said.forget(found)
         for sid, why in bad.items():
-            if sid in said:
+            if not said.first(sid):
                 continue
-            if len(said) >= self.SAID:
-                said.clear()
-            said.add(sid)
             if sid in rebuilding:
                 log.warning("%s: its deadline and due compaction wait for it", why)
             else:

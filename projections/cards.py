@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
+from projections.codec import from_millis, to_millis
 from schemas.errors import CorruptProjectionError
 from session_model.projection import SessionUpdate
 from session_model.questions import WaitingQuestion, score_of, session_status, waiting_question
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
 
 # A session's fleet entry is two letters, its status and its mode, then while it waits the reason
 # (`wapermission`): it is kept in every session's state hash, so it is short.
@@ -67,7 +64,7 @@ def card_to_json(item: WaitingQuestion) -> bytes:
     if item.deadline_ms is not None:
         record["d"] = item.deadline_ms
     if item.asked_at is not None:
-        record["a"] = round((item.asked_at - _EPOCH).total_seconds() * 1000)
+        record["a"] = to_millis(item.asked_at)
     return orjson.dumps(record)
 
 
@@ -75,17 +72,16 @@ def card_from_json(session_id: str, raw: bytes | str) -> WaitingQuestion:
     """Read a stored card back; `CorruptProjectionError` if it is not one (whatever is wrong)."""
     try:
         r = orjson.loads(raw)
-        asked = r.get("a")
         card = WaitingQuestion(
             session_id=session_id,
             question_id=_typed(r["q"], str),
             question=_typed(r["t"], str),
             options=tuple(_typed(o, str) for o in _typed(r.get("o", []), list)),
             reason=_typed(r["r"], str),
-            why=_typed(r.get("w"), str, None),
-            expires_at=_typed(r.get("e"), str, None),
-            deadline_ms=_typed(r.get("d"), int, None),
-            asked_at=None if asked is None else _EPOCH + timedelta(milliseconds=_typed(asked, int)),
+            why=_typed(r.get("w"), str, optional=True),
+            expires_at=_typed(r.get("e"), str, optional=True),
+            deadline_ms=_typed(r.get("d"), int, optional=True),
+            asked_at=from_millis(_typed(r.get("a"), int, optional=True)),
             seq=_typed(r["s"], int),
             mode=_typed(r["m"], str),
             goal=_typed(r["g"], str),
@@ -97,10 +93,10 @@ def card_from_json(session_id: str, raw: bytes | str) -> WaitingQuestion:
     return card
 
 
-def _typed(value: Any, kind: type, *alternatives: None) -> Any:
-    """`value` if it is a `kind` (or None where allowed); `TypeError` otherwise."""
+def _typed(value: Any, kind: type, *, optional: bool = False) -> Any:
+    """`value` if it is a `kind` (or None, if `optional`); `TypeError` otherwise."""
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
-    if value is None and alternatives:
+    if value is None and optional:
         return None
     raise TypeError(f"{value!r} is not a {kind.__name__}")

@@ -80,12 +80,14 @@ _STATUS_CODE = {v: i for i, v in enumerate(_STATUSES)}
 _ORIGIN_CODE = {v: i for i, v in enumerate(_ORIGINS)}
 
 
-def _ms(moment: datetime | None) -> int | None:
+def to_millis(moment: datetime | None) -> int | None:
+    """Milliseconds since the epoch of `moment`, floored (None stays None)."""
     # Integer arithmetic: float timestamps can lose the last millisecond.
     return None if moment is None else (moment - _EPOCH) // _MS
 
 
-def _dt(ms: int | None) -> datetime | None:
+def from_millis(ms: int | None) -> datetime | None:
+    """The instant `ms` milliseconds after the epoch (None stays None)."""
     return None if ms is None else _EPOCH + timedelta(milliseconds=ms)
 
 
@@ -120,7 +122,16 @@ def _question(q: Question | None) -> list[Any] | None:
     if q is None:
         return None
     return _trim(
-        [q.id, q.question, list(q.options), q.why, q.expires_at, q.reason, q.seq, _ms(q.asked_at)]
+        [
+            q.id,
+            q.question,
+            list(q.options),
+            q.why,
+            q.expires_at,
+            q.reason,
+            q.seq,
+            to_millis(q.asked_at),
+        ]
     )
 
 
@@ -128,7 +139,7 @@ def _question_from(v: list[Any] | None) -> Question | None:
     if v is None:
         return None
     i, text, options, why, expires_at, reason, seq, asked_at = _pad(v, 8)
-    return Question(i, text, tuple(options), why, expires_at, reason, seq, _dt(asked_at))
+    return Question(i, text, tuple(options), why, expires_at, reason, seq, from_millis(asked_at))
 
 
 def _todo(t: Todo) -> list[Any]:
@@ -198,9 +209,9 @@ def _decision(d: Decision) -> list[Any]:
             d.seq,
             d.event_id,
             d.affirmative,
-            _ms(d.decided_at),
-            _ms(d.expired_at),
-            _ms(d.asked_at),
+            to_millis(d.decided_at),
+            to_millis(d.expired_at),
+            to_millis(d.asked_at),
             d.asked_seq,
         ]
     )
@@ -234,23 +245,29 @@ def _decision_from(v: list[Any]) -> Decision:
         seq=seq,
         event_id=event_id,
         affirmative=affirmative is True,
-        decided_at=_dt(decided_at),
-        expired_at=_dt(expired_at),
-        asked_at=_dt(asked_at),
+        decided_at=from_millis(decided_at),
+        expired_at=from_millis(expired_at),
+        asked_at=from_millis(asked_at),
         asked_seq=asked_seq or 0,
     )
 
 
 def _rejection(r: Rejection) -> list[Any]:
     return _trim(
-        [r.seq, r.event_id, r.type, r.code, r.producer, _ms(r.occurred_at), _principal(r.by)]
+        [r.seq, r.event_id, r.type, r.code, r.producer, to_millis(r.occurred_at), _principal(r.by)]
     )
 
 
 def _rejection_from(v: list[Any]) -> Rejection:
     seq, event_id, type_, code, producer, occurred_at, by = _pad(v, 7)
     return Rejection(
-        seq, event_id, type_, code, producer, _dt(occurred_at) or _EPOCH, _principal_from(by)
+        seq,
+        event_id,
+        type_,
+        code,
+        producer,
+        from_millis(occurred_at) or _EPOCH,
+        _principal_from(by),
     )
 
 
