@@ -466,21 +466,11 @@ class ProjectionWorker:
             return await self.store.decisions(ids, latest, unreadable=bad)
 
         found = await self._retrying(read)
-        unreadable = self.folder.unreadable
         for sid, n in zip(ids, latest, strict=True):
             why = bad.get(sid)
-            if why is None:
-                continue
-            self._histories[sid] = max(n, self._histories.get(sid, 0))
-            if sid not in unreadable:
-                unreadable[sid] = why
-                self.stats.corrupt_reads += 1
-                log.error(
-                    "a stored decisions history cannot be read (%s): its partition waits at the "
-                    "session's redelivered record until it reads (rebuild the session with "
-                    "`milpa-sessions replay --session <id> --force`)",
-                    why,
-                )
+            if why is not None:
+                self._histories[sid] = max(n, self._histories.get(sid, 0))
+                self._hold_damaged(sid, why, "a stored decisions history", "redelivered")
         return found
 
     async def _read_parking(self, ids: tuple[str, ...]) -> dict[str, Folded]:
@@ -504,19 +494,29 @@ class ProjectionWorker:
                 continue
             if sid in unreadable:
                 continue  # said already
-            unreadable[sid] = why
             if sid in rebuilding:  # a routine restore, not damage
+                unreadable[sid] = why
                 self.stats.rebuilding_reads += 1
                 log.warning("%s: its partition waits at the session's next record", why)
                 continue
-            self.stats.corrupt_reads += 1
-            log.error(
-                "a stored state cannot be read (%s): its partition waits at the session's next "
-                "record until it reads (rebuild it with `milpa-sessions replay --session <id> "
-                "--force`)",
-                why,
-            )
+            self._hold_damaged(sid, why, "a stored state", "next")
         return found
+
+    def _hold_damaged(self, sid: str, why: str, what: str, record: str) -> None:
+        """Put a session whose `what` does not decode in the folder's `unreadable` (its
+        `record` record parks its partition), counted and logged once."""
+        unreadable = self.folder.unreadable
+        if sid in unreadable:
+            return
+        unreadable[sid] = why
+        self.stats.corrupt_reads += 1
+        log.error(
+            "%s cannot be read (%s): its partition waits at the session's %s record until it "
+            "reads (rebuild the session with `milpa-sessions replay --session <id> --force`)",
+            what,
+            why,
+            record,
+        )
 
     async def _decode(self, raws: Sequence[Consumed]) -> list[Record]:
         records: list[Record] = []
