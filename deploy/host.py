@@ -10,6 +10,7 @@ import platform
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -92,6 +93,65 @@ def all_processes() -> dict[int, tuple[str, float]]:
     return out
 
 
+# HotSpot's performance counters (what `jstat` reads): a file per JVM, /tmp/hsperfdata_<user>/<pid>.
+_HSPERF_DIR = Path("/tmp")
+_HSPERF_MAGIC = b"\xca\xfe\xc0\xc0"
+_HSPERF_COUNTERS = ("java.ci.totalTime", "sun.os.hrt.frequency")
+_HSPERF_GC = re.compile(r"sun\.gc\.collector\.\d+\.time")
+
+
+@dataclass(frozen=True)
+class JvmTimes:
+    """Seconds a JVM has spent compiling (its JIT, summed over compilations) and in its
+    collectors since it started, as `jstat -compiler` / `jstat -gcutil` report them."""
+
+    compile_s: float
+    gc_s: float
+
+
+def jvm_times(pid: int) -> JvmTimes | None:
+    """`JvmTimes` of a HotSpot JVM on this machine, read from its performance-counter file
+    (no JVM started, unlike `jstat`); None if there is none (not a JVM of this machine, another
+    user's, or started with -XX:-UsePerfData) or it does not parse."""
+    try:
+        found = next(iter(_HSPERF_DIR.glob(f"hsperfdata_*/{pid}")), None)
+        if found is None:
+            return None
+        counters = _hsperf_longs(found.read_bytes())
+    except (OSError, struct.error, ValueError):
+        return None
+    frequency = counters.get("sun.os.hrt.frequency")
+    compiled = counters.get("java.ci.totalTime")
+    if not frequency or compiled is None:
+        return None
+    gc = sum(v for k, v in counters.items() if _HSPERF_GC.fullmatch(k))
+    return JvmTimes(compiled / frequency, gc / frequency)
+
+
+def _hsperf_longs(data: bytes) -> dict[str, int]:
+    """The scalar long counters of an hsperfdata file: its prologue (magic, byte order, ...,
+    entry offset and count at bytes 24-31), then entries (length, name offset, vector length,
+    type, flags, units, variability, data offset). Raises ValueError if it is not one."""
+    if data[:4] != _HSPERF_MAGIC:
+        raise ValueError("not an hsperfdata file")
+    order = "<" if data[4] == 1 else ">"
+    at, count = struct.unpack_from(order + "ii", data, 24)
+    out: dict[str, int] = {}
+    for _ in range(count):
+        length, name_at, vector, kind, _f, _u, _v, data_at = struct.unpack_from(
+            order + "iiicccci", data, at
+        )
+        if length <= 0:
+            raise ValueError("a zero-length hsperfdata entry")
+        end = data.index(b"\0", at + name_at)
+        if kind == b"J" and vector == 0:
+            out[data[at + name_at : end].decode("ascii", "replace")] = struct.unpack_from(
+                order + "q", data, at + data_at
+            )[0]
+        at += length
+    return out
+
+
 @dataclass
 class CpuMeter:
     """CPU used between `start()` and `stop()`, as % of one core: the named processes, Redis,
@@ -102,7 +162,10 @@ class CpuMeter:
     quiet_pids: set[int] = field(default_factory=set)  # ours, but not reported (redis-server)
     # Named groups of processes reported as one (the brokers of a cluster, its Redis masters).
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # JVMs (the brokers) whose JIT and collector seconds are reported too: `<name>_jit_s`, `_gc_s`.
+    jvms: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _start: dict[str, float | None] = field(default_factory=dict)
+    _jvm_start: dict[str, JvmTimes | None] = field(default_factory=dict)
     _procs: dict[int, tuple[str, float]] = field(default_factory=dict)
     _t0: float = 0.0
     _quiet: float = 0.0
@@ -131,6 +194,7 @@ class CpuMeter:
         self._quiet = self._quiet_seconds()
         self._kernel = machine_kernel_seconds()
         self._procs = all_processes()
+        self._jvm_start = {name: _jvm_sum(pids) for name, pids in self.jvms.items()}
 
     def stop(self) -> dict[str, Any]:
         """% of one core each used since `start()`, the machine's busy %, others' top users."""
@@ -178,8 +242,23 @@ class CpuMeter:
                     "irq_softirq_cpu_pct": round(100 * (kernel[0] - self._kernel[0]) / elapsed, 1),
                     "steal_cpu_pct": round(100 * (kernel[1] - self._kernel[1]) / elapsed, 1),
                 }
+        for name, pids in self.jvms.items():
+            first, last = self._jvm_start.get(name), _jvm_sum(pids)
+            if first is None or last is None:
+                out[f"{name}_jit_s"] = out[f"{name}_gc_s"] = None
+            else:
+                out[f"{name}_jit_s"] = round(last.compile_s - first.compile_s, 2)
+                out[f"{name}_gc_s"] = round(last.gc_s - first.gc_s, 3)
         out["loadavg_1m"] = round(os.getloadavg()[0], 2)
         return out
+
+
+def _jvm_sum(pids: Sequence[int]) -> JvmTimes | None:
+    """`jvm_times` summed over `pids` (a cluster's brokers); None if any is unknown."""
+    times = [jvm_times(pid) for pid in pids]
+    if not times or None in times:
+        return None
+    return JvmTimes(sum(t.compile_s for t in times if t), sum(t.gc_s for t in times if t))
 
 
 def others_cpu(params: dict[str, Any]) -> float:

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from bench import infra
-from bench.figures.common import TARGETS, Prefill, Run, produce_all
-from bench.figures.e2e import measure_e2e
+from bench.figures.common import ROUND_SETTLE_MAX_S, TARGETS, Prefill, Run, produce_all
+from bench.figures.e2e import measure_e2e, warm_broker
 from bench.figures.projector import ProjectorRun, _median_run, measure_projector
 from bench.stats import Figure, rate, ratio
 from producers.kafka_log import KafkaEventLog
@@ -159,6 +159,8 @@ def _prefill(crun: Run, single: Prefill) -> dict[str, Any]:
 def e2e_cluster(run: Run) -> None:
     """The e2e figure on the replicated stack, against the single node's of the same run."""
     crun = run.cluster_run()
+    warm = warm_broker(crun, "e2ecw")
+    crun.settle(ROUND_SETTLE_MAX_S)
     m = measure_e2e(crun, "e2ec")
     single_ack = run.results.get("e2e_p99_vs_produce_ack_p99")
     single_ack_p99 = None if single_ack is None else single_ack.params.get("produce_ack_p99_ms")
@@ -194,6 +196,7 @@ def e2e_cluster(run: Run) -> None:
             **flagged(run.results, CLUSTER_E2E_P50),
             "e2e_p99_ms": m.send["p99"],
             "produce_ack_p99_ms": m.produce["p99"],
+            "warm_rounds": warm,
             "why": "as e2e_p99_vs_produce_ack_p99, on the cluster: the ack itself waits for a "
             "second replica there",
         },

@@ -209,21 +209,25 @@ class Run:
 
         On the replicated stack: `kafka` is the three brokers, `redis_masters` and
         `redis_replicas` the Redis Cluster's nodes by their role now (`client` is not used);
-        with two stacks in the run, `idle_stack` is the other one's servers.
+        with two stacks in the run, `idle_stack` is the other one's servers. The broker(s)' JIT
+        and collector seconds are reported too (`kafka_jit_s`, `kafka_gc_s`; None if unknown).
         """
         groups: dict[str, tuple[int, ...]] = {}
         if self.other_stack is not None:
             groups["idle_stack"] = stack_pids(self.other_stack)
         if not self.on_cluster:
             quiet = {self.stack.redis_pid} if self.stack.redis_pid else set()
-            return CpuMeter({**pids, **self.kafka_pids()}, client, quiet, groups)
+            jvms: dict[str, tuple[int, ...]] = {}
+            if self.stack.kafka_pid:
+                jvms["kafka"] = (self.stack.kafka_pid,)
+            return CpuMeter({**pids, **self.kafka_pids()}, client, quiet, groups, jvms)
         nodes = dict(self.stack.redis_cluster_nodes)
         roles = redis_roles(list(nodes))
         groups["kafka"] = self.stack.kafka_pids
         groups["redis_masters"] = tuple(p for u, p in nodes.items() if roles.get(u) == "master")
         groups["redis_replicas"] = tuple(p for u, p in nodes.items() if roles.get(u) != "master")
         quiet = {self.stack.redis_pid} if self.stack.redis_pid else set()  # idle, beside
-        return CpuMeter(pids, None, quiet, groups)
+        return CpuMeter(pids, None, quiet, groups, {"kafka": self.stack.kafka_pids})
 
     def servers_at_rest(
         self, seconds: float = REST_S, client: SyncRedis | None = None
