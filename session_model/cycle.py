@@ -240,6 +240,8 @@ class ProjectionCycle:
                 strays = foreign_records(cache, seen)
                 foreign.extend(strays)
                 redelivered += skipped - len(strays)
+                if folder.parked:  # behind a park: read again once let go, published then
+                    seen = [r for r in seen if not folder.behind_park(r.position)]
                 again.extend(redelivered_decisions(known, seen))
                 reasked.extend(redelivered_changes(known, seen))
             for u in updates:

@@ -240,6 +240,12 @@ class BatchFolder:
             if mark is not None and steps
         )
 
+    def behind_park(self, position: Position) -> bool:
+        """Whether a record there is at or after its partition's park: the partition is read
+        again from at most there once it is let go (no offset past a park is committed)."""
+        fault = self.parked.get(position.partition) if self.parked else None
+        return fault is not None and position.offset >= fault.position.offset
+
     def _park_unreadable(
         self, parked: dict[int, Fault], position: Position, sid: str, why: str
     ) -> None:

@@ -233,6 +233,36 @@ def test_a_history_left_out_of_the_answer_holds_the_session_s_records_or_is_aske
     assert folder.parked == {} and folding.redelivered == len(records)
 
 
+def test_a_redelivery_behind_a_park_publishes_its_decisions_once_read_again() -> None:
+    # Partition 0 parked at offset 4 (another session's record the fold raised on). Records
+    # already applied at or after it are read again from there once the partition is let go:
+    # their decisions are published then, not now as well; those before it, now.
+    events = [
+        started(session_id="a"),
+        ask("qa", session_id="a"),
+        answer("qa", "yes", session_id="a"),
+    ]
+    events += [
+        started(session_id="b"),
+        ask("qb", session_id="b"),
+        answer("qb", "yes", session_id="b"),
+    ]
+    records = _records(events)
+    store = InMemoryProjectionStore()
+    first, _ = run(ProjectionCycle(BatchFolder()).project(records), store)
+    assert {u.session_id for u in first.updates if u.decisions} == {"a", "b"}
+
+    fault = Fault(Position(0, 4), "z", "ValueError", "ValueError('boom')")
+    folder = BatchFolder(parked={0: fault})
+    folding, _ = run(ProjectionCycle(folder).project(records), store)
+    assert [sid for sid, _ in folding.again] == ["a"]
+    assert {c.question_id for c in folding.reasked} == {"qa"}
+    assert folding.redelivered == len(records)  # skipped as applied, not held
+
+    let_go, _ = run(ProjectionCycle(BatchFolder(parked={})).project(records[4:]), store)
+    assert [sid for sid, _ in let_go.again] == ["b"]  # read again: published now
+
+
 def test_a_redelivered_tail_of_a_long_session_reads_only_the_decisions_it_can_have_made() -> None:
     # Long: many more decisions than the state keeps. Redelivered: the last records only (the
     # offsets committed before them). What it asks for is bounded by the redelivery, not the age.
