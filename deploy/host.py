@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import pwd
 import re
 import shutil
 import signal
@@ -103,7 +104,9 @@ _HSPERF_GC = re.compile(r"sun\.gc\.collector\.\d+\.time")
 @dataclass(frozen=True)
 class JvmTimes:
     """Seconds a JVM has spent compiling (its JIT, summed over compilations) and in its
-    collectors since it started, as `jstat -compiler` / `jstat -gcutil` report them."""
+    collectors' pauses since it started, as `jstat -compiler` / `jstat -gcutil` report them:
+    elapsed time, not CPU time (a compiler thread waiting for a core counts; a collector's
+    concurrent work does not)."""
 
     compile_s: float
     gc_s: float
@@ -114,11 +117,9 @@ def jvm_times(pid: int) -> JvmTimes | None:
     (no JVM started, unlike `jstat`); None if there is none (not a JVM of this machine, another
     user's, or started with -XX:-UsePerfData) or it does not parse."""
     try:
-        found = next(iter(_HSPERF_DIR.glob(f"hsperfdata_*/{pid}")), None)
-        if found is None:
-            return None
-        counters = _hsperf_longs(found.read_bytes())
-    except (OSError, struct.error, ValueError):
+        owner = pwd.getpwuid(Path(f"/proc/{pid}").stat().st_uid).pw_name
+        counters = _hsperf_longs((_HSPERF_DIR / f"hsperfdata_{owner}" / str(pid)).read_bytes())
+    except (OSError, KeyError, struct.error, ValueError):
         return None
     frequency = counters.get("sun.os.hrt.frequency")
     compiled = counters.get("java.ci.totalTime")
@@ -141,8 +142,8 @@ def _hsperf_longs(data: bytes) -> dict[str, int]:
         length, name_at, vector, kind, _f, _u, _v, data_at = struct.unpack_from(
             order + "iiicccci", data, at
         )
-        if length <= 0:
-            raise ValueError("a zero-length hsperfdata entry")
+        if length <= 0:  # counted before it is filled in (the JVM adds one now): the end
+            break
         end = data.index(b"\0", at + name_at)
         if kind == b"J" and vector == 0:
             out[data[at + name_at : end].decode("ascii", "replace")] = struct.unpack_from(

@@ -490,7 +490,7 @@ def find_java(version: str) -> str:
     java = java or shutil.which("java")
     if not java:
         raise StackError(
-            "java not found: install a JDK >= 17 (e.g. apt-get install -y openjdk-17-jre-headless)",
+            "java not found: install a JDK >= 17 (e.g. apt-get install -y openjdk-17-jdk-headless)",
             code=2,
         )
     try:

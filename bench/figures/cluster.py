@@ -196,7 +196,7 @@ def e2e_cluster(run: Run) -> None:
             **flagged(run.results, CLUSTER_E2E_P50),
             "e2e_p99_ms": m.send["p99"],
             "produce_ack_p99_ms": m.produce["p99"],
-            "warm_rounds": warm,
+            "warmup_rounds": warm,
             "why": "as e2e_p99_vs_produce_ack_p99, on the cluster: the ack itself waits for a "
             "second replica there",
         },

@@ -47,7 +47,7 @@ ACK_DRAIN_S = 0.002  # the watcher takes the acks handed to it at least this oft
 # Before the measured rounds, throwaway rounds until the broker has stopped compiling: a freshly
 # started broker's JIT compiled ~11 s of code in its first ~40 s at this load, and the rounds
 # that ran meanwhile were the slowest (PERFORMANCE.md, "What made the first e2e round slow").
-WARM_JIT_S = 0.5  # warm: the broker(s) compiled less than this during a round's window
+WARM_JIT_SHARE = 0.05  # warm: the broker(s) compiled for under 5 % of the round's window
 WARM_ROUNDS_MAX = 3
 
 
@@ -310,7 +310,7 @@ def e2e(run: Run) -> None:
         # What ran during each round, not only the median one: a slow round is slow at the
         # broker and in the worker alike (PERFORMANCE.md, "The e2e window taken apart").
         "rounds_cpu_pct": [_usage(r) for r in rounds],
-        "warm_rounds": warm,
+        "warmup_rounds": warm,
     }
     head_s = run.sizes.e2e_head_s
     run.put("e2e_latency_p50_ms", m.send["p50"], "ms", params=m.params)
@@ -354,21 +354,24 @@ def _usage(m: E2e) -> dict[str, Any]:
 
 def warm_broker(
     run: Run, name: str, measure: Callable[[Run, str], E2e] | None = None
-) -> list[dict[str, Any]]:
-    """Throwaway e2e rounds until one's window found the broker(s) compiling under `WARM_JIT_S`
-    (one if that is not known), at most `WARM_ROUNDS_MAX`; what each measured, for the params.
+) -> dict[str, Any]:
+    """Throwaway e2e rounds until one's window found the broker(s) compiling for under
+    `WARM_JIT_SHARE` of it (one round if that is not known), at most `WARM_ROUNDS_MAX`: what
+    each measured, and whether the broker was still compiling after the last, for the params.
 
     A broker that has run for a while has compiled its hot paths; one the harness has just
-    started compiles them under the first rounds' load, on the same two cores.
+    started compiles them under the first rounds' load, on the same two cores. The rounds are
+    kept or dropped on the broker's compiling, never on their latency.
     """
-    measure = measure or measure_e2e
-    warm: list[dict[str, Any]] = []
+    measure = measure or (lambda r, n: measure_e2e(r, n, profile=False))
+    rounds: list[dict[str, Any]] = []
+    compiling: bool | None = None
     for i in range(WARM_ROUNDS_MAX):
         if i:
             run.settle(ROUND_SETTLE_MAX_S)
         m = measure(run, f"{name}{i}")
         used = _usage(m)
-        warm.append(
+        rounds.append(
             {
                 "e2e_p99_ms": m.send["p99"],
                 "produce_ack_p99_ms": m.produce["p99"],
@@ -376,15 +379,26 @@ def warm_broker(
                 **used,
             }
         )
-        jit = used.get("kafka_jit_s")
-        if not isinstance(jit, int | float) or jit < WARM_JIT_S:
+        jit, window = used.get("kafka_jit_s"), m.params.get("produced_in_s")
+        if not isinstance(jit, int | float) or not isinstance(window, int | float) or window <= 0:
+            compiling = None  # not known (a broker in a container, say)
             break
-    run.log(f"{name}: {len(warm)} warm-up round(s) before the measured ones")
-    return warm
+        compiling = jit / window >= WARM_JIT_SHARE
+        if not compiling:
+            break
+    run.log(f"{name}: {len(rounds)} warm-up round(s) before the measured ones")
+    return {
+        "rounds": rounds,
+        "broker_still_compiling": compiling,
+        "rule": f"throwaway rounds until the broker(s) compiled for under {WARM_JIT_SHARE:.0%} of "
+        f"a round's window (kafka_jit_s / produced_in_s), at most {WARM_ROUNDS_MAX}; one if that "
+        "is not known (null)",
+    }
 
 
-def measure_e2e(run: Run, name: str) -> E2e:
-    """One worker on a fresh topic; the warm-up, then `e2e_seconds` at `e2e_rate` events/s."""
+def measure_e2e(run: Run, name: str, *, profile: bool = True) -> E2e:
+    """One worker on a fresh topic; the warm-up, then `e2e_seconds` at `e2e_rate` events/s
+    (profiled under `name` with `--profile`, if `profile`)."""
     s = run.sizes
     settings = run.settings(name)
     infra.create_topics(settings, run.cleanup)
@@ -403,7 +417,7 @@ def measure_e2e(run: Run, name: str) -> E2e:
     measured_events = events[n_warm:]
     watcher = _start_watcher(run, settings)
     lag_before = worker.metrics()
-    m = _measure(run, folding, log, watcher, measured_events, profile_as=name)
+    m = _measure(run, folding, log, watcher, measured_events, profile_as=name if profile else None)
     lag = lag_between(lag_before, worker.metrics())
     worker.stop()
     send = summary(m.from_send)

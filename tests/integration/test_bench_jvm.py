@@ -18,7 +18,8 @@ from deploy.host import jvm_times
 
 pytestmark = [pytest.mark.integration, pytest.mark.plain_stack]
 
-# Work enough for the JIT to compile something, then idle (nothing compiles while it sleeps).
+# Work enough for the JIT to compile something and the collector to run (400 MiB of garbage in a
+# 64-MiB heap), then idle (nothing compiles or collects while it sleeps).
 PROGRAM = """
 public class Spin {
     public static void main(String[] args) throws Exception {
@@ -27,6 +28,7 @@ public class Spin {
             StringBuilder text = new StringBuilder();
             for (int i = 0; i < 20_000; i++) { text.append(i % 10); sum += text.length(); }
         }
+        for (int i = 0; i < 400; i++) { byte[] junk = new byte[1 << 20]; sum += junk.length; }
         System.out.println("ready " + sum);
         System.out.flush();
         Thread.sleep(120_000);
@@ -42,7 +44,8 @@ def jvm(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
         pytest.fail("java not found: the local stack's broker runs on this machine's Java")
     source = tmp_path / "Spin.java"
     source.write_text(PROGRAM)
-    proc = subprocess.Popen([java, str(source)], stdout=subprocess.PIPE, text=True)
+    argv = [java, "-Xmx64m", "-XX:+UseG1GC", str(source)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the single-file launcher compiles it first: a second or so
@@ -55,16 +58,16 @@ def jvm(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
             proc.stdout.close()
 
 
-def _jstat_compile_s(pid: int) -> float:
+def _jstat(pid: int, option: str, column: str) -> float:
     jstat = shutil.which("jstat")
     if jstat is None:
         pytest.fail("jstat not found beside java (a JDK, not a JRE, runs the stack's broker)")
-    out = subprocess.run([jstat, "-compiler", str(pid)], capture_output=True, text=True, check=True)
+    out = subprocess.run([jstat, option, str(pid)], capture_output=True, text=True, check=True)
     header, values = (line.split() for line in out.stdout.strip().splitlines()[:2])
-    return float(values[header.index("Time")])
+    return float(values[header.index(column)])
 
 
-def test_a_real_jvms_compile_seconds_are_what_jstat_reads(
+def test_a_real_jvms_compile_and_collector_seconds_are_what_jstat_reads(
     jvm: subprocess.Popen[str],
 ) -> None:
     deadline = time.monotonic() + 10
@@ -73,10 +76,12 @@ def test_a_real_jvms_compile_seconds_are_what_jstat_reads(
         time.sleep(0.05)
         before = jvm_times(jvm.pid)
     assert before is not None, "no performance counters found for a running JVM"
-    seen = _jstat_compile_s(jvm.pid)
+    compiled = _jstat(jvm.pid, "-compiler", "Time")
+    collected = _jstat(jvm.pid, "-gcutil", "GCT")
     after = jvm_times(jvm.pid)
     assert after is not None
-    # It compiled its loop and the launcher's compiler; jstat (2 decimals) read in between.
-    assert before.compile_s > 0.05
-    assert round(before.compile_s, 2) - 0.01 <= seen <= round(after.compile_s, 2) + 0.01
-    assert before.gc_s >= 0
+    # It compiled its loops and the launcher's compiler, and collected; jstat (2 and 3
+    # decimals) read in between.
+    assert before.compile_s > 0.05 and before.gc_s > 0
+    assert round(before.compile_s, 2) - 0.01 <= compiled <= round(after.compile_s, 2) + 0.01
+    assert round(before.gc_s, 3) - 0.001 <= collected <= round(after.gc_s, 3) + 0.001

@@ -3,6 +3,8 @@ throwaway rounds until the broker has stopped compiling."""
 
 from __future__ import annotations
 
+import getpass
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from bench.figures.e2e import WARM_ROUNDS_MAX, E2e, warm_broker
 from deploy import host
 from deploy.host import CpuMeter, JvmTimes, jvm_times
 
-PID = 4242
+PID = os.getpid()  # (the owner of a pid names the counters' folder: this process's is ours)
 FREQUENCY = 1_000_000_000  # ticks per second
 
 
@@ -53,7 +55,7 @@ def _counters(compiled_s: float, gc_s: tuple[float, ...]) -> dict[str, int]:
 @pytest.fixture
 def perf_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(host, "_HSPERF_DIR", tmp_path)
-    folder = tmp_path / "hsperfdata_someone"
+    folder = tmp_path / f"hsperfdata_{getpass.getuser()}"
     folder.mkdir()
     return folder
 
@@ -65,6 +67,15 @@ def test_the_compile_and_collector_seconds_are_read_from_the_counters(
     text = {"sun.rt.javaCommand": "kafka.Kafka server.properties"}
     (perf_dir / str(PID)).write_bytes(_hsperf(_counters(12.5, (0.25, 0.5)), order, text))
     assert jvm_times(PID) == JvmTimes(12.5, 0.75)
+
+
+def test_an_entry_counted_but_not_filled_in_yet_ends_the_list(perf_dir: Path) -> None:
+    whole = _hsperf(_counters(2.0, (0.5,)))
+    count_at = 28  # the prologue's entry count: one more than there are, the last all zeros
+    count = struct.unpack_from("<i", whole, count_at)[0]
+    torn = whole[:count_at] + struct.pack("<i", count + 1) + whole[count_at + 4 :] + bytes(64)
+    (perf_dir / str(PID)).write_bytes(torn)
+    assert jvm_times(PID) == JvmTimes(2.0, 0.5)
 
 
 def test_no_counters_read_as_unknown(perf_dir: Path) -> None:
@@ -91,11 +102,12 @@ def test_a_cpu_meter_reports_what_the_jvm_compiled_and_collected_meanwhile(perf_
 
 
 def test_a_cluster_sums_its_brokers_and_one_unknown_makes_it_unknown(perf_dir: Path) -> None:
-    (perf_dir / "1").write_bytes(_hsperf(_counters(1.0, (0.5,))))
-    (perf_dir / "2").write_bytes(_hsperf(_counters(2.0, (0.25,))))
-    meter = CpuMeter({}, jvms={"kafka": (1, 2), "other": (1, 3)})
+    one, two = os.getpid(), os.getppid()  # two processes of ours stand for two brokers
+    (perf_dir / str(one)).write_bytes(_hsperf(_counters(1.0, (0.5,))))
+    (perf_dir / str(two)).write_bytes(_hsperf(_counters(2.0, (0.25,))))
+    meter = CpuMeter({}, jvms={"kafka": (one, two), "other": (one, 2**22 + 1)})
     meter.start()
-    (perf_dir / "2").write_bytes(_hsperf(_counters(4.0, (0.25,))))
+    (perf_dir / str(two)).write_bytes(_hsperf(_counters(4.0, (0.25,))))
     report = meter.stop()
     assert report["kafka_jit_s"] == 2.0
     assert report["other_jit_s"] is None
@@ -123,7 +135,12 @@ def _rounds(jit: list[float | None]) -> tuple[list[str], Any]:
     def measure(run: Any, name: str) -> E2e:
         i = len(names)
         names.append(name)
-        params = {"kafka_cpu_pct": 40.0 - i, "kafka_jit_s": jit[i], "worker0_cpu_pct": 30.0}
+        params = {
+            "kafka_cpu_pct": 40.0 - i,
+            "kafka_jit_s": jit[i],
+            "worker0_cpu_pct": 30.0,
+            "produced_in_s": 10.0,
+        }
         return E2e({"p99": 20.0 - i}, {"p99": 9.0}, {"p99": 10.0}, None, params)
 
     return names, measure
@@ -131,17 +148,25 @@ def _rounds(jit: list[float | None]) -> tuple[list[str], Any]:
 
 def test_throwaway_rounds_run_until_the_broker_stops_compiling() -> None:
     run = _Run()
-    names, measure = _rounds([6.0, 1.2, 0.3, 0.1])
+    names, measure = _rounds([6.0, 1.2, 0.3, 0.1])  # 5 % of a 10-s window: 0.5 s
     warm = warm_broker(run, "w", measure)  # type: ignore[arg-type]
     assert names == ["w0", "w1", "w2"]
-    assert [r["kafka_jit_s"] for r in warm] == [6.0, 1.2, 0.3]
-    assert [r["e2e_p99_ms"] for r in warm] == [20.0, 19.0, 18.0]
-    assert warm[0]["ratio"] == 2.0
+    assert [r["kafka_jit_s"] for r in warm["rounds"]] == [6.0, 1.2, 0.3]
+    assert [r["e2e_p99_ms"] for r in warm["rounds"]] == [20.0, 19.0, 18.0]
+    assert warm["rounds"][0]["ratio"] == 2.0
+    assert warm["broker_still_compiling"] is False
     assert run.settled == 2  # between the rounds (the caller settles before the measured ones)
+
+    names, measure = _rounds([6.0, 0.4, 9.0])  # warm after the second
+    warm = warm_broker(_Run(), "w", measure)  # type: ignore[arg-type]
+    assert names == ["w0", "w1"] and warm["broker_still_compiling"] is False
 
 
 def test_a_warm_broker_costs_one_round_and_a_cold_one_at_most_the_cap() -> None:
-    for jit, rounds in (([0.2], 1), ([None], 1), ([9.0] * 10, WARM_ROUNDS_MAX)):
-        # None: not known (a broker in a container, say): one round
+    cases = (([0.2], 1, False), ([None], 1, None), ([9.0] * 10, WARM_ROUNDS_MAX, True))
+    for jit, rounds, compiling in cases:
+        # None: not known (a broker in a container, say): one round, and said so
         _, measure = _rounds(jit)
-        assert len(warm_broker(_Run(), "w", measure)) == rounds  # type: ignore[arg-type]
+        warm = warm_broker(_Run(), "w", measure)  # type: ignore[arg-type]
+        assert len(warm["rounds"]) == rounds
+        assert warm["broker_still_compiling"] is compiling
