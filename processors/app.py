@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -33,7 +34,7 @@ from faust.types import TP
 
 from processors import running
 from processors.batch_consumer import BatchApp, leave_group_supported
-from processors.health import Heartbeat, Probe
+from processors.health import Heartbeat, Probe, parked_partitions
 from processors.locks import acquire_within
 from processors.metrics import Endpoint, Metrics
 from processors.ports import Consumed
@@ -460,25 +461,26 @@ def _serve_worker_metrics(
     def assigned() -> bool:
         return bool(holder.get("assigned"))
 
-    def parked() -> list[str]:
+    def parked() -> tuple[list[str], list[str]]:
         w: ProjectionWorker | None = holder.get("worker")
-        faults = dict(w.stats.parked) if w is not None else {}
-        if faults:  # (one parked by a batch fetched before a rebalance may be another's now)
-            owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
-            faults = {p: f for p, f in faults.items() if p in owned}
-        # The exception's type only: its text may quote an agent's (the log has it whole), as
-        # may a session's id.
-        return [
-            f"partition {p} parked at offset {f.position.offset}: "
-            + (
-                "what is stored of a session cannot be read now (see the worker's log)"
-                if f.unreadable
-                else f"the fold raised {f.kind} (a bug: see the worker's log)"
-            )
-            for p, f in sorted(faults.items())
-        ]
+        if w is None or not w.stats.parked:
+            return [], []
+        faults = dict(w.stats.parked)
+        # (One parked by a batch fetched before a rebalance may be another's now.)
+        owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
+        faults = {p: f for p, f in faults.items() if p in owned}
+        since = w.stats.rebuilding_since
+        return parked_partitions(faults, since, time.monotonic(), settings.stall_s)
 
-    probe = Probe(Heartbeat(), lag, progressed, assigned, settings.stall_s, troubles=parked)
+    probe = Probe(
+        Heartbeat(),
+        lag,
+        progressed,
+        assigned,
+        settings.stall_s,
+        troubles=lambda: parked()[0],
+        notes=lambda: parked()[1],
+    )
     serve_metrics(
         app,
         settings.metrics_port,

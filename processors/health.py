@@ -5,11 +5,15 @@ the HTTP thread reads the stamp). A loop blocked by a call that never returns st
 restarting the process is the cure, so an orchestrator's liveness probe reads `/livez`.
 
 Ready: alive, past its first partition assignment, no partition parked (a record the fold
-raised on: `BatchFolder.parked`), and not stalled: records wait in a partition it reads (its
-consumer lag) and no batch finished for `stall_s` since they were first seen waiting (a Redis
-that hangs, a broker that refuses its decisions). A restart does not cure those, and
-every restart moves the group's partitions: that is `/readyz`, for alerts and rollouts, not for
-killing the process.
+raised on, or a session whose stored state cannot be read: `BatchFolder.parked`), and not
+stalled: records wait in a partition it reads (its consumer lag) and no batch finished for
+`stall_s` since they were first seen waiting (a Redis that hangs, a broker that refuses its
+decisions). A restart does not cure those, and every restart moves the group's partitions: that
+is `/readyz`, for alerts and rollouts, not for killing the process.
+
+A partition that waits while an operator's `replay --session` rebuilds one of its sessions is
+routine, not a fault: it is a note in the verdict for `stall_s`, and a problem after that (a
+replay that runs that long, or died and left the session half rebuilt, wants an operator).
 
 A lag is seen by a probe: a stall is reported by the first probe `stall_s` after one that saw the
 records waiting (the probes of an orchestrator come every few seconds).
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from schemas.errors import ConfigurationError
+from session_model.projection import Fault
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,7 @@ class Health:
     loop_s: float  # since the event loop last stamped the heartbeat
     lag: int  # records waiting in the partitions this process reads (0 without a worker)
     waiting_s: float | None  # since records were first seen waiting with no batch finished
+    notes: tuple[str, ...] = ()  # what an operator may want to know that is not a problem
 
     def as_json(self) -> dict[str, Any]:
         """The verdict as the endpoints' JSON body."""
@@ -54,6 +60,7 @@ class Health:
             "live": self.live,
             "ready": self.ready,
             "problems": list(self.problems),
+            "notes": list(self.notes),
             "loop_s": round(self.loop_s, 3),
             "lag": self.lag,
             "waiting_s": None if self.waiting_s is None else round(self.waiting_s, 3),
@@ -69,9 +76,11 @@ def judge(
     waiting_since: float | None,
     stall_s: float,
     troubles: Sequence[str] = (),
+    notes: Sequence[str] = (),
 ) -> Health:
     """The verdict at `now` (monotonic seconds), from the last heartbeat and the records waiting
-    (and other `troubles` that make the process unready, e.g. a parked partition)."""
+    (and other `troubles` that make the process unready, e.g. a parked partition; `notes` do
+    not)."""
     problems: list[str] = []
     loop_s = max(0.0, now - beat)
     live = loop_s <= stall_s
@@ -83,7 +92,40 @@ def judge(
     if waiting_s is not None and waiting_s > stall_s:
         problems.append(f"{lag} records have waited {waiting_s:.1f}s with no batch finished")
     problems.extend(troubles)
-    return Health(live, not problems, tuple(problems), loop_s, lag, waiting_s)
+    return Health(live, not problems, tuple(problems), loop_s, lag, waiting_s, tuple(notes))
+
+
+def parked_partitions(
+    faults: Mapping[int, Fault], rebuilding_since: Mapping[str, float], now: float, stall_s: float
+) -> tuple[list[str], list[str]]:
+    """What the parked partitions make of the verdict at `now`: (problems, notes).
+
+    A partition parked at a session a `replay --session` rebuilds (`rebuilding_since`: since
+    when, monotonic seconds) is a note for `stall_s`, then a problem. Only the exception's type
+    is said of a fold's fault: its text may quote an agent's (the log has it whole), as may a
+    session's id.
+    """
+    problems: list[str] = []
+    notes: list[str] = []
+    for p, f in sorted(faults.items()):
+        at = f"partition {p} parked at offset {f.position.offset}"
+        since = rebuilding_since.get(f.session_id) if f.unreadable else None
+        if since is not None:
+            waited = max(0.0, now - since)
+            if waited <= stall_s:
+                notes.append(f"{at}: a `replay --session` rebuilds a session ({waited:.1f}s)")
+            else:
+                problems.append(
+                    f"{at}: a session has been half rebuilt for {waited:.0f}s (a `replay "
+                    "--session` still running, or one that died: see the worker's log)"
+                )
+        elif f.unreadable:
+            problems.append(
+                f"{at}: what is stored of a session cannot be read now (see the worker's log)"
+            )
+        else:
+            problems.append(f"{at}: the fold raised {f.kind} (a bug: see the worker's log)")
+    return problems, notes
 
 
 def checked_stall(stall_s: float) -> float:
@@ -152,10 +194,12 @@ class Probe:
         stall_s: float,
         *,
         troubles: Callable[[], Sequence[str]] = tuple,
+        notes: Callable[[], Sequence[str]] = tuple,
     ) -> None:
         checked_stall(stall_s)
         self.heartbeat = heartbeat
         self._troubles = troubles
+        self._notes = notes
         self._lag = lag
         self._progressed = progressed
         self._assigned = assigned
@@ -172,9 +216,10 @@ class Probe:
                 progressed = self._progressed()
                 assigned = self._assigned()
                 troubles = tuple(self._troubles())
+                notes = tuple(self._notes())
             except Exception as e:  # the consumer's state read from this thread, mid-rebalance
                 log.debug("the probe could not read the consumer's progress", exc_info=True)
-                lag, progressed, assigned = 0, None, True
+                lag, progressed, assigned, notes = 0, None, True, ()
                 troubles = (f"could not read the consumer's progress: {type(e).__name__}",)
             if lag == 0:
                 self._waiting_since = None
@@ -191,4 +236,5 @@ class Probe:
                 waiting_since=self._waiting_since,
                 stall_s=self.stall_s,
                 troubles=troubles,
+                notes=notes,
             )

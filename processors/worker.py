@@ -109,6 +109,10 @@ class WorkerStats:
     cached_sessions: int = 0
     progressed_at: float | None = None  # monotonic seconds when a batch last finished
     parked: Mapping[int, Fault] = field(default_factory=dict)  # partitions the fold parked
+    # Sessions a `replay --session` rebuilds, whose records park their partition: since when
+    # (monotonic seconds), for `/readyz` (a routine wait for `stall_s`, then a problem). Each is
+    # in the folder's `unreadable` too, and leaves both at once.
+    rebuilding_since: dict[str, float] = field(default_factory=dict)
 
     def count_pause(self, reason: str) -> None:
         """One more pause under `reason`, or under `OTHER_NAMES` past `PAUSE_REASONS` reasons."""
@@ -204,6 +208,7 @@ class ProjectionWorker:
         if self.folder.parked:
             self.folder.parked.clear()
         self.folder.unreadable.clear()
+        self.stats.rebuilding_since.clear()
         self._histories.clear()
         self._rebuilt.clear()
         self._to_tell.clear()
@@ -300,6 +305,7 @@ class ProjectionWorker:
             self._announced.pop(partition, None)
             sid = fault.session_id
             self.folder.unreadable.pop(sid, None)
+            self.stats.rebuilding_since.pop(sid, None)
             self._histories.pop(sid, None)
             log.warning(
                 "partition %d is read again from offset %d or before: what is stored of session "
@@ -340,6 +346,7 @@ class ProjectionWorker:
                     unreadable[sid] = unreadable.pop(sid)
                 continue
             self._histories.pop(sid, None)
+            self.stats.rebuilding_since.pop(sid, None)
             if folded.mark is not None and unreadable.pop(sid, None) is not None:
                 self._to_tell.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
 
@@ -491,11 +498,13 @@ class ProjectionWorker:
             if why is None:
                 if sid not in self._histories:  # its history is read again apart (`_whole`)
                     unreadable.pop(sid, None)  # read (or absent) now: rebuilt, or keys dropped
+                    self.stats.rebuilding_since.pop(sid, None)
                 continue
             if sid in unreadable:
                 continue  # said already
             if sid in rebuilding:  # a routine restore, not damage
                 unreadable[sid] = why
+                self.stats.rebuilding_since[sid] = time.monotonic()
                 self.stats.rebuilding_reads += 1
                 log.warning("%s: its partition waits at the session's next record", why)
                 continue

@@ -103,6 +103,8 @@ def test_a_session_rebuilt_while_a_worker_folds_its_events_loses_none(
     """`replay --session ID --force` with the worker running and the session's events coming:
     the worker never folds them onto the half-rebuilt state, nor onto nothing once the replay has
     dropped it (its partition waits while the replay runs, then goes on), and nothing is lost.
+    `/readyz` says so in a note and stays ready while the wait is routine (`stall_s`), then
+    answers 503 (a replay that long, or one that died, wants an operator).
 
     A replay of a short partition is over in a moment: its first steps (mark the session as
     being rebuilt, drop it) are taken here by hand, a few seconds before the replay itself, to
@@ -111,7 +113,8 @@ def test_a_session_rebuilt_while_a_worker_folds_its_events_loses_none(
     live = "s-rebuilt-live"
     p = partition_for(live, partitions)
     port = free_port()
-    worker = start_worker(with_keys(settings, metrics_port=port, park_retry_s=0.5))
+    stall_s = 4.0
+    worker = start_worker(with_keys(settings, metrics_port=port, park_retry_s=0.5, stall_s=stall_s))
     neighbour = _in_partition(p, partitions, "s-neighbour")
     kafka_log.append_many(
         [
@@ -131,10 +134,19 @@ def test_a_session_rebuilt_while_a_worker_folds_its_events_loses_none(
     during = [turn("user", f"d{i}", session_id=live) for i in range(200)]
     producer = PacedProducer(kafka_log, during, seconds=4)
     producer.start()
+    routine = f"partition {p} parked at offset"
+
+    def noted() -> bool:
+        status, body = health(port, "/readyz")
+        return status == 200 and any(routine in n and "rebuilds" in n for n in body["notes"])
+
     try:
+        wait_for(noted, timeout=30)  # waiting, and still ready
         wait_for(lambda: health(port, "/readyz")[0] == 503, timeout=30)
     except TimeoutError:
         raise AssertionError(f"{health(port, '/readyz')}\n{worker.log()[-4000:]}") from None
+    problems = health(port, "/readyz")[1]["problems"]
+    assert any(routine in x and "half rebuilt for" in x for x in problems), problems
     for _ in range(10):  # events keep coming: none is folded onto nothing
         assert not projections.client.exists(state_key), worker.log()[-3000:]
         time.sleep(0.2)

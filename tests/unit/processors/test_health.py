@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from processors.health import Heartbeat, Probe, Starting, judge
+from processors.health import Heartbeat, Probe, Starting, judge, parked_partitions
 from processors.metrics import Metrics, serve_starting
 from processors.worker import WorkerStats
 from schemas.errors import ConfigurationError
+from session_model.projection import UNREADABLE, Fault, Position
 
 
 class Clock:
@@ -41,6 +42,7 @@ def test_a_fresh_heartbeat_with_nothing_waiting_is_live_and_ready() -> None:
         "live": True,
         "ready": True,
         "problems": [],
+        "notes": [],
         "loop_s": 0.5,
         "lag": 0,
         "waiting_s": None,
@@ -218,3 +220,42 @@ def test_the_app_takes_over_the_start_up_s_endpoint_without_a_gap() -> None:
             _get(port, "/livez")
     finally:
         endpoint.stop()
+
+
+def _fault(partition: int, offset: int, sid: str, *, unreadable: bool) -> Fault:
+    if unreadable:
+        return Fault(Position(partition, offset), sid, UNREADABLE, f"{sid}: why", unreadable=True)
+    return Fault(Position(partition, offset), sid, "TypeError", "TypeError('a bug')")
+
+
+def test_a_partition_waiting_for_a_rebuild_is_a_note_until_the_stall_time_then_a_problem() -> None:
+    faults = {
+        1: _fault(1, 10, "bug", unreadable=False),
+        2: _fault(2, 20, "damaged", unreadable=True),
+        3: _fault(3, 30, "rebuilt", unreadable=True),
+    }
+    since = {"rebuilt": 100.0, "bug": 100.0}  # (a fold's fault is no rebuild, whatever it says)
+    problems, notes = parked_partitions(faults, since, now=112.0, stall_s=30.0)
+    assert problems == [
+        "partition 1 parked at offset 10: the fold raised TypeError (a bug: see the worker's log)",
+        "partition 2 parked at offset 20: what is stored of a session cannot be read now (see "
+        "the worker's log)",
+    ]
+    assert notes == [
+        "partition 3 parked at offset 30: a `replay --session` rebuilds a session (12.0s)"
+    ]
+    problems, notes = parked_partitions(faults, since, now=131.0, stall_s=30.0)
+    assert problems[2] == (
+        "partition 3 parked at offset 30: a session has been half rebuilt for 31s (a `replay "
+        "--session` still running, or one that died: see the worker's log)"
+    )
+    assert notes == []
+    assert all("rebuilt" not in p.split(":")[0] for p in problems)  # no session id is said
+
+
+def test_notes_leave_the_worker_ready_and_are_in_the_verdict() -> None:
+    clock, notes = Clock(), ["partition 3 parked at offset 30: a `replay --session` rebuilds"]
+    probe = Probe(Heartbeat(clock), dict, lambda: None, lambda: True, 30.0, notes=lambda: notes)
+    health = probe.check()
+    assert health.ready and health.problems == () and health.notes == tuple(notes)
+    assert health.as_json()["notes"] == notes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -339,9 +340,30 @@ def test_a_session_being_rebuilt_parks_its_partition_and_is_counted_apart(
     assert worker.stats.rebuilding_reads == 1 and worker.stats.corrupt_reads == 0
     (read,) = [r for r in caplog.records if "half rebuilt" in r.getMessage()][:1]
     assert read.levelno == logging.WARNING  # a routine restore, not damage
+    since = worker.stats.rebuilding_since["a"]  # for `/readyz`: a note, for a while
+    assert 0 <= time.monotonic() - since < 60
+    asyncio.run(worker.process([_raw(turn("user", "y", session_id="a"), 0, 3)]))
+    assert worker.stats.rebuilding_since["a"] == since  # since the first record held
     assert asyncio.run(worker.unparkable()) == {}
     del store.restoring["a"]
-    assert set(asyncio.run(worker.unparkable())) == {0}
+    ready = asyncio.run(worker.unparkable())
+    assert set(ready) == {0}
+    assert worker.unpark(ready) == {0}
+    assert worker.stats.rebuilding_since == {}  # let go: no longer waiting
+
+
+def test_a_rebuild_that_turns_out_damaged_is_no_longer_a_routine_wait() -> None:
+    _inner, store, worker, _, _ = _damaged()
+    store.corrupt.discard("a")
+    store.restoring["a"] = "2026-12-07T09:00:00+00:00 beef"
+    asyncio.run(worker.process([_raw(turn("user", "x", session_id="a"), 0, 2)]))
+    assert "a" in worker.stats.rebuilding_since
+    worker.forget()  # a rebalance: read anew, now damaged
+    assert worker.stats.rebuilding_since == {}
+    del store.restoring["a"]
+    store.corrupt.add("a")
+    asyncio.run(worker.process([_raw(turn("user", "x", session_id="a"), 0, 2)]))
+    assert set(worker.stats.parked) == {0} and worker.stats.rebuilding_since == {}
 
 
 class _DamagedHistory(_Corrupting):
