@@ -34,7 +34,7 @@ from faust.types import TP
 
 from processors import running
 from processors.batch_consumer import BatchApp, leave_group_supported
-from processors.health import Heartbeat, Probe, parked_partitions
+from processors.health import NO_TROUBLES, Heartbeat, Probe, Troubles, parked_partitions
 from processors.locks import acquire_within
 from processors.metrics import Endpoint, Metrics
 from processors.ports import Consumed
@@ -461,26 +461,23 @@ def _serve_worker_metrics(
     def assigned() -> bool:
         return bool(holder.get("assigned"))
 
-    def parked() -> tuple[list[str], list[str]]:
+    def parked() -> Troubles:
         w: ProjectionWorker | None = holder.get("worker")
         if w is None or not w.stats.parked:
-            return [], []
+            return NO_TROUBLES
+        # Copies first (each one step under the GIL): the loop's thread changes them meanwhile.
         faults = dict(w.stats.parked)
+        held = {p: tuple(s) for p, s in dict(w.stats.unreadable_held).items()}
+        unreadable = set(dict(w.stats.unreadable))
+        since = dict(w.stats.rebuilding_since)
         # (One parked by a batch fetched before a rebalance may be another's now.)
         owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
         faults = {p: f for p, f in faults.items() if p in owned}
-        since = w.stats.rebuilding_since
-        return parked_partitions(faults, since, time.monotonic(), settings.stall_s)
+        return parked_partitions(
+            faults, held, unreadable, since, now=time.monotonic(), stall_s=settings.stall_s
+        )
 
-    probe = Probe(
-        Heartbeat(),
-        lag,
-        progressed,
-        assigned,
-        settings.stall_s,
-        troubles=lambda: parked()[0],
-        notes=lambda: parked()[1],
-    )
+    probe = Probe(Heartbeat(), lag, progressed, assigned, settings.stall_s, troubles=parked)
     serve_metrics(
         app,
         settings.metrics_port,

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,6 +67,17 @@ class Health:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Troubles:
+    """What else a verdict is judged on: problems make the process unready, notes do not."""
+
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+NO_TROUBLES = Troubles()
+
+
 def judge(
     *,
     now: float,
@@ -96,12 +107,21 @@ def judge(
 
 
 def parked_partitions(
-    faults: Mapping[int, Fault], rebuilding_since: Mapping[str, float], now: float, stall_s: float
-) -> tuple[list[str], list[str]]:
-    """What the parked partitions make of the verdict at `now`: (problems, notes).
+    faults: Mapping[int, Fault],
+    held: Mapping[int, Collection[str]],
+    unreadable: Collection[str],
+    rebuilding_since: Mapping[str, float],
+    *,
+    now: float,
+    stall_s: float,
+) -> Troubles:
+    """What the parked partitions make of the verdict at `now`.
 
-    A partition parked at a session a `replay --session` rebuilds (`rebuilding_since`: since
-    when, monotonic seconds) is a note for `stall_s`, then a problem. Only the exception's type
+    A partition parked at a session whose state cannot be read holds the records of every such
+    session in it (`held`): it is a problem while one of those that still cannot be read
+    (`unreadable`) is damaged; while all of them are being rebuilt by a `replay --session`
+    (`rebuilding_since`: since when, monotonic seconds), a note for `stall_s`, then a problem;
+    once all read, a note until the worker reads the partition again. Only the exception's type
     is said of a fold's fault: its text may quote an agent's (the log has it whole), as may a
     session's id.
     """
@@ -109,23 +129,25 @@ def parked_partitions(
     notes: list[str] = []
     for p, f in sorted(faults.items()):
         at = f"partition {p} parked at offset {f.position.offset}"
-        since = rebuilding_since.get(f.session_id) if f.unreadable else None
-        if since is not None:
-            waited = max(0.0, now - since)
-            if waited <= stall_s:
-                notes.append(f"{at}: a `replay --session` rebuilds a session ({waited:.1f}s)")
-            else:
-                problems.append(
-                    f"{at}: a session has been half rebuilt for {waited:.0f}s (a `replay "
-                    "--session` still running, or one that died: see the worker's log)"
-                )
-        elif f.unreadable:
+        if not f.unreadable:
+            problems.append(f"{at}: the fold raised {f.kind} (a bug: see the worker's log)")
+            continue
+        waiting = [s for s in {f.session_id, *held.get(p, ())} if s in unreadable]
+        since = [rebuilding_since.get(s) for s in waiting]
+        if not waiting:
+            notes.append(f"{at}: what it waited for reads now (read again at the next retry)")
+        elif None in since:
             problems.append(
                 f"{at}: what is stored of a session cannot be read now (see the worker's log)"
             )
+        elif (waited := max(0.0, now - min(t for t in since if t is not None))) <= stall_s:
+            notes.append(f"{at}: a `replay --session` rebuilds a session ({waited:.1f}s)")
         else:
-            problems.append(f"{at}: the fold raised {f.kind} (a bug: see the worker's log)")
-    return problems, notes
+            problems.append(
+                f"{at}: a session has been half rebuilt for {waited:.0f}s (a `replay "
+                "--session` still running, or one that died: see the worker's log)"
+            )
+    return Troubles(tuple(problems), tuple(notes))
 
 
 def checked_stall(stall_s: float) -> float:
@@ -193,13 +215,11 @@ class Probe:
         assigned: Callable[[], bool],
         stall_s: float,
         *,
-        troubles: Callable[[], Sequence[str]] = tuple,
-        notes: Callable[[], Sequence[str]] = tuple,
+        troubles: Callable[[], Troubles] = lambda: NO_TROUBLES,
     ) -> None:
         checked_stall(stall_s)
         self.heartbeat = heartbeat
         self._troubles = troubles
-        self._notes = notes
         self._lag = lag
         self._progressed = progressed
         self._assigned = assigned
@@ -215,12 +235,13 @@ class Probe:
                 lag = max(sum(self._lag().values()), 0)
                 progressed = self._progressed()
                 assigned = self._assigned()
-                troubles = tuple(self._troubles())
-                notes = tuple(self._notes())
+                troubles = self._troubles()
             except Exception as e:  # the consumer's state read from this thread, mid-rebalance
                 log.debug("the probe could not read the consumer's progress", exc_info=True)
-                lag, progressed, assigned, notes = 0, None, True, ()
-                troubles = (f"could not read the consumer's progress: {type(e).__name__}",)
+                lag, progressed, assigned = 0, None, True
+                troubles = Troubles(
+                    (f"could not read the consumer's progress: {type(e).__name__}",)
+                )
             if lag == 0:
                 self._waiting_since = None
             elif self._waiting_since is None or (
@@ -235,6 +256,6 @@ class Probe:
                 lag=lag,
                 waiting_since=self._waiting_since,
                 stall_s=self.stall_s,
-                troubles=troubles,
-                notes=notes,
+                troubles=troubles.problems,
+                notes=troubles.notes,
             )

@@ -109,9 +109,12 @@ class WorkerStats:
     cached_sessions: int = 0
     progressed_at: float | None = None  # monotonic seconds when a batch last finished
     parked: Mapping[int, Fault] = field(default_factory=dict)  # partitions the fold parked
-    # Sessions a `replay --session` rebuilds, whose records park their partition: since when
-    # (monotonic seconds), for `/readyz` (a routine wait for `stall_s`, then a problem). Each is
-    # in the folder's `unreadable` too, and leaves both at once.
+    # For `/readyz` (the folder's own, read from the probe's thread): the sessions whose stored
+    # state cannot be read now, and per parked partition those of them whose records it holds.
+    unreadable: Mapping[str, str] = field(default_factory=dict)
+    unreadable_held: Mapping[int, set[str]] = field(default_factory=dict)
+    # Those of them a `replay --session` rebuilds: since when (monotonic seconds), for `/readyz`
+    # (a routine wait for `stall_s`, then a problem). Each leaves both at once.
     rebuilding_since: dict[str, float] = field(default_factory=dict)
 
     def count_pause(self, reason: str) -> None:
@@ -199,6 +202,8 @@ class ProjectionWorker:
         self._histories: dict[str, int] = {}
         if folder.parked is not None:
             self.stats.parked = folder.parked
+        self.stats.unreadable = folder.unreadable
+        self.stats.unreadable_held = folder.unreadable_held
 
     def forget(self) -> None:
         """Drop the cache (on rebalance: another worker may have advanced these sessions), and
@@ -208,6 +213,7 @@ class ProjectionWorker:
         if self.folder.parked:
             self.folder.parked.clear()
         self.folder.unreadable.clear()
+        self.folder.unreadable_held.clear()
         self.stats.rebuilding_since.clear()
         self._histories.clear()
         self._rebuilt.clear()
@@ -301,6 +307,7 @@ class ProjectionWorker:
             if parked.get(partition) is not fault:
                 continue  # parked again meanwhile (an earlier record, or after a rebalance)
             del parked[partition]
+            self.folder.unreadable_held.pop(partition, None)
             done.add(partition)
             self._announced.pop(partition, None)
             sid = fault.session_id

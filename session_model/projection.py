@@ -172,6 +172,8 @@ class BatchFolder:
     parked: dict[int, Fault] | None = None  # partition -> the record it stopped at
     held: int = 0  # records left unfolded so far because their partition is parked
     unreadable: dict[str, str] = field(default_factory=dict)  # session id -> why (with `parked`)
+    # partition -> the sessions in `unreadable` whose records it holds (its fault names one)
+    unreadable_held: dict[int, set[str]] = field(default_factory=dict)
 
     def fold(
         self, known: Mapping[str, Folded], records: Iterable[Record]
@@ -256,6 +258,7 @@ class BatchFolder:
             parked[position.partition] = Fault(
                 position, sid, UNREADABLE, why[:FAULT_CHARS], unreadable=True
             )
+        self.unreadable_held.setdefault(position.partition, set()).add(sid)
         self.held += 1
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from processors.health import Heartbeat, Probe, Starting, judge, parked_partitions
+from processors.health import Heartbeat, Probe, Starting, Troubles, judge, parked_partitions
 from processors.metrics import Metrics, serve_starting
 from processors.worker import WorkerStats
 from schemas.errors import ConfigurationError
@@ -159,7 +159,12 @@ def test_without_a_probe_there_is_no_health_endpoint(path: str) -> None:
 def test_a_parked_partition_makes_the_worker_unready_but_not_dead() -> None:
     clock, troubles = Clock(), ["partition 3 parked at offset 12 (session 's'): the fold raised X"]
     probe = Probe(
-        Heartbeat(clock), dict, lambda: None, lambda: True, 30.0, troubles=lambda: troubles
+        Heartbeat(clock),
+        dict,
+        lambda: None,
+        lambda: True,
+        30.0,
+        troubles=lambda: Troubles(tuple(troubles)),
     )
     health = probe.check()
     assert health.live and not health.ready and health.problems == tuple(troubles)
@@ -234,28 +239,62 @@ def test_a_partition_waiting_for_a_rebuild_is_a_note_until_the_stall_time_then_a
         2: _fault(2, 20, "damaged", unreadable=True),
         3: _fault(3, 30, "rebuilt", unreadable=True),
     }
+    held = {2: {"damaged"}, 3: {"rebuilt"}}
+    unreadable = {"damaged", "rebuilt"}
     since = {"rebuilt": 100.0, "bug": 100.0}  # (a fold's fault is no rebuild, whatever it says)
-    problems, notes = parked_partitions(faults, since, now=112.0, stall_s=30.0)
-    assert problems == [
+    found = parked_partitions(faults, held, unreadable, since, now=112.0, stall_s=30.0)
+    assert found.problems == (
         "partition 1 parked at offset 10: the fold raised TypeError (a bug: see the worker's log)",
         "partition 2 parked at offset 20: what is stored of a session cannot be read now (see "
         "the worker's log)",
-    ]
-    assert notes == [
-        "partition 3 parked at offset 30: a `replay --session` rebuilds a session (12.0s)"
-    ]
-    problems, notes = parked_partitions(faults, since, now=131.0, stall_s=30.0)
-    assert problems[2] == (
+    )
+    assert found.notes == (
+        "partition 3 parked at offset 30: a `replay --session` rebuilds a session (12.0s)",
+    )
+    found = parked_partitions(faults, held, unreadable, since, now=131.0, stall_s=30.0)
+    assert found.problems[2] == (
         "partition 3 parked at offset 30: a session has been half rebuilt for 31s (a `replay "
         "--session` still running, or one that died: see the worker's log)"
     )
-    assert notes == []
-    assert all("rebuilt" not in p.split(":")[0] for p in problems)  # no session id is said
+    assert found.notes == ()
+    assert all("rebuilt" not in p.split(":")[0] for p in found.problems)  # no session id is said
+
+
+def test_a_damaged_session_held_behind_a_rebuild_is_a_problem_at_once() -> None:
+    # The fault names the rebuilt session (its record came first); the partition holds a
+    # damaged one's records too.
+    faults = {3: _fault(3, 30, "rebuilt", unreadable=True)}
+    held = {3: {"rebuilt", "damaged"}}
+    since = {"rebuilt": 100.0}
+    found = parked_partitions(faults, held, {"rebuilt", "damaged"}, since, now=101.0, stall_s=30)
+    assert found.notes == () and "cannot be read now" in found.problems[0]
+    # The damaged one reads now (rebuilt with --force): the rebuild's wait is routine again.
+    found = parked_partitions(faults, held, {"rebuilt"}, since, now=101.0, stall_s=30)
+    assert found.problems == () and "rebuilds a session" in found.notes[0]
+
+
+def test_a_partition_whose_sessions_all_read_now_is_a_note_until_it_is_read_again() -> None:
+    # A rebuild that ended: the session was read whole (by the timer feed, say) before the
+    # worker's next retry lets the partition go. Not a problem, and no longer a rebuild.
+    faults = {3: _fault(3, 30, "rebuilt", unreadable=True)}
+    found = parked_partitions(faults, {3: {"rebuilt"}}, set(), {}, now=500.0, stall_s=30)
+    assert found.problems == ()
+    assert found.notes == (
+        "partition 3 parked at offset 30: what it waited for reads now (read again at the next "
+        "retry)",
+    )
 
 
 def test_notes_leave_the_worker_ready_and_are_in_the_verdict() -> None:
-    clock, notes = Clock(), ["partition 3 parked at offset 30: a `replay --session` rebuilds"]
-    probe = Probe(Heartbeat(clock), dict, lambda: None, lambda: True, 30.0, notes=lambda: notes)
+    notes = ("partition 3 parked at offset 30: a `replay --session` rebuilds",)
+    probe = Probe(
+        Heartbeat(Clock()),
+        dict,
+        lambda: None,
+        lambda: True,
+        30.0,
+        troubles=lambda: Troubles(notes=notes),
+    )
     health = probe.check()
-    assert health.ready and health.problems == () and health.notes == tuple(notes)
-    assert health.as_json()["notes"] == notes
+    assert health.ready and health.problems == () and health.notes == notes
+    assert health.as_json()["notes"] == list(notes)

@@ -342,14 +342,16 @@ def test_a_session_being_rebuilt_parks_its_partition_and_is_counted_apart(
     assert read.levelno == logging.WARNING  # a routine restore, not damage
     since = worker.stats.rebuilding_since["a"]  # for `/readyz`: a note, for a while
     assert 0 <= time.monotonic() - since < 60
+    assert worker.stats.unreadable_held == {0: {"a"}} and "a" in worker.stats.unreadable
     asyncio.run(worker.process([_raw(turn("user", "y", session_id="a"), 0, 3)]))
-    assert worker.stats.rebuilding_since["a"] == since  # since the first record held
+    assert worker.stats.rebuilding_since["a"] == since  # since the first read that found it so
     assert asyncio.run(worker.unparkable()) == {}
     del store.restoring["a"]
     ready = asyncio.run(worker.unparkable())
     assert set(ready) == {0}
     assert worker.unpark(ready) == {0}
     assert worker.stats.rebuilding_since == {}  # let go: no longer waiting
+    assert worker.stats.unreadable_held == {} and worker.stats.unreadable == {}
 
 
 def test_a_rebuild_that_turns_out_damaged_is_no_longer_a_routine_wait() -> None:
@@ -359,7 +361,7 @@ def test_a_rebuild_that_turns_out_damaged_is_no_longer_a_routine_wait() -> None:
     asyncio.run(worker.process([_raw(turn("user", "x", session_id="a"), 0, 2)]))
     assert "a" in worker.stats.rebuilding_since
     worker.forget()  # a rebalance: read anew, now damaged
-    assert worker.stats.rebuilding_since == {}
+    assert worker.stats.rebuilding_since == {} and worker.stats.unreadable_held == {}
     del store.restoring["a"]
     store.corrupt.add("a")
     asyncio.run(worker.process([_raw(turn("user", "x", session_id="a"), 0, 2)]))
