@@ -19,6 +19,7 @@ import redis
 import redis.asyncio as aioredis
 
 from bench import infra, workload
+from bench.figures.calibration import calibrate
 from bench.figures.common import (
     ROUND_SETTLE_MAX_S,
     TARGETS,
@@ -293,9 +294,12 @@ def e2e(run: Run) -> None:
     """
     warm = warm_broker(run, "e2ew")
     rounds = []
+    speed: list[tuple[float, float]] = []  # the machine's, right before and after each round
     for i in range(max(1, run.sizes.e2e_rounds)):
+        before = calibrate()[0]
         run.settle(ROUND_SETTLE_MAX_S)
         rounds.append(measure_e2e(run, f"e2e{i}" if i else "e2e"))
+        speed.append((before, calibrate()[0]))
     ratios = [_ratio_of(m) for m in rounds]
     m = median_item(rounds, _ratio_of)
     median = _ratio_of(m)
@@ -310,6 +314,9 @@ def e2e(run: Run) -> None:
         # What ran during each round, not only the median one: a slow round is slow at the
         # broker and in the worker alike (PERFORMANCE.md, "The e2e window taken apart").
         "rounds_cpu_pct": [_usage(r) for r in rounds],
+        # Whether a slow round ran on a slower machine: the CPU calibration's fold (best of
+        # three, about a second) right before and right after each round.
+        "rounds_calibration_before_after": [[round(b), round(a)] for b, a in speed],
         "warmup_rounds": warm,
     }
     head_s = run.sizes.e2e_head_s
