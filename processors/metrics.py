@@ -147,6 +147,12 @@ class StatsCollector(Collector):
             "send; LogAppendTime: the broker's append) to its commit making it readable in Redis.",
             w.visible_lag_ms,
         )
+        yield _counter(
+            "milpa_batch_timestamps_ahead",
+            "Batches whose oldest record's timestamp was over a second ahead of the worker's "
+            "clock (CreateTime: a producer's clock ahead): their lags read 0.",
+            w.timestamps_ahead,
+        )
         yield _counter("milpa_redis_round_trips", "Redis round trips.", w.redis_round_trips)
         yield _counter(
             "milpa_redis_retries", "Redis calls retried after a failure.", w.redis_retries

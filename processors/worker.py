@@ -47,6 +47,9 @@ from session_model.session import OTHER_NAMES, PAUSE_REASONS, Decision
 log = logging.getLogger(__name__)
 
 SLICE = 500  # records decoded or folded between two yields to the event loop
+# A batch timestamped further ahead of this worker's clock is counted (`timestamps_ahead`): a
+# producer's clock ahead (CreateTime) would otherwise hide a lag as 0.
+CLOCK_AHEAD_MS = 1_000
 T = TypeVar("T")
 
 # Dead-letter headers. `milpa-source` (topic:partition:offset of the refused record) is the dead
@@ -102,6 +105,9 @@ class WorkerStats:
     # far the projection trails the log.
     fetched_lag_ms: Histogram = field(default_factory=lambda: Histogram(LAG_MS_BUCKETS))
     visible_lag_ms: Histogram = field(default_factory=lambda: Histogram(LAG_MS_BUCKETS))
+    # Batches whose oldest timestamp was over `CLOCK_AHEAD_MS` ahead of this worker's clock: their
+    # lags read 0, so a clock skew would hide a lag without this count.
+    timestamps_ahead: int = 0
     last_offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset processed
     # Sessions whose state was read from Redis, the cache not holding it (a session new to this
     # worker, or dropped past `cache_limit`), and how many the cache holds after the last batch.
@@ -372,7 +378,10 @@ class ProjectionWorker:
         self.stats.batch_sizes.observe(len(raws))
         oldest = min([t for r in raws if (t := r.timestamp) is not None and t >= 0], default=-1)
         if oldest >= 0:
-            self.stats.fetched_lag_ms.observe(max(0.0, time.time() * 1000 - oldest))
+            lag = time.time() * 1000 - oldest
+            if lag < -CLOCK_AHEAD_MS:  # a producer's clock ahead of ours (CreateTime)
+                self.stats.timestamps_ahead += 1
+            self.stats.fetched_lag_ms.observe(max(0.0, lag))
         folding = await self._drive(self.cycle.fold(await self._decode(raws)))
         self.stats.redelivered += folding.redelivered
         await self._refuse_foreign(raws, folding.foreign)

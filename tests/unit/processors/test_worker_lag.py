@@ -57,3 +57,23 @@ def test_records_without_a_timestamp_are_not_timed() -> None:
         len(worker.stats.fetched_lag_ms.bounds) + 1
     )
     assert worker.stats.batches == 1
+
+
+def test_a_batch_stamped_ahead_of_the_worker_s_clock_is_counted_not_hidden_as_no_lag() -> None:
+    worker = _worker()
+    now_ms = int(time.time() * 1000)
+    ahead = [
+        dataclasses.replace(_raw(started(session_id="a"), 0), timestamp=now_ms + 60_000),
+    ]
+    asyncio.run(worker.process(ahead))
+    assert worker.stats.timestamps_ahead == 1
+    assert worker.stats.fetched_lag_ms.snapshot()[1] == 0  # read as no lag: hence the count
+    fresh = [dataclasses.replace(_raw(turn("user", "go", session_id="a"), 1), timestamp=now_ms)]
+    asyncio.run(worker.process(fresh))  # (within the second: not counted)
+    assert worker.stats.timestamps_ahead == 1
+    samples = {
+        s.name: s.value
+        for family in StatsCollector(lambda: worker.stats, lambda: None, dict).collect()
+        for s in family.samples
+    }
+    assert samples["milpa_batch_timestamps_ahead_total"] == 1
