@@ -512,9 +512,16 @@ class ProjectionWorker:
         for sid in ids:
             why = bad.get(sid)
             if why is None:
-                if sid not in self._histories:  # its history is read again apart (`_whole`)
-                    unreadable.pop(sid, None)  # read (or absent) now: rebuilt, or keys dropped
-                    self.stats.rebuilding_since.pop(sid, None)
+                if sid in self._histories:  # its history is read again apart (`_whole`)
+                    continue
+                self.stats.rebuilding_since.pop(sid, None)  # no replay under way (it reads)
+                folded = found.get(sid)
+                if (folded is None or folded.mark is None) and self._holding(sid):
+                    # Absent, its records held: its keys were dropped. Folded onto nothing it
+                    # would lose its past, so it stays unreadable (`/readyz`: a problem) until
+                    # an operator rebuilds it.
+                    continue
+                unreadable.pop(sid, None)  # reads now: rebuilt (or never held)
                 continue
             if sid in unreadable:
                 continue  # said already
@@ -526,6 +533,11 @@ class ProjectionWorker:
                 continue
             self._hold_damaged(sid, why, "a stored state", "next")
         return found
+
+    def _holding(self, sid: str) -> bool:
+        """Whether a parked partition holds records of this session (one that could not be
+        read when they came)."""
+        return any(sid in held for held in self.folder.unreadable_held.values())
 
     def _hold_damaged(self, sid: str, why: str, what: str, record: str) -> None:
         """Put a session whose `what` does not decode in the folder's `unreadable` (its

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from processors.health import parked_partitions
 from processors.worker import ProjectionWorker
 from projections import requests
 from projections.codec import session_to_blob
@@ -458,3 +459,30 @@ def test_sessions_that_stay_unreadable_do_not_keep_the_others_from_being_read_ag
         asyncio.run(worker.reread(most=1))
     worker.tell_rebuilt()
     assert heard == [["b"]] and set(worker.folder.unreadable) == {"a"}
+
+
+def test_a_held_session_whose_keys_are_dropped_stays_a_problem_until_it_is_rebuilt() -> None:
+    # Damaged, its record held; then its keys dropped instead of rebuilt. A read (the timer
+    # feed's, say) finds it absent: folded onto nothing it would lose its past, so it stays
+    # unreadable, and `/readyz` keeps answering the problem, not "reads now".
+    inner, store, worker, _, _ = _damaged()
+    asyncio.run(worker.process([_raw(turn("user", "x", session_id="a"), 0, 2)]))
+    store.corrupt.discard("a")
+    store.dropped.add("a")
+    asyncio.run(worker.states(["a"]))
+    assert "a" in worker.stats.unreadable
+    verdict = parked_partitions(
+        dict(worker.stats.parked),
+        worker.stats.unreadable_held,
+        set(worker.stats.unreadable),
+        worker.stats.rebuilding_since,
+        now=time.monotonic(),
+        stall_s=30.0,
+    )
+    assert verdict.notes == () and "cannot be read now" in verdict.problems[0]
+    assert asyncio.run(worker.unparkable()) == {}
+    store.dropped.discard("a")  # rebuilt: it reads whole, and is let go
+    asyncio.run(worker.states(["a"]))
+    assert "a" not in worker.stats.unreadable
+    assert set(asyncio.run(worker.unparkable())) == {0}
+    assert _seq(inner, "a") == 2
