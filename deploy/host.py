@@ -262,6 +262,15 @@ def _jvm_sum(pids: Sequence[int]) -> JvmTimes | None:
     return JvmTimes(sum(t.compile_s for t in times if t), sum(t.gc_s for t in times if t))
 
 
+def cpu_report(params: dict[str, Any]) -> dict[str, Any]:
+    """The `CpuMeter.stop()` report among a figure's params: each process's CPU, the JVMs' JIT
+    and collector seconds, what else ran, the load average."""
+    keys = ("other_processes_cpu_pct", "loadavg_1m")
+    return {
+        k: v for k, v in params.items() if k.endswith(("_cpu_pct", "_jit_s", "_gc_s")) or k in keys
+    }
+
+
 def others_cpu(params: dict[str, Any]) -> float:
     """The CPU other processes used (% of a core): summed over the `CpuMeter.stop()` reports in
     `params`, at any depth."""

@@ -133,14 +133,14 @@ def parked_partitions(
             problems.append(f"{at}: the fold raised {f.kind} (a bug: see the worker's log)")
             continue
         waiting = [s for s in {f.session_id, *held.get(p, ())} if s in unreadable]
-        since = [rebuilding_since.get(s) for s in waiting]
+        since = [t for s in waiting if (t := rebuilding_since.get(s)) is not None]
         if not waiting:
             notes.append(f"{at}: what it waited for reads now (read again at the next retry)")
-        elif None in since:
+        elif len(since) < len(waiting):  # one of them is damaged, not being rebuilt
             problems.append(
                 f"{at}: what is stored of a session cannot be read now (see the worker's log)"
             )
-        elif (waited := max(0.0, now - min(t for t in since if t is not None))) <= stall_s:
+        elif (waited := max(0.0, now - min(since))) <= stall_s:
             notes.append(f"{at}: a `replay --session` rebuilds a session ({waited:.1f}s)")
         else:
             problems.append(

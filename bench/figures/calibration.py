@@ -15,9 +15,9 @@ SESSIONS = 1_000  # x 19 events: about a second of folding on the reference mach
 ROUNDS = 3
 
 
-def calibrate(rounds: int = ROUNDS) -> tuple[float, int]:
+def calibrate() -> tuple[float, int]:
     """The pure fold (decode excluded: records are already events) of a fixed, seeded workload of
-    signed sessions, in this process, one core, no I/O: events/s (best of `rounds`) and the
+    signed sessions, in this process, one core, no I/O: events/s (best of three rounds) and the
     events of a round."""
     records = list(_records())
     folder = BatchFolder(workload.OPERATOR_KEYS)
@@ -30,7 +30,7 @@ def calibrate(rounds: int = ROUNDS) -> tuple[float, int]:
     gc.freeze()
     gc.set_threshold(1_000_000, 20, 100)
     try:
-        for _ in range(rounds):
+        for _ in range(ROUNDS):
             t = time.perf_counter()
             fold_all(folder, records)
             best = min(best, time.perf_counter() - t)

@@ -29,6 +29,7 @@ from bench.figures.common import (
     paced,
 )
 from bench.stats import by_slice, median_item, ratio, summary
+from deploy.host import cpu_report
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog, ProducerConfig
 from projections.keys import Keys
@@ -296,8 +297,8 @@ def e2e(run: Run) -> None:
     rounds = []
     speed: list[tuple[float, float]] = []  # the machine's, right before and after each round
     for i in range(max(1, run.sizes.e2e_rounds)):
-        before = calibrate()[0]
         run.settle(ROUND_SETTLE_MAX_S)
+        before = calibrate()[0]
         rounds.append(measure_e2e(run, f"e2e{i}" if i else "e2e"))
         speed.append((before, calibrate()[0]))
     ratios = [_ratio_of(m) for m in rounds]
@@ -312,8 +313,9 @@ def e2e(run: Run) -> None:
             {k: v["p99"] for k, v in r.params["worker_batch_lag_ms"].items()} for r in rounds
         ],
         # What ran during each round, not only the median one: a slow round is slow at the
-        # broker and in the worker alike (PERFORMANCE.md, "The e2e window taken apart").
-        "rounds_cpu_pct": [_usage(r) for r in rounds],
+        # broker and in the worker alike (PERFORMANCE.md, "The e2e window taken apart"); with
+        # the broker's JIT and collector seconds (`cpu_report`).
+        "rounds_cpu_pct": [cpu_report(r.params) for r in rounds],
         # Whether a slow round ran on a slower machine: the CPU calibration's fold (best of
         # three, about a second) right before and right after each round.
         "rounds_calibration_before_after": [[round(b), round(a)] for b, a in speed],
@@ -350,15 +352,6 @@ def e2e(run: Run) -> None:
     )
 
 
-def _usage(m: E2e) -> dict[str, Any]:
-    """What each process used in a round's window, and the broker's JIT and collector seconds."""
-    return {
-        k: v
-        for k, v in m.params.items()
-        if k.endswith(("cpu_pct", "_jit_s", "_gc_s")) or k == "loadavg_1m"
-    }
-
-
 def warm_broker(
     run: Run, name: str, measure: Callable[[Run, str], E2e] | None = None
 ) -> dict[str, Any]:
@@ -377,7 +370,7 @@ def warm_broker(
         if i:
             run.settle(ROUND_SETTLE_MAX_S)
         m = measure(run, f"{name}{i}")
-        used = _usage(m)
+        used = cpu_report(m.params)
         rounds.append(
             {
                 "e2e_p99_ms": m.send["p99"],

@@ -19,6 +19,7 @@ from bench.figures.projector import measure_projector
 from bench.peers.common import DIR_ENV, EXPECT_ENV, STAMPS_ENV, latencies, parse_stamps
 from bench.stats import rate, ratio, summary
 from deploy.harness import Cleanup, Proc, start_python, wait_for
+from deploy.host import cpu_report
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from producers.topics import admin_client, delete_topics
@@ -88,12 +89,6 @@ class _Stamps:
             new, self.rest = parse_stamps(self.rest + chunk)
             self.updated.update(new)
         return len(self.updated)
-
-
-def _cpu(params: dict[str, Any]) -> dict[str, Any]:
-    """The CPU report (`CpuMeter.stop()`) among a run's params."""
-    keys = ("other_processes_cpu_pct", "loadavg_1m")
-    return {k: v for k, v in params.items() if k.endswith("_cpu_pct") or k in keys}
 
 
 def _per_cpu_s(events_per_s: float | None, cpu_pct: float | None) -> float | None:
@@ -311,7 +306,10 @@ def peers(run: Run) -> None:
                 },
             },
             # The CPU reports of the runs it divides (a disturbed run disturbs the ratio).
-            "cpu": {"projector": _cpu(own.params), **{p: _cpu(tput[p].params) for p in PEERS}},
+            "cpu": {
+                "projector": cpu_report(own.params),
+                **{p: cpu_report(tput[p].params) for p in PEERS},
+            },
             **common,
         },
     )
