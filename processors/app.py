@@ -468,8 +468,11 @@ def _serve_worker_metrics(
         # Copies first (each one step under the GIL): the loop's thread changes them meanwhile.
         faults = dict(w.stats.parked)
         held = {p: tuple(s) for p, s in dict(w.stats.unreadable_held).items()}
-        unreadable = set(dict(w.stats.unreadable))
+        # Before and after `unreadable`: the loop stamps a rebuild before a session enters it
+        # and drops the stamp after it leaves (`WorkerStats.rebuilding_since`).
         since = dict(w.stats.rebuilding_since)
+        unreadable = set(dict(w.stats.unreadable))
+        since |= w.stats.rebuilding_since
         # (One parked by a batch fetched before a rebalance may be another's now.)
         owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
         faults = {p: f for p, f in faults.items() if p in owned}

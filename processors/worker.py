@@ -120,7 +120,9 @@ class WorkerStats:
     unreadable: Mapping[str, str] = field(default_factory=dict)
     unreadable_held: Mapping[int, set[str]] = field(default_factory=dict)
     # Those of them a `replay --session` rebuilds: since when (monotonic seconds), for `/readyz`
-    # (a routine wait for `stall_s`, then a problem). Each leaves both at once.
+    # (a routine wait for `stall_s`, then a problem). Each leaves both at once. Stamped before a
+    # session enters `unreadable` and dropped after it leaves: the probe, which copies this
+    # before and after `unreadable`, then never sees a rebuilding session as damaged.
     rebuilding_since: dict[str, float] = field(default_factory=dict)
 
     def count_pause(self, reason: str) -> None:
@@ -359,8 +361,9 @@ class ProjectionWorker:
                     unreadable[sid] = unreadable.pop(sid)
                 continue
             self._histories.pop(sid, None)
-            self.stats.rebuilding_since.pop(sid, None)
-            if folded.mark is not None and unreadable.pop(sid, None) is not None:
+            was = unreadable.pop(sid, None) if folded.mark is not None else None
+            self.stats.rebuilding_since.pop(sid, None)  # (after: see `WorkerStats`)
+            if was is not None and folded.mark is not None:
                 self._to_tell.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
 
     async def process(self, raws: Sequence[Consumed]) -> tuple[SessionUpdate, ...]:
@@ -514,20 +517,21 @@ class ProjectionWorker:
             if why is None:
                 if sid in self._histories:  # its history is read again apart (`_whole`)
                     continue
-                self.stats.rebuilding_since.pop(sid, None)  # no replay under way (it reads)
                 folded = found.get(sid)
                 if (folded is None or folded.mark is None) and self._holding(sid):
                     # Absent, its records held: its keys were dropped. Folded onto nothing it
-                    # would lose its past, so it stays unreadable (`/readyz`: a problem) until
-                    # an operator rebuilds it.
+                    # would lose its past, so it stays unreadable (`/readyz`: a problem, no
+                    # replay being under way) until an operator rebuilds it.
+                    self.stats.rebuilding_since.pop(sid, None)
                     continue
                 unreadable.pop(sid, None)  # reads now: rebuilt (or never held)
+                self.stats.rebuilding_since.pop(sid, None)  # (after: see `WorkerStats`)
                 continue
             if sid in unreadable:
                 continue  # said already
             if sid in rebuilding:  # a routine restore, not damage
+                self.stats.rebuilding_since[sid] = time.monotonic()  # (before: `WorkerStats`)
                 unreadable[sid] = why
-                self.stats.rebuilding_since[sid] = time.monotonic()
                 self.stats.rebuilding_reads += 1
                 log.warning("%s: its partition waits at the session's next record", why)
                 continue
