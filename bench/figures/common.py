@@ -17,7 +17,7 @@ from bench import infra, workload
 from bench.profiling import summarize
 from bench.stats import Figure, Target
 from deploy.harness import Cleanup, Proc, Stack, redis_roles, wait_for
-from deploy.host import CpuMeter, PySpy, others_cpu, worst_unaccounted
+from deploy.host import CpuMeter, PySpy, others_cpu, unaccounted_cpu, worst_unaccounted
 from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
@@ -235,24 +235,35 @@ class Run:
         """% of a core the stack's servers use (keys of a `CpuMeter` report: the broker(s), Redis
         or its masters and replicas) over `seconds` while nothing is started: what they cost
         beside the events (the figures' `cpu_us_per_event_above_rest` leave it out)."""
+        return self._at_rest(seconds, client)[0]
+
+    def _at_rest(
+        self, seconds: float, client: SyncRedis | None = None
+    ) -> tuple[dict[str, float], float]:
+        """`servers_at_rest`, and the % of a core the machine was busy with beyond them and
+        this process (other processes, short-lived ones, the kernel's own work)."""
         if client is None and not self.on_cluster:
             client = self.redis()
         meter = self.cpu({}, client)
         meter.start()
         time.sleep(seconds)
         usage = meter.stop()
-        return {k: float(usage[k]) for k in SERVER_CPU if isinstance(usage.get(k), int | float)}
+        servers = {k: float(usage[k]) for k in SERVER_CPU if isinstance(usage.get(k), int | float)}
+        return servers, max(0.0, unaccounted_cpu(usage)) + others_cpu(usage)
 
     def settle(self, max_s: float) -> tuple[float, dict[str, float]]:
-        """Wait until each server uses under `SETTLE_LIMIT_PCT` of a core over a second, at
-        most `max_s`; the seconds waited and the servers' last sample."""
+        """Wait until each server, and the machine beyond them and the harness, uses under
+        `SETTLE_LIMIT_PCT` of a core over a second (the disk writes and deletions an earlier
+        figure left, say), at most `max_s`; the seconds waited and the servers' last sample
+        (with `beyond_cpu_pct`: the rest of the machine's)."""
         began = time.monotonic()
         client = None if self.on_cluster else self.redis()
         while True:
-            sample = self.servers_at_rest(SETTLE_SAMPLE_S, client)
+            sample, beyond = self._at_rest(SETTLE_SAMPLE_S, client)
             waited = time.monotonic() - began
-            if all(v < SETTLE_LIMIT_PCT for v in sample.values()) or waited >= max_s:
-                return waited, sample
+            quiet = beyond < SETTLE_LIMIT_PCT
+            if (quiet and all(v < SETTLE_LIMIT_PCT for v in sample.values())) or waited >= max_s:
+                return waited, {**sample, "beyond_cpu_pct": round(beyond, 1)}
 
     def prefilled(self) -> Prefill:
         """The pre-filled topic (made by the producer figure, or here untimed if it did not run)."""

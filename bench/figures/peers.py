@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import infra, workload
-from bench.figures.common import TARGETS, FoldCounter, Run, paced
+from bench.figures.common import ROUND_SETTLE_MAX_S, TARGETS, FoldCounter, Run, paced
 from bench.figures.e2e import _measure, _start_watcher, _warm_up
 from bench.figures.projector import measure_projector
 from bench.peers.common import DIR_ENV, EXPECT_ENV, STAMPS_ENV, latencies, parse_stamps
@@ -248,8 +248,12 @@ def peers(run: Run) -> None:
     own = measure_projector(run, "peersown", 1)
     run.log(f"projector (peers figure): {own.per_process:.0f} events/s")
     tput = {peer: measure_peer(run, peer, expect) for peer in PEERS}
+    # Each e2e window after a settle: the peers leave their state stores' writes and topics'
+    # deletions behind them (a window of ours right after them was disturbed in two runs).
+    run.settle(ROUND_SETTLE_MAX_S)
     lat: dict[str, dict[str, Any]] = {"projector": _own_e2e(run)}
     for peer in PEERS:
+        run.settle(ROUND_SETTLE_MAX_S)
         lat[peer] = _peer_e2e(run, peer)
 
     def p99(who: str) -> Any:

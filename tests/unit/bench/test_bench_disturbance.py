@@ -79,3 +79,21 @@ def test_named_other_processes_still_disturb_a_figure() -> None:
 
 def test_the_calibration_is_a_figure_of_its_own_listed_first() -> None:
     assert next(iter(FIGURES)) == CALIBRATION
+
+
+def test_a_settle_waits_for_the_rest_of_the_machine_too(monkeypatch: Any) -> None:
+    # The servers at rest from the first sample, the machine busy beyond them (an earlier
+    # figure's disk writes, say) for two more: it waits those out.
+    run = _run([])
+    samples = iter([({"kafka_cpu_pct": 2.0}, beyond) for beyond in (40.0, 25.0, 3.0)])
+    taken: list[int] = []
+
+    def at_rest(seconds: float, client: Any = None) -> tuple[dict[str, float], float]:
+        taken.append(1)
+        return next(samples)
+
+    monkeypatch.setattr(run, "_at_rest", at_rest)
+    monkeypatch.setattr(run, "redis", lambda: None)
+    waited, last = run.settle(60)
+    assert len(taken) == 3 and last == {"kafka_cpu_pct": 2.0, "beyond_cpu_pct": 3.0}
+    assert waited < 60
