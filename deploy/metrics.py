@@ -23,6 +23,12 @@ def parse_histogram(text: str, name: str) -> list[tuple[float, float]]:
     return out
 
 
+def histogram_between(before: str, after: str, name: str) -> list[tuple[float, float]]:
+    """The cumulative buckets of histogram `name` counted between two expositions of a process."""
+    earlier = dict(parse_histogram(before, name))
+    return [(le, count - earlier.get(le, 0.0)) for le, count in parse_histogram(after, name)]
+
+
 def parse_counter(text: str, name: str) -> float | None:
     """The value of an unlabelled counter or gauge (`name` or `name_total`) in an exposition."""
     for raw in text.splitlines():

@@ -234,14 +234,15 @@ class ProjectionCycle:
                         skipped = len(chunk) - steps - (folder.held - held)
                         short = beyond_recent_decisions(cache, chunk)
                     known = ChainMap(self._with_decisions(history), cache)
+                # Records behind a park (those of a session in `unreadable` among them: each
+                # parks its partition at or before it) are read again once it is let go, and
+                # are refused or published then.
                 seen: Sequence[Record] = chunk
-                if folder.unreadable:  # their records were held: published once read again
-                    seen = [r for r in chunk if r.event.session_id not in folder.unreadable]
+                if folder.parked:
+                    seen = [r for r in chunk if not folder.behind_park(r.position)]
                 strays = foreign_records(cache, seen)
                 foreign.extend(strays)
                 redelivered += skipped - len(strays)
-                if folder.parked:  # behind a park: read again once let go, published then
-                    seen = [r for r in seen if not folder.behind_park(r.position)]
                 again.extend(redelivered_decisions(known, seen))
                 reasked.extend(redelivered_changes(known, seen))
             for u in updates:

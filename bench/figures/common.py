@@ -18,7 +18,12 @@ from bench.profiling import summarize
 from bench.stats import Figure, Target
 from deploy.harness import Cleanup, Proc, Stack, redis_roles, wait_for
 from deploy.host import CpuMeter, PySpy, others_cpu, unaccounted_cpu, worst_unaccounted
-from deploy.metrics import histogram_bucket, histogram_quantile, parse_counter, parse_histogram
+from deploy.metrics import (
+    histogram_between,
+    histogram_bucket,
+    histogram_quantile,
+    parse_counter,
+)
 from milpa_sessions.settings import Settings
 from producers.kafka_log import KafkaEventLog
 from projections.analytics import Analytics
@@ -217,9 +222,7 @@ class Run:
             groups["idle_stack"] = stack_pids(self.other_stack)
         if not self.on_cluster:
             quiet = {self.stack.redis_pid} if self.stack.redis_pid else set()
-            jvms: dict[str, tuple[int, ...]] = {}
-            if self.stack.kafka_pid:
-                jvms["kafka"] = (self.stack.kafka_pid,)
+            jvms: dict[str, tuple[int, ...]] = {k: (p,) for k, p in self.kafka_pids().items()}
             return CpuMeter({**pids, **self.kafka_pids()}, client, quiet, groups, jvms)
         nodes = dict(self.stack.redis_cluster_nodes)
         roles = redis_roles(list(nodes))
@@ -249,7 +252,7 @@ class Run:
         time.sleep(seconds)
         usage = meter.stop()
         servers = {k: float(usage[k]) for k in SERVER_CPU if isinstance(usage.get(k), int | float)}
-        return servers, max(0.0, unaccounted_cpu(usage)) + others_cpu(usage)
+        return servers, max(0.0, unaccounted_cpu(usage))  # (other processes are inside it)
 
     def settle(self, max_s: float) -> tuple[float, dict[str, float]]:
         """Wait until each server, and the machine beyond them and the harness, uses under
@@ -451,12 +454,6 @@ LAG_HISTOGRAMS = {
     "fetched": "milpa_batch_fetched_lag_ms",
     "visible": "milpa_batch_visible_lag_ms",
 }
-
-
-def histogram_between(before: str, after: str, name: str) -> list[tuple[float, float]]:
-    """The cumulative buckets of histogram `name` counted between two expositions of a process."""
-    earlier = dict(parse_histogram(before, name))
-    return [(le, count - earlier.get(le, 0.0)) for le, count in parse_histogram(after, name)]
 
 
 def lag_between(before: str, after: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,22 @@ def test_a_settle_waits_for_the_rest_of_the_machine_too(monkeypatch: Any) -> Non
     waited, last = run.settle(60)
     assert len(taken) == 3 and last == {"kafka_cpu_pct": 2.0, "beyond_cpu_pct": 3.0}
     assert waited < 60
+
+
+def test_the_rest_of_the_machine_counts_other_processes_once(monkeypatch: Any) -> None:
+    # `unaccounted_cpu_pct` holds what other processes used (nothing subtracts them from it).
+    class Meter:
+        def start(self) -> None: ...
+
+        def stop(self) -> dict[str, Any]:
+            return {
+                "kafka_cpu_pct": 3.0,
+                "other_processes_cpu_pct": [[15.0, "some other process"]],
+                "unaccounted_cpu_pct": 16.0,
+            }
+
+    run = _run([])
+    monkeypatch.setattr(run, "cpu", lambda pids, client=None: Meter())
+    monkeypatch.setattr(run, "redis", lambda: None)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    assert run._at_rest(1.0) == ({"kafka_cpu_pct": 3.0}, 16.0)

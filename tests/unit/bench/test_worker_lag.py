@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from bench import infra
-from bench.figures.common import histogram_between, lag_between
+from bench.figures.common import lag_between
+from deploy.metrics import histogram_between
 from milpa_sessions.settings import Settings
 from schemas.errors import LogError
 
