@@ -118,6 +118,8 @@ class Sizes:
     # The rebuild from snapshots (#15): a topic of this many long sessions of this many events.
     snapshot_rebuild_sessions: int = 400
     snapshot_rebuild_events: int = 5_000
+    # The rebuild of the pre-filled topic, with a calibration between rounds; the median round.
+    rebuild_rounds: int = 3
 
     @classmethod
     def full(cls) -> Sizes:
@@ -146,6 +148,7 @@ class Sizes:
             projector_long_rounds=1,
             snapshot_rebuild_sessions=40,
             snapshot_rebuild_events=2_500,
+            rebuild_rounds=1,
         )
 
 
