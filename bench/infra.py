@@ -88,15 +88,15 @@ def stamp_on_append(settings: Settings) -> None:
 
 def register_prefix(settings: Settings, cleanup: Cleanup) -> None:
     """Clear the figure's Redis keys at cleanup (on a Redis Cluster, on every master)."""
-    pattern = settings.redis_keys().pattern()
-    cleanup.push(
-        f"clear redis prefix {settings.redis_prefix}",
-        lambda: (
-            _clear(settings)
-            if settings.redis_cluster
-            else unlink_matching(settings.redis_url, pattern)
-        ),
-    )
+    cleanup.push(f"clear redis prefix {settings.redis_prefix}", lambda: clear_prefix(settings))
+
+
+def clear_prefix(settings: Settings) -> None:
+    """Clear these settings' Redis keys now (on a Redis Cluster, on every master)."""
+    if settings.redis_cluster:
+        _clear(settings)
+    else:
+        unlink_matching(settings.redis_url, settings.redis_keys().pattern())
 
 
 def _clear(settings: Settings) -> None:

@@ -319,9 +319,7 @@ class ProjectionWorker:
             done.add(partition)
             self._announced.pop(partition, None)
             sid = fault.session_id
-            self.folder.unreadable.pop(sid, None)
-            self.stats.rebuilding_since.pop(sid, None)
-            self._histories.pop(sid, None)
+            self._reads_again(sid)
             log.warning(
                 "partition %d is read again from offset %d or before: what is stored of session "
                 "%r reads now",
@@ -335,6 +333,14 @@ class ProjectionWorker:
         self._rebuilt.clear()
         self._to_tell.extend(rebuilt)
         return done
+
+    def _reads_again(self, sid: str) -> str | None:
+        """This session's stored state and decisions history read: it leaves the unreadable
+        ones (the reason it was there, if it was)."""
+        self._histories.pop(sid, None)
+        was = self.folder.unreadable.pop(sid, None)
+        self.stats.rebuilding_since.pop(sid, None)  # after it left them: see `WorkerStats`
+        return was
 
     def tell_rebuilt(self) -> None:
         """Tell the listeners of the rebuilt states `unpark` and `reread` let go (once the
@@ -360,9 +366,7 @@ class ProjectionWorker:
                 if sid in unreadable:
                     unreadable[sid] = unreadable.pop(sid)
                 continue
-            self._histories.pop(sid, None)
-            was = unreadable.pop(sid, None) if folded.mark is not None else None
-            self.stats.rebuilding_since.pop(sid, None)  # (after: see `WorkerStats`)
+            was = self._reads_again(sid)  # (`_whole` keeps only states with a mark)
             if was is not None and folded.mark is not None:
                 self._to_tell.append(SessionUpdate(sid, folded.mark, folded.mark, folded.state, ()))
 
@@ -524,8 +528,7 @@ class ProjectionWorker:
                     # replay being under way) until an operator rebuilds it.
                     self.stats.rebuilding_since.pop(sid, None)
                     continue
-                unreadable.pop(sid, None)  # reads now: rebuilt (or never held)
-                self.stats.rebuilding_since.pop(sid, None)  # (after: see `WorkerStats`)
+                self._reads_again(sid)  # rebuilt (or never held)
                 continue
             if sid in unreadable:
                 continue  # said already

@@ -124,10 +124,14 @@ def _measure(run: Run, prefill: Prefill, name: str) -> dict[str, Any]:
     run.profile_summary("replay", spy)
     children_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
     harness_s = (usage.get("harness_cpu_pct") or 0.0) * elapsed / 100
+    folded = FoldCounter(client, settings.redis_keys()).read()
+    # Each round into a Redis as the first found it: with the rounds' keys kept, each round was
+    # slower than the one before in both runs measured (the settle after waits out the deletion).
+    infra.clear_prefix(settings)
     return {
         "records": report.records,
         "sessions": report.applied_sessions,
-        "folded": FoldCounter(client, settings.redis_keys()).read(),
+        "folded": folded,
         "seconds": elapsed,
         "params": {
             "what": "processors.replay.replay(...) called in the harness process (which forks "
