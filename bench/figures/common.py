@@ -40,7 +40,7 @@ TARGETS = {
     "two_vs_one": Target(">=", 1.8),
     "e2e_vs_ack": Target("<=", 2),
     "projector_vs_consume": Target(">=", 0.6),
-    "replay": Target(">=", 0.6, of_ratio=True),  # vs the run's CPU calibration (the pure fold)
+    "replay": Target(">=", 0.6, of_ratio=True),  # vs the calibrations around it (the pure fold)
     "expiry_p99": Target("<=", 1.2, of_ratio=True),  # vs the standalone scheduler, same run
     "expiry_loaded_vs_ack": Target("<=", 1),
     "expiry_loaded_vs_unloaded": Target("<=", 1.2),
