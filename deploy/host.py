@@ -265,27 +265,42 @@ def _jvm_sum(pids: Sequence[int]) -> JvmTimes | None:
 def cpu_report(params: dict[str, Any]) -> dict[str, Any]:
     """The `CpuMeter.stop()` report among a figure's params: each process's CPU, the JVMs' JIT
     and collector seconds, what else ran, the load average."""
-    keys = ("other_processes_cpu_pct", "loadavg_1m")
+    keys = ("other_processes_cpu_pct", "unaccounted_of_which", "loadavg_1m")
     return {
         k: v for k, v in params.items() if k.endswith(("_cpu_pct", "_jit_s", "_gc_s")) or k in keys
     }
 
 
+# A figure measured in rounds lists each measured round's report under a key named so
+# (`rounds_cpu_pct`); other lists of reports (a warm-up's throwaway rounds) are not read.
+ROUNDS_PREFIX = "rounds_"
+
+
+def _rounds(params: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The lists of measured rounds' reports in `params` (this level only)."""
+    return [
+        [r for r in value if isinstance(r, dict)]
+        for key, value in params.items()
+        if key.startswith(ROUNDS_PREFIX) and isinstance(value, list)
+    ]
+
+
 def others_cpu(params: dict[str, Any]) -> float:
-    """The CPU other processes used (% of a core): summed over the `CpuMeter.stop()` reports in
-    `params`, at any depth."""
-    total = 0.0
-    for key, value in params.items():
-        if key == "other_processes_cpu_pct" and isinstance(value, list):
-            total += sum(float(pct) for pct, _ in value)
-        elif isinstance(value, dict):
-            total += others_cpu(value)
-    return total
+    """The most CPU other processes used (% of a core) in any one `CpuMeter.stop()` report in
+    `params`, at any depth and in any measured round (a round's report is also among the
+    figure's own params when it is the median one: a sum would count it twice)."""
+    value = params.get("other_processes_cpu_pct")
+    most = sum(float(pct) for pct, _ in value) if isinstance(value, list) else 0.0
+    nested = [v for v in params.values() if isinstance(v, dict)]
+    for deeper in (*nested, *(r for rounds in _rounds(params) for r in rounds)):
+        most = max(most, others_cpu(deeper))
+    return most
 
 
 def unaccounted_cpu(params: dict[str, Any]) -> float:
     """The most CPU (% of a core) any `CpuMeter.stop()` report in `params` found the machine busy
-    with beyond the processes it accounts for, at any depth (0 without a report)."""
+    with beyond the processes it accounts for, at any depth and in any measured round (0 without
+    a report)."""
     return worst_unaccounted(params)[0]
 
 
@@ -297,11 +312,11 @@ def worst_unaccounted(params: dict[str, Any]) -> tuple[float, dict[str, float]]:
     if isinstance(value, int | float) and float(value) > found[0]:
         parts = params.get("unaccounted_of_which")
         found = (float(value), dict(parts) if isinstance(parts, dict) else {})
-    for nested in params.values():
-        if isinstance(nested, dict):
-            deeper = worst_unaccounted(nested)
-            if deeper[0] > found[0]:
-                found = deeper
+    nested = [v for v in params.values() if isinstance(v, dict)]
+    for deeper in (*nested, *(r for rounds in _rounds(params) for r in rounds)):
+        worst = worst_unaccounted(deeper)
+        if worst[0] > found[0]:
+            found = worst
     return found
 
 

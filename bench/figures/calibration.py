@@ -42,8 +42,8 @@ def calibrate() -> tuple[float, int]:
 
 @functools.cache
 def _records() -> tuple[Record, ...]:
-    """The seeded workload, made once per process (the rebuild figure calibrates twice more;
-    making it signs thousands of acts, untimed but not free)."""
+    """The seeded workload, made once per process (the e2e and rebuild figures calibrate again
+    around each round; making it signs thousands of acts, untimed but not free)."""
     work = workload.sessions_workload(SESSIONS, "calibration", 250, partitions=1)
     return tuple(Record(e, Position(0, i)) for i, e in enumerate(work.events))
 

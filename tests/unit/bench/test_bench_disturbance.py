@@ -117,3 +117,33 @@ def test_the_rest_of_the_machine_counts_other_processes_once(monkeypatch: Any) -
     monkeypatch.setattr(run, "redis", lambda: None)
     monkeypatch.setattr(time, "sleep", lambda s: None)
     assert run._at_rest(1.0) == ({"kafka_cpu_pct": 3.0}, 16.0)
+
+
+def _rounds_figure(rounds: list[dict[str, Any]], **extra: Any) -> Figure:
+    emitted: list[Figure] = []
+    _run(emitted).put("f", 1.0, "x", params={**rounds[1], "rounds_cpu_pct": rounds, **extra})
+    (figure,) = emitted
+    return figure
+
+
+def test_a_disturbed_round_flags_the_figure_though_another_is_the_median() -> None:
+    quiet = {"worker_cpu_pct": 90.0, "unaccounted_cpu_pct": 1.0, "other_processes_cpu_pct": []}
+    busy = {
+        **quiet,
+        "other_processes_cpu_pct": [[30.5, "du -sh /tmp"]],
+        "unaccounted_cpu_pct": 32.1,
+    }
+    figure = _rounds_figure([quiet, quiet, busy])  # the median round's report is quiet
+    assert "other processes used 30% of a core" in figure.params["disturbed"]
+    assert unaccounted_cpu(figure.params) == 32.1
+
+
+def test_the_median_round_is_counted_once_and_a_warm_up_not_at_all() -> None:
+    # 12 % in the median round, which is also the figure's own report: not 24 % by summing.
+    some = {"unaccounted_cpu_pct": 12.0, "other_processes_cpu_pct": [[12.0, "x"]]}
+    quiet = {"unaccounted_cpu_pct": 0.0, "other_processes_cpu_pct": []}
+    warm_up = {"rounds": [{"unaccounted_cpu_pct": 90.0, "other_processes_cpu_pct": [[90.0, "y"]]}]}
+    figure = _rounds_figure([quiet, some, quiet], warmup_rounds=warm_up)
+    assert others_cpu(figure.params) == 12.0
+    assert unaccounted_cpu(figure.params) == 12.0
+    assert "disturbed" not in figure.params
