@@ -416,8 +416,16 @@ class ProjectionWorker:
         observed = (*updates, *committed.settled) if committed.settled else updates
         for listener in self.listeners:
             listener(observed)
-        await self._publish_decisions(updates, (*prepared.folding.again, *committed.again))
-        await self._publish_questions(updates, (*prepared.folding.reasked, *committed.reasked))
+        # Both queued before either waits: they leave in one produce request per leader and the
+        # batch waits for one round trip, not two (the next batch's commit waits for this one).
+        published = await asyncio.gather(
+            self._publish_decisions(updates, (*prepared.folding.again, *committed.again)),
+            self._publish_questions(updates, (*prepared.folding.reasked, *committed.reasked)),
+            return_exceptions=True,
+        )
+        for failure in published:
+            if isinstance(failure, BaseException):  # both ran to their end; the first is raised
+                raise failure
         # Before this batch is marked finished (the consumer reads its parked partitions right
         # after this returns, with no await between): a conflict's re-fold may have parked one,
         # and one parked before a rebalance is told again.

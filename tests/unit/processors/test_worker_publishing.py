@@ -1,0 +1,74 @@
+"""A batch's decisions and question changes are published together: one wait, not two."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from processors.worker import ProjectionWorker
+from projections.memory import InMemoryProjectionStore
+from schemas.errors import ProducerStoppedError
+from session_model.projection import BatchFolder
+from tests.unit.processors.test_worker_expired import _AsyncStore, _asked_and_answered, _raw, _Sink
+
+
+class _Acked(_Sink):
+    """A sink whose acknowledgement comes when the test says (`ack`); it notes when it queued."""
+
+    def __init__(self, log: list[str], name: str, fails: bool = False) -> None:
+        super().__init__()
+        self.log, self.name, self.fails = log, name, fails
+        self.ack = asyncio.Event()
+
+    async def publish_many(self, records: Sequence[Any]) -> None:
+        self.log.append(f"{self.name} queued")
+        await self.ack.wait()
+        if self.fails:
+            raise ProducerStoppedError(f"publishing to {self.name} failed")  # not retried
+        await super().publish_many(records)
+        self.log.append(f"{self.name} acked")
+
+
+def _worker(decisions: _Sink, questions: _Sink) -> ProjectionWorker:
+    store = _AsyncStore(InMemoryProjectionStore())
+    return ProjectionWorker(  # type: ignore[arg-type]
+        store, BatchFolder(), _Sink(), decisions, questions=questions
+    )
+
+
+def test_both_are_queued_before_either_is_acknowledged() -> None:
+    log: list[str] = []
+    decisions, questions = _Acked(log, "decisions"), _Acked(log, "questions")
+    worker = _worker(decisions, questions)
+
+    async def run() -> None:
+        batch = asyncio.ensure_future(
+            worker.process([_raw(e, i) for i, e in enumerate(_asked_and_answered("a"))])
+        )
+        for _ in range(1_000):  # one after the other, the second would wait for the first's ack
+            if len(log) >= 2:
+                break
+            await asyncio.sleep(0)
+        assert log == ["decisions queued", "questions queued"]
+        questions.ack.set()
+        decisions.ack.set()
+        await batch
+
+    asyncio.run(run())
+    assert len(decisions.published) == 1 and len(questions.published) == 3  # q1 asked, answered; q2
+    assert worker.stats.decisions == 1 and worker.stats.question_changes == 3
+
+
+def test_a_failed_publish_is_raised_once_the_other_has_finished() -> None:
+    log: list[str] = []
+    decisions, questions = _Acked(log, "decisions", fails=True), _Acked(log, "questions")
+    worker = _worker(decisions, questions)
+    decisions.ack.set()
+    questions.ack.set()
+    with pytest.raises(ProducerStoppedError, match="publishing to decisions failed"):
+        asyncio.run(worker.process([_raw(e, i) for i, e in enumerate(_asked_and_answered("a"))]))
+    assert "questions acked" in log  # not cut short: its records are out, and counted
+    assert worker.stats.question_changes == 3
