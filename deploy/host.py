@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -276,25 +276,31 @@ def cpu_report(params: dict[str, Any]) -> dict[str, Any]:
 ROUNDS_PREFIX = "rounds_"
 
 
-def _rounds(params: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    """The lists of measured rounds' reports in `params` (this level only)."""
-    return [
-        [r for r in value if isinstance(r, dict)]
-        for key, value in params.items()
-        if key.startswith(ROUNDS_PREFIX) and isinstance(value, list)
-    ]
+def _reports(params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """`params` and every dict in it, at any depth: in nested dicts and in a figure's measured
+    rounds (lists under keys named `rounds_…`; a warm-up's throwaway rounds are not read)."""
+    yield params
+    for key, value in params.items():
+        if isinstance(value, dict):
+            yield from _reports(value)
+        elif key.startswith(ROUNDS_PREFIX) and isinstance(value, list):
+            for report in value:
+                if isinstance(report, dict):
+                    yield from _reports(report)
 
 
 def others_cpu(params: dict[str, Any]) -> float:
     """The most CPU other processes used (% of a core) in any one `CpuMeter.stop()` report in
     `params`, at any depth and in any measured round (a round's report is also among the
     figure's own params when it is the median one: a sum would count it twice)."""
-    value = params.get("other_processes_cpu_pct")
-    most = sum(float(pct) for pct, _ in value) if isinstance(value, list) else 0.0
-    nested = [v for v in params.values() if isinstance(v, dict)]
-    for deeper in (*nested, *(r for rounds in _rounds(params) for r in rounds)):
-        most = max(most, others_cpu(deeper))
-    return most
+    return max(
+        (
+            sum(float(pct) for pct, _ in listed)
+            for report in _reports(params)
+            if isinstance(listed := report.get("other_processes_cpu_pct"), list)
+        ),
+        default=0.0,
+    )
 
 
 def unaccounted_cpu(params: dict[str, Any]) -> float:
@@ -308,15 +314,11 @@ def worst_unaccounted(params: dict[str, Any]) -> tuple[float, dict[str, float]]:
     """`unaccounted_cpu(params)` and, from the same report, how much of it was interrupts and
     softirqs and how much steal (`unaccounted_of_which`; empty if not known)."""
     found: tuple[float, dict[str, float]] = (0.0, {})
-    value = params.get("unaccounted_cpu_pct")
-    if isinstance(value, int | float) and float(value) > found[0]:
-        parts = params.get("unaccounted_of_which")
-        found = (float(value), dict(parts) if isinstance(parts, dict) else {})
-    nested = [v for v in params.values() if isinstance(v, dict)]
-    for deeper in (*nested, *(r for rounds in _rounds(params) for r in rounds)):
-        worst = worst_unaccounted(deeper)
-        if worst[0] > found[0]:
-            found = worst
+    for report in _reports(params):
+        value = report.get("unaccounted_cpu_pct")
+        if isinstance(value, int | float) and float(value) > found[0]:
+            parts = report.get("unaccounted_of_which")
+            found = (float(value), dict(parts) if isinstance(parts, dict) else {})
     return found
 
 

@@ -12,7 +12,7 @@ from processors.worker import ProjectionWorker
 from projections.memory import InMemoryProjectionStore
 from schemas.errors import ProducerStoppedError
 from session_model.projection import BatchFolder
-from tests.unit.processors.test_worker_expired import _AsyncStore, _asked_and_answered, _raw, _Sink
+from tests.unit.processors.test_worker_expired import _asked_and_answered, _AsyncStore, _raw, _Sink
 
 
 class _Acked(_Sink):
