@@ -416,16 +416,22 @@ class ProjectionWorker:
         observed = (*updates, *committed.settled) if committed.settled else updates
         for listener in self.listeners:
             listener(observed)
-        # Both queued before either waits: they leave in one produce request per leader and the
-        # batch waits for one round trip, not two (the next batch's commit waits for this one).
-        published = await asyncio.gather(
-            self._publish_decisions(updates, (*prepared.folding.again, *committed.again)),
-            self._publish_questions(updates, (*prepared.folding.reasked, *committed.reasked)),
-            return_exceptions=True,
-        )
-        for failure in published:
-            if isinstance(failure, BaseException):  # both ran to their end; the first is raised
-                raise failure
+        # Both queued before either waits (one wait for the batch, not two: the next batch's
+        # commit waits for this one). A failure no retry cures cancels the other and is raised,
+        # as it was when they ran in turn: it must not wait behind the other's retries.
+        try:
+            async with asyncio.TaskGroup() as publishing:
+                publishing.create_task(
+                    self._publish_decisions(updates, (*prepared.folding.again, *committed.again))
+                )
+                publishing.create_task(
+                    self._publish_questions(
+                        updates, (*prepared.folding.reasked, *committed.reasked)
+                    )
+                )
+        except BaseExceptionGroup as failed:
+            first = failed.exceptions[0]  # the failure itself, not the group
+            raise first from first.__cause__
         # Before this batch is marked finished (the consumer reads its parked partitions right
         # after this returns, with no await between): a conflict's re-fold may have parked one,
         # and one parked before a rebalance is told again.

@@ -62,13 +62,20 @@ def test_both_are_queued_before_either_is_acknowledged() -> None:
     assert worker.stats.decisions == 1 and worker.stats.question_changes == 3
 
 
-def test_a_failed_publish_is_raised_once_the_other_has_finished() -> None:
+def test_a_failure_no_retry_cures_is_raised_without_waiting_for_the_other() -> None:
+    # The questions never acknowledged (a sink retrying without end, say): the decisions'
+    # refusal must still end the batch, as it did when they were published in turn.
     log: list[str] = []
     decisions, questions = _Acked(log, "decisions", fails=True), _Acked(log, "questions")
     worker = _worker(decisions, questions)
     decisions.ack.set()
-    questions.ack.set()
-    with pytest.raises(ProducerStoppedError, match="publishing to decisions failed"):
-        asyncio.run(worker.process([_raw(e, i) for i, e in enumerate(_asked_and_answered("a"))]))
-    assert "questions acked" in log  # not cut short: its records are out, and counted
-    assert worker.stats.question_changes == 3
+
+    async def run() -> None:
+        batch = worker.process([_raw(e, i) for i, e in enumerate(_asked_and_answered("a"))])
+        with pytest.raises(ProducerStoppedError, match="publishing to decisions failed"):
+            await asyncio.wait_for(batch, 10)
+        assert len(asyncio.all_tasks()) == 1  # the questions' publish was cancelled, not left
+
+    asyncio.run(run())
+    assert log == ["decisions queued", "questions queued"]
+    assert worker.stats.question_changes == 0 and worker.stats.decisions == 0
