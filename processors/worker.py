@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -416,22 +416,16 @@ class ProjectionWorker:
         observed = (*updates, *committed.settled) if committed.settled else updates
         for listener in self.listeners:
             listener(observed)
-        # Both queued before either waits (one wait for the batch, not two: the next batch's
-        # commit waits for this one). A failure no retry cures cancels the other and is raised,
-        # as it was when they ran in turn: it must not wait behind the other's retries.
-        try:
-            async with asyncio.TaskGroup() as publishing:
-                publishing.create_task(
-                    self._publish_decisions(updates, (*prepared.folding.again, *committed.again))
+        await _together(
+            [
+                sent
+                for sent in (
+                    self._decisions_out(updates, (*prepared.folding.again, *committed.again)),
+                    self._questions_out(updates, (*prepared.folding.reasked, *committed.reasked)),
                 )
-                publishing.create_task(
-                    self._publish_questions(
-                        updates, (*prepared.folding.reasked, *committed.reasked)
-                    )
-                )
-        except BaseExceptionGroup as failed:
-            first = failed.exceptions[0]  # the failure itself, not the group
-            raise first from first.__cause__
+                if sent is not None
+            ]
+        )
         # Before this batch is marked finished (the consumer reads its parked partitions right
         # after this returns, with no await between): a conflict's re-fold may have parked one,
         # and one parked before a rebalance is told again.
@@ -691,21 +685,25 @@ class ProjectionWorker:
             stats.outcomes[kind.value] += n
         stats.applied += kinds[Kind.APPLIED]
 
-    async def _publish_decisions(
+    def _decisions_out(
         self, updates: Sequence[SessionUpdate], again: Sequence[tuple[str, Decision]] = ()
-    ) -> None:
-        # One wait for the whole batch, not one broker round trip per decision.
+    ) -> Coroutine[Any, Any, None] | None:
+        """Publishing the batch's decisions (republished ones first), one wait; None if none."""
         made = [(u.session_id, d) for u in updates for d, _ in u.decisions]
         if again:  # each once, older first: per session the seqs keep increasing
             again = list({(sid, d.seq): (sid, d) for sid, d in again}.values())
+        if not made and not again:
+            return None
         records: list[OutRecord] = [
             (fit_key(sid), self._fitted(decision_record(sid, d), self.codec.encode_decision), ())
             for sid, d in (*again, *made)
         ]
-        if records:
-            await self._publishing(self.decisions, records)
+
+        def counted() -> None:
             self.stats.decisions += len(made)
             self.stats.decisions_republished += len(again)
+
+        return self._sent(self.decisions, records, counted)
 
     def _fitted(
         self, record: dict[str, Any], encode: Callable[[Mapping[str, Any]], bytes]
@@ -721,24 +719,54 @@ class ProjectionWorker:
             )
         return value
 
-    async def _publish_questions(
+    def _questions_out(
         self, updates: Sequence[SessionUpdate], again: Sequence[QuestionChange] = ()
-    ) -> None:
-        """The questions feed: republished changes first (older), then this batch's, one wait."""
+    ) -> Coroutine[Any, Any, None] | None:
+        """Publishing the questions feed: republished changes first (older), then this batch's,
+        one wait; None if there is none (or no feed)."""
         if self.questions is None:
-            return
+            return None
         made = [c for u in updates for c in update_changes(u)]
         if again:  # each once
             again = list({(c.session_id, c.order()): c for c in again}.values())
+        if not made and not again:
+            return None
         encode = self.codec.encode_question_change
         records: list[OutRecord] = [
             (fit_key(c.session_id), self._fitted(change_record(c), encode), ())
             for c in (*again, *made)
         ]
-        if records:
-            await self._publishing(self.questions, records)
+
+        def counted() -> None:
             self.stats.question_changes += len(made)
             self.stats.question_changes_republished += len(again)
+
+        return self._sent(self.questions, records, counted)
+
+    async def _sent(
+        self, sink: Sink, records: Sequence[OutRecord], counted: Callable[[], None]
+    ) -> None:
+        """Publish `records` (retried as `_publishing` does), then count them."""
+        await self._publishing(sink, records)
+        counted()
+
+
+async def _together(sends: Sequence[Coroutine[Any, Any, None]]) -> None:
+    """Run these publishes, all queued before any waits (one wait for a batch's decisions and
+    question changes, not two: the next batch's commit waits for this one). A failure no retry
+    cures cancels the others and is raised, as it was when they ran in turn: it must not wait
+    behind another's retries. A single one is awaited as it is (no task per batch)."""
+    if len(sends) <= 1:
+        for send in sends:
+            await send
+        return
+    try:
+        async with asyncio.TaskGroup() as publishing:
+            for send in sends:
+                publishing.create_task(send)
+    except BaseExceptionGroup as failed:
+        first = failed.exceptions[0]  # the failure itself, not the group
+        raise first from first.__cause__
 
 
 async def drive(

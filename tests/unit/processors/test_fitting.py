@@ -201,7 +201,9 @@ def test_a_decision_whose_reason_and_executor_are_huge_is_published() -> None:
     sink = _RequestSink()
     worker = ProjectionWorker(None, BatchFolder(), _RequestSink(), sink)  # type: ignore[arg-type]
     decision = _answered(reason="r" * HALF, executor="x" * HALF)
-    asyncio.run(worker._publish_decisions((), [("s1", decision)]))  # as after a redelivery
+    sent = worker._decisions_out((), [("s1", decision)])  # as after a redelivery
+    assert sent is not None
+    asyncio.run(sent)
     ((key, value),) = sink.published
     assert key == b"s1" and worker.stats.records_cut == 1
     read = CODEC.decode_decision(value)
@@ -239,7 +241,9 @@ def test_an_answered_question_change_with_a_huge_reason_and_principal_is_publish
         answer="yes",
         by=Principal("p" * HALF),
     )
-    asyncio.run(worker._publish_questions((), [change]))
+    sent = worker._questions_out((), [change])
+    assert sent is not None
+    asyncio.run(sent)
     ((key, value),) = sink.published
     read = CODEC.decode_question_change(value)
     assert key == b"s1" and (read["status"], read["seq"], read["event_id"]) == ("answered", 3, "e4")
@@ -253,7 +257,9 @@ def test_a_long_session_id_is_cut_in_the_key() -> None:
     worker = ProjectionWorker(None, BatchFolder(), _RequestSink(), sink)  # type: ignore[arg-type]
     sid = "s" * 450_000
     decision = _answered(reason="r" * 150_000)
-    asyncio.run(worker._publish_decisions((), [(sid, decision)]))
+    sent = worker._decisions_out((), [(sid, decision)])
+    assert sent is not None
+    asyncio.run(sent)
     ((key, value),) = sink.published
     assert key == fit_key(sid) == sid.encode()[:KEPT_KEY_BYTES]
     assert CODEC.decode_decision(value) == decision_record(sid, decision)
