@@ -45,7 +45,7 @@ from processors.snapshots import SnapshotStats, Snapshotter
 from processors.timer_feed import TimerFeed
 from processors.timer_link import TimerLink, combined
 from processors.timer_process import TimerConfig
-from processors.worker import ProjectionWorker, WorkerStats
+from processors.worker import Prepared, ProjectionWorker, WorkerStats
 from producers.kafka_access import KafkaAccess
 from projections.redis_store import AsyncRedisProjectionStore
 from projections.requests import Retention
@@ -231,11 +231,12 @@ def create_app(
         offsets = {p: app.settled(TP(topic, p)) for p in scheduler().owned if p not in parked}
         return {p: offset for p, offset in offsets.items() if offset is not None}
 
-    async def project(raws: Sequence[Consumed]) -> Awaitable[Any]:
-        # Fold now; the consumer commits (the returned phase) while it fetches the next batch.
+    async def project(raws: Sequence[Consumed]) -> Awaitable[Awaitable[None]]:
+        # Fold now; the consumer commits (the returned phase) while it fetches the next batch,
+        # and publishes (the phase the commit returns) while it commits the next one.
         async with folding:
             prepared = await worker().prepare(raws)
-        return worker().finish(prepared)
+        return _committing(worker(), prepared)
 
     app.batch_topic(events, project)
 
@@ -388,6 +389,12 @@ def create_app(
         _serve_worker_metrics(app, settings, holder, events.get_topic_name(), endpoint)
 
     return ProjectorApp(app, worker, scheduler, timer)
+
+
+async def _committing(worker: ProjectionWorker, prepared: Prepared) -> Awaitable[None]:
+    """A batch's commit (the consumer's second phase); its publishing (the third)."""
+    _, published = await worker.commit(prepared)
+    return published
 
 
 def timer_link(settings: WorkerSettings) -> TimerLink | None:

@@ -37,8 +37,12 @@ log = logging.getLogger(__name__)
 
 # A handler works on a batch when awaited. It may return a second phase (e.g. the Redis commit)
 # that the consumer runs after the previous batch's second phase, while it fetches and hands over
-# the next batch: folding overlaps with committing, and batches still finish in order.
-Completion = Awaitable[None] | None
+# the next batch: folding overlaps with committing, and batches still finish in order. The second
+# phase may return a third (e.g. publishing what the commit decided): it runs after the previous
+# batch's third phase, and the batch's offsets move once it is done, but the next batch's second
+# phase does not wait for it (a commit does not wait for the previous batch's produce acks).
+Published = Awaitable[None] | None
+Completion = Awaitable[Published] | None
 BatchHandler = Callable[[Sequence[Consumed]], Awaitable[Completion]]
 
 
@@ -79,7 +83,12 @@ class BatchConsumer(faust_aiokafka.Consumer):
         super().__init__(*args, **kwargs)
         # tp -> the offset after the last record whose batch the handler finished.
         self._finished: dict[TP, int] = {}
-        self._in_flight: asyncio.Future[None] | None = None  # the previous batch's second phase
+        # The last batch handed over: done once all its phases are (and all before it: a
+        # revocation waits for it alone); `_committing` once its second phase is, and `_before`
+        # is the one handed over before it.
+        self._in_flight: asyncio.Future[None] | None = None
+        self._committing: asyncio.Future[None] | None = None
+        self._before: asyncio.Future[None] | None = None
         # Partitions whose handler could not take a record (`park`): not read, not committed.
         self._parked: set[TP] = set()
         self._rebalances = 0  # revocations and assignments so far (`unpark` spans none)
@@ -147,14 +156,19 @@ class BatchConsumer(faust_aiokafka.Consumer):
         # states, so whoever waits for the batch in flight (a revocation, before it lets the
         # partitions go and forgets those states) waits for both. Handed over the second phases
         # once folded, it runs them after the previous batch's, which finish first.
-        previous = self._in_flight
-        handed: asyncio.Future[list[Awaitable[None]]] = asyncio.get_running_loop().create_future()
+        previous, previous_commit, earlier = self._in_flight, self._committing, self._before
+        loop = asyncio.get_running_loop()
+        handed: asyncio.Future[list[Awaitable[Published]]] = loop.create_future()
+        committed: asyncio.Future[None] = loop.create_future()
         n = sum(len(raws) for raws in batches.values())
-        in_flight = asyncio.ensure_future(self._complete(previous, handed, ends, n))
-        # What it raises is raised here (the previous batch's), or by `settle`: not left unread.
+        in_flight = asyncio.ensure_future(
+            self._complete(previous, previous_commit, committed, handed, ends=ends, n=n)
+        )
+        # What they raise is raised here (the previous batch's), or by `settle`: not left unread.
         in_flight.add_done_callback(_retrieved)
-        self._in_flight = in_flight
-        completions: list[Awaitable[None]] = []
+        committed.add_done_callback(_retrieved)
+        self._in_flight, self._committing, self._before = in_flight, committed, previous
+        completions: list[Awaitable[Published]] = []
         try:
             for topic, raws in batches.items():
                 completion = await _finish(handlers[topic](raws))
@@ -165,35 +179,47 @@ class BatchConsumer(faust_aiokafka.Consumer):
             _close(completions)
             raise
         handed.set_result(completions)
-        if previous is not None:
-            await asyncio.shield(previous)  # one batch folded ahead of the one committing, no more
+        if previous_commit is not None:
+            # One batch folded ahead of the one committing, no more; and no more than two
+            # batches' third phases (publishing) behind the one committing.
+            await asyncio.shield(previous_commit)
+        if earlier is not None:
+            await asyncio.shield(earlier)
 
     async def _complete(
         self,
         previous: asyncio.Future[None] | None,
-        handed: asyncio.Future[list[Awaitable[None]]],
+        previous_commit: asyncio.Future[None] | None,
+        committed: asyncio.Future[None],
+        handed: asyncio.Future[list[Awaitable[Published]]],
+        *,
         ends: dict[TP, int],
         n: int,
     ) -> None:
+        try:
+            published = await _second_phases(previous_commit, handed)
+        except BaseException as e:
+            _fail(committed, e)
+            if previous is not None:  # done after the batch before it, failed or not
+                await asyncio.wait([previous])
+            raise
+        committed.set_result(None)
         if previous is not None:
             # Shielded: this batch cancelled must not cancel the one before it. Raises what that
-            # one raised, and this one is then never written (it was folded onto its states).
+            # one raised; this one's third phases then never run and its offsets never move.
             try:
                 await asyncio.shield(previous)
             except BaseException:
-                if handed.done() and not handed.cancelled():
-                    _close(handed.result())
-                else:
-                    handed.add_done_callback(_close_handed)
+                _close(published or ())
                 raise
-        try:
-            completions = await handed
-        except asyncio.CancelledError:
-            if not handed.cancelled():
-                raise
+        if published is None:
             return  # its fold failed or was cut short: nothing of it is written, no offset moves
-        for completion in completions:
-            await completion
+        for i, phase in enumerate(published):
+            try:
+                await phase
+            except BaseException:
+                _close(published[i + 1 :])
+                raise
         # A partition revoked meanwhile belongs to another worker now: it commits from there on.
         # A parked one keeps the offset finished before the record it was parked at.
         assigned = self.assignment()
@@ -213,7 +239,11 @@ class BatchConsumer(faust_aiokafka.Consumer):
             await asyncio.shield(in_flight)
         finally:
             if self._in_flight is in_flight and in_flight.done():
-                self._in_flight = None
+                self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        """The last batch and all before it are done: nothing is in flight."""
+        self._in_flight = self._committing = self._before = None
 
     async def settle_within(self, timeout: float) -> bool:
         """Wait at most `timeout` s for the batch being committed: False if it is still going.
@@ -232,7 +262,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
             return False
         finally:
             if self._in_flight is in_flight and in_flight.done():
-                self._in_flight = None
+                self._forget_finished()
 
     async def leave_group(self, timeout: float) -> bool:
         """Tell the group coordinator this member leaves (LeaveGroup), within `timeout` s.
@@ -356,14 +386,56 @@ class BatchConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_assigned(assigned, generation_id)
 
 
-def _close(completions: Sequence[Awaitable[None]]) -> None:
-    """Close second phases that will never run (coroutines not yet started)."""
-    for completion in completions:
-        if inspect.iscoroutine(completion):
-            completion.close()
+async def _second_phases(
+    previous_commit: asyncio.Future[None] | None,
+    handed: asyncio.Future[list[Awaitable[Published]]],
+) -> list[Awaitable[None]] | None:
+    """Run a batch's second phases once the previous batch's are done; its third phases (None
+    if it was never handed over: its fold failed or was cut short)."""
+    if previous_commit is not None:
+        # Shielded: this batch cancelled must not cancel the one before it. Raises what that
+        # one raised, and this one is then never written (it was folded onto its states).
+        try:
+            await asyncio.shield(previous_commit)
+        except BaseException:
+            if handed.done() and not handed.cancelled():
+                _close(handed.result())
+            else:
+                handed.add_done_callback(_close_handed)
+            raise
+    try:
+        completions = await handed
+    except asyncio.CancelledError:
+        if not handed.cancelled():
+            raise
+        return None
+    published: list[Awaitable[None]] = []
+    for i, completion in enumerate(completions):
+        try:
+            after = await completion
+        except BaseException:
+            _close([*completions[i + 1 :], *published])
+            raise
+        if after is not None:
+            published.append(after)
+    return published
 
 
-def _close_handed(handed: asyncio.Future[list[Awaitable[None]]]) -> None:
+def _fail(future: asyncio.Future[None], e: BaseException) -> None:
+    if isinstance(e, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(e)
+
+
+def _close(phases: Sequence[Awaitable[Any]]) -> None:
+    """Close phases that will never run (coroutines not yet started)."""
+    for phase in phases:
+        if inspect.iscoroutine(phase):
+            phase.close()
+
+
+def _close_handed(handed: asyncio.Future[list[Awaitable[Published]]]) -> None:
     if not handed.cancelled():
         _close(handed.result())
 
@@ -420,6 +492,10 @@ class BatchApp(faust.App):
     async def settle(self) -> None:
         """Wait until the batch being committed is done."""
         await cast(BatchConsumer, self.consumer).settle()
+
+    def _forget_finished(self) -> None:
+        """The last batch and all before it are done: nothing is in flight."""
+        self._in_flight = self._committing = self._before = None
 
     async def settle_within(self, timeout: float) -> bool:
         """Wait at most `timeout` s for the batch being committed: False if it is still going."""

@@ -402,6 +402,21 @@ class ProjectionWorker:
 
         Batches must be finished in the order they were prepared.
         """
+        updates, published = await self.commit(prepared)
+        await published
+        return updates
+
+    async def commit(
+        self, prepared: Prepared
+    ) -> tuple[tuple[SessionUpdate, ...], Coroutine[Any, Any, None]]:
+        """Commit a prepared batch (re-folding conflicts) and count it; its updates, and the
+        publishing of its decisions and question changes, which ends the batch.
+
+        Batches must be committed in the order they were prepared, and their publishing awaited
+        in that order too (a session's decisions reach the topic in seq order: a subscriber drops
+        one not beyond the last it handed out), but a commit need not wait for the publishing
+        of the batch before it.
+        """
         committed = await self._drive(self.cycle.commit(prepared.folding))
         if prepared.oldest_ms >= 0:  # readable now (its decisions are published after)
             self.stats.visible_lag_ms.observe(max(0.0, time.time() * 1000 - prepared.oldest_ms))
@@ -416,16 +431,21 @@ class ProjectionWorker:
         observed = (*updates, *committed.settled) if committed.settled else updates
         for listener in self.listeners:
             listener(observed)
-        await _together(
-            [
-                sent
-                for sent in (
-                    self._decisions_out(updates, (*prepared.folding.again, *committed.again)),
-                    self._questions_out(updates, (*prepared.folding.reasked, *committed.reasked)),
-                )
-                if sent is not None
-            ]
-        )
+        sends = [
+            sent
+            for sent in (
+                self._decisions_out(updates, (*prepared.folding.again, *committed.again)),
+                self._questions_out(updates, (*prepared.folding.reasked, *committed.reasked)),
+            )
+            if sent is not None
+        ]
+        return updates, self._published(prepared, sends)
+
+    async def _published(
+        self, prepared: Prepared, sends: Sequence[Coroutine[Any, Any, None]]
+    ) -> None:
+        """Publish a committed batch's records, then mark it finished."""
+        await _together(sends)
         # Before this batch is marked finished (the consumer reads its parked partitions right
         # after this returns, with no await between): a conflict's re-fold may have parked one,
         # and one parked before a rebalance is told again.
@@ -437,7 +457,6 @@ class ProjectionWorker:
         self.stats.last_offsets.update(ends)
         self.stats.cached_sessions = len(self.cycle.cache)
         self.stats.progressed_at = time.monotonic()  # for the health probe (`processors/health`)
-        return updates
 
     async def states(self, session_ids: Sequence[str]) -> dict[str, Folded]:
         """The latest folded state of these sessions (cache first, one round trip for misses);

@@ -279,7 +279,9 @@ def test_a_worker_killed_while_snapshotting_leaves_snapshots_a_rebuild_can_start
 ) -> None:
     for name, value in FAST_GROUP_ENV.items():
         monkeypatch.setenv(name, value)
-    sids, events = generate(2000, prefix="q", group=100)
+    # Enough that the folding outlasts the first round by seconds: a round's writer takes a
+    # second or so to start, and 2,000 sessions were folded in about two.
+    sids, events = generate(4000, prefix="q", group=100)
     last = send_all(kafka_log, events)
     expected = expected_projections(events, TrustedKeys.none())
     # Rounds all the time (every 50 events of a partition), so the kill lands in or near one.

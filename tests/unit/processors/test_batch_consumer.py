@@ -116,6 +116,40 @@ class TwoPhase:
         return commit()
 
 
+class ThreePhase(TwoPhase):
+    """A TwoPhase handler whose commit returns a third phase (`publish 0`), which waits for its
+    batch's gate in `publish_gates` when given and raises `RuntimeError` for a batch in `fail`."""
+
+    def __init__(
+        self,
+        log: list[str],
+        publish_gates: dict[int, asyncio.Event],
+        fail: frozenset[int] = frozenset(),
+    ) -> None:
+        super().__init__(log)
+        self.publish_gates, self.fail = publish_gates, fail
+        self.made: list[Any] = []
+
+    async def __call__(self, raws: Sequence[RawRecord]) -> Any:
+        first = raws[0].offset
+        committing = await super().__call__(raws)
+
+        async def publish() -> None:
+            gate = self.publish_gates.get(first)
+            if gate is not None:
+                await gate.wait()
+            if first in self.fail:
+                raise RuntimeError(f"publishing batch {first} refused")
+            self.log.append(f"publish {first}")
+
+        async def commit() -> Any:
+            await committing
+            self.made.append(publish())
+            return self.made[-1]
+
+        return commit()
+
+
 async def _revocation(h: Harness, log: list[str]) -> None:
     """What a revocation waits for before it lets the partitions go, logged once it may."""
     assert await h.app.settle_within(5.0)
@@ -508,6 +542,105 @@ def test_the_batch_after_a_failed_one_is_never_written_and_its_commit_is_closed(
             await h.consumer.settle()
         assert inspect.getcoroutinestate(made[1]) == inspect.CORO_CLOSED
         assert h.consumer._new_offset(EV0) is None
+
+    asyncio.run(main())
+
+
+def test_a_commit_does_not_wait_for_the_previous_publishing_which_keeps_batch_order() -> None:
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        acked = asyncio.Event()  # batch 0's publishing waits for its acks
+        h.app.batch_handlers["ev"] = ThreePhase(log, {0: acked})
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        await asyncio.sleep(0.01)
+        # Batch 1 committed while batch 0 waits for its acks; its own publishing waits behind.
+        assert log == ["fold 0", "commit 0", "fold 1", "commit 1"]
+        assert h.consumer._new_offset(EV0) is None  # no offset moves before its publishing
+        acked.set()
+        await h.consumer.settle()
+        assert log[4:] == ["publish 0", "publish 1"]
+        assert h.consumer._new_offset(EV0) == 2
+
+    asyncio.run(main())
+
+
+def test_no_more_than_two_batches_publishing_behind_the_one_committing() -> None:
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        acked = asyncio.Event()
+        h.app.batch_handlers["ev"] = ThreePhase(log, {0: acked})
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        third = asyncio.ensure_future(
+            h.consumer._deliver({EV0: [record(EV0, 2)]}, h.app.batch_handlers)
+        )
+        await asyncio.sleep(0.01)
+        assert "commit 2" in log  # folded and committed, but the fetch loop waits for batch 0
+        assert not third.done()
+        acked.set()
+        await asyncio.wait_for(third, 5)
+        await h.consumer.settle()
+        assert [e for e in log if e.startswith("publish")] == [f"publish {i}" for i in range(3)]
+        assert h.consumer._new_offset(EV0) == 3
+
+    asyncio.run(main())
+
+
+def test_after_a_refused_publishing_the_next_batchs_is_closed_and_no_offset_moves() -> None:
+    """The next batch may be committed already (its records are redelivered, found applied and
+    their decisions published again); its publishing, never started, is closed."""
+
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        acked = asyncio.Event()
+        handler = ThreePhase(log, {0: acked}, fail=frozenset({0}))
+        h.app.batch_handlers["ev"] = handler
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        await asyncio.sleep(0.01)
+        acked.set()
+        with pytest.raises(RuntimeError, match="batch 0 refused"):
+            await h.consumer.settle()
+        assert log == ["fold 0", "commit 0", "fold 1", "commit 1"]
+        assert inspect.getcoroutinestate(handler.made[1]) == inspect.CORO_CLOSED
+        assert h.consumer._new_offset(EV0) is None
+
+    asyncio.run(main())
+
+
+def test_a_failed_commit_is_raised_only_once_the_publishing_before_it_ended() -> None:
+    """Whoever waits for the last batch (a revocation, a stopping worker) waits for all before
+    it: a batch that failed is not done while the one before still publishes."""
+
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        acked = asyncio.Event()
+        handler = ThreePhase(log, {0: acked})
+        h.app.batch_handlers["ev"] = handler
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+
+        async def failing(raws: Sequence[RawRecord]) -> Any:
+            async def commit() -> None:
+                raise RuntimeError("redis refused batch 1")
+
+            return commit()
+
+        h.app.batch_handlers["ev"] = failing
+        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        last = h.consumer._in_flight
+        assert last is not None
+        await asyncio.sleep(0.01)
+        assert not last.done()  # batch 1 failed, but batch 0 is still publishing
+        acked.set()
+        with pytest.raises(RuntimeError, match="redis refused batch 1"):
+            await h.consumer.settle()
+        assert log[-1] == "publish 0"
+        assert h.consumer._new_offset(EV0) == 1  # batch 0 finished; batch 1 did not
 
     asyncio.run(main())
 

@@ -79,3 +79,29 @@ def test_a_failure_no_retry_cures_is_raised_without_waiting_for_the_other() -> N
     asyncio.run(run())
     assert log == ["decisions queued", "questions queued"]
     assert worker.stats.question_changes == 0 and worker.stats.decisions == 0
+
+
+def test_a_commit_returns_its_publishing_and_the_batch_ends_with_it() -> None:
+    """The consumer runs the next batch's commit while this one publishes: the commit only
+    returns the publishing, and the batch's offsets count as finished once it is done."""
+    decisions, questions = _Sink(), _Sink()
+    store = InMemoryProjectionStore()
+    worker = ProjectionWorker(  # type: ignore[arg-type]
+        _AsyncStore(store), BatchFolder(), _Sink(), decisions, questions=questions
+    )
+
+    async def run() -> None:
+        prepared = await worker.prepare(
+            [_raw(e, i) for i, e in enumerate(_asked_and_answered("a"))]
+        )
+        assert store.ids() == []
+        updates, published = await worker.commit(prepared)
+        assert [u.session_id for u in updates] == ["a"]
+        assert store.ids() == ["a"]  # committed: readable before anything is published
+        assert decisions.published == [] and questions.published == []
+        assert worker.stats.last_offsets == {}
+        await published
+        assert len(decisions.published) == 1 and len(questions.published) == 3
+        assert worker.stats.last_offsets == {0: 3}
+
+    asyncio.run(run())
