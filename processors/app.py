@@ -316,7 +316,7 @@ def create_app(
         # folded from Redis, the states being forgotten, and written by compare-and-set on the
         # sessions' marks, as any batch after a hand-over.)
         if not await app.settle_within(left()):
-            await stalled("the batches being folded and committed")
+            await stalled("the batches being folded, committed and published")
         if not await acquire_within(folding, left()):
             await stalled("a batch being folded")
         try:

@@ -230,7 +230,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._n_acked += n
 
     async def settle(self) -> None:
-        """Wait until the batch being committed is done (raises what it raised)."""
+        """Wait until every batch in hand is committed and published (raises what the last one
+        raised: a failure before it fails it too)."""
         in_flight = self._in_flight
         if in_flight is None:
             return
@@ -246,7 +247,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._in_flight = self._committing = self._before = None
 
     async def settle_within(self, timeout: float) -> bool:
-        """Wait at most `timeout` s for the batch being committed: False if it is still going.
+        """Wait at most `timeout` s for every batch in hand to be committed and published: False if
+        one is still going.
 
         It is left going, not cancelled: the batch after it was folded onto its states, and must
         never be written without it (see `ProjectionCycle.forget`). Raises what the batch raised
@@ -449,14 +451,17 @@ def _retrieved(done: asyncio.Future[None]) -> None:
 async def _finish(work: Awaitable[Completion]) -> Completion:
     """Run the handler to its end even if the fetch loop is cancelled meanwhile (app stopping).
 
-    A batch cut in the middle could have committed to Redis but not published its decisions; the
-    fetch loop's cancellation waits for the batch instead, then goes on.
+    A fold cut in the middle would leave the session cache half updated; the fetch loop's
+    cancellation waits for the fold instead, then goes on. The commit it returns is closed: the
+    batch is never handed over, so never written, and its records are read again.
     """
     task = asyncio.ensure_future(work)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        await task
+        completion = await task
+        if completion is not None:
+            _close([completion])
         raise
 
 
@@ -490,15 +495,12 @@ class BatchApp(faust.App):
         self.topics.add(topic)
 
     async def settle(self) -> None:
-        """Wait until the batch being committed is done."""
+        """Wait until every batch in hand is committed and published."""
         await cast(BatchConsumer, self.consumer).settle()
 
-    def _forget_finished(self) -> None:
-        """The last batch and all before it are done: nothing is in flight."""
-        self._in_flight = self._committing = self._before = None
-
     async def settle_within(self, timeout: float) -> bool:
-        """Wait at most `timeout` s for the batch being committed: False if it is still going."""
+        """Wait at most `timeout` s for every batch in hand to be committed and published: False
+        if one is still going."""
         return await cast(BatchConsumer, self.consumer).settle_within(timeout)
 
     def settled(self, tp: TP) -> int | None:

@@ -431,20 +431,27 @@ class ProjectionWorker:
         observed = (*updates, *committed.settled) if committed.settled else updates
         for listener in self.listeners:
             listener(observed)
-        sends = [
-            sent
-            for sent in (
-                self._decisions_out(updates, (*prepared.folding.again, *committed.again)),
-                self._questions_out(updates, (*prepared.folding.reasked, *committed.reasked)),
-            )
-            if sent is not None
-        ]
-        return updates, self._published(prepared, sends)
+        again = (*prepared.folding.again, *committed.again)
+        reasked = (*prepared.folding.reasked, *committed.reasked)
+        return updates, self._published(prepared, updates, again, reasked)
 
     async def _published(
-        self, prepared: Prepared, sends: Sequence[Coroutine[Any, Any, None]]
+        self,
+        prepared: Prepared,
+        updates: Sequence[SessionUpdate],
+        again: Sequence[tuple[str, Decision]],
+        reasked: Sequence[QuestionChange],
     ) -> None:
-        """Publish a committed batch's records, then mark it finished."""
+        """Publish a committed batch's decisions and question changes, then mark it finished.
+
+        The sends are made here, not by `commit`: a publishing closed before it starts (the
+        batch before it refused for good) then leaves no send behind, never awaited.
+        """
+        sends = [
+            sent
+            for sent in (self._decisions_out(updates, again), self._questions_out(updates, reasked))
+            if sent is not None
+        ]
         await _together(sends)
         # Before this batch is marked finished (the consumer reads its parked partitions right
         # after this returns, with no await between): a conflict's re-fold may have parked one,
@@ -772,7 +779,7 @@ class ProjectionWorker:
 
 async def _together(sends: Sequence[Coroutine[Any, Any, None]]) -> None:
     """Run these publishes, all queued before any waits (one wait for a batch's decisions and
-    question changes, not two: the next batch's commit waits for this one). A failure no retry
+    question changes, not two: the next batch's publishing waits for this one). A failure no retry
     cures cancels the others and is raised, as it was when they ran in turn: it must not wait
     behind another's retries. A single one is awaited as it is (no task per batch)."""
     if len(sends) <= 1:

@@ -833,6 +833,29 @@ def test_cancelling_the_fetch_loop_waits_for_the_batch_in_flight() -> None:
     asyncio.run(main())
 
 
+def test_a_fold_that_ends_after_the_fetch_loop_was_cancelled_has_its_commit_closed() -> None:
+    made: list[Any] = []
+
+    async def fold() -> Any:
+        await asyncio.sleep(0.05)
+
+        async def commit() -> None:
+            raise AssertionError("never run")
+
+        made.append(commit())
+        return made[-1]
+
+    async def main() -> None:
+        loop_task = asyncio.ensure_future(_finish(fold()))
+        await asyncio.sleep(0.01)
+        loop_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop_task
+        assert inspect.getcoroutinestate(made[0]) == inspect.CORO_CLOSED
+
+    asyncio.run(main())
+
+
 def test_the_brokers_wait_for_a_fetch_is_the_apps_setting() -> None:
     async def main() -> None:
         h = Harness(fetch_max_wait=0.02, fetch_min_bytes=16384)

@@ -78,7 +78,8 @@ def test_a_batch_still_committing_after_the_grace_ends_the_worker_unwritten(
 
     asyncio.run(main())
     assert watchdogs == [
-        "ended: the batches being folded and committed did not finish within MILPA_REVOKE_GRACE",
+        "ended: the batches being folded, committed and published did not finish within "
+        "MILPA_REVOKE_GRACE",
         "a revocation that failed",
     ]
 

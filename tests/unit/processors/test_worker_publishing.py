@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,3 +107,24 @@ def test_a_commit_returns_its_publishing_and_the_batch_ends_with_it() -> None:
         assert worker.stats.last_offsets == {0: 3}
 
     asyncio.run(run())
+
+
+def test_a_publishing_closed_before_it_starts_leaves_no_send_never_awaited() -> None:
+    """The consumer closes a batch's publishing when the batch before it was refused for good:
+    nothing of it may be left behind never awaited (an error under the tests' warning filter)."""
+    decisions, questions = _Sink(), _Sink()
+    worker = _worker(decisions, questions)
+
+    async def run() -> None:
+        prepared = await worker.prepare([_raw(e, i) for i, e in enumerate(_asked_and_answered("a"))])
+        _, published = await worker.commit(prepared)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            published.close()
+            del published
+            gc.collect()
+        assert [str(w.message) for w in caught] == []
+
+    asyncio.run(run())
+    assert decisions.published == [] and questions.published == []
+    assert worker.stats.last_offsets == {}
