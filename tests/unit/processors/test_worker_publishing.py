@@ -116,7 +116,9 @@ def test_a_publishing_closed_before_it_starts_leaves_no_send_never_awaited() -> 
     worker = _worker(decisions, questions)
 
     async def run() -> None:
-        prepared = await worker.prepare([_raw(e, i) for i, e in enumerate(_asked_and_answered("a"))])
+        prepared = await worker.prepare(
+            [_raw(e, i) for i, e in enumerate(_asked_and_answered("a"))]
+        )
         _, published = await worker.commit(prepared)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
