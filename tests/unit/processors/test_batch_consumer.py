@@ -612,6 +612,25 @@ def test_after_a_refused_publishing_the_next_batchs_is_closed_and_no_offset_move
     asyncio.run(main())
 
 
+def test_a_revocation_waits_for_the_publishing_of_every_batch_in_hand() -> None:
+    async def main() -> None:
+        h = Harness()
+        log: list[str] = []
+        acked = asyncio.Event()
+        h.app.batch_handlers["ev"] = ThreePhase(log, {0: acked})
+        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
+        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        await asyncio.sleep(0.01)
+        assert "commit 1" in log  # both committed: only the publishing is left
+        assert not await h.app.settle_within(0.05)  # a revocation may not let go yet
+        acked.set()
+        assert await h.app.settle_within(5.0)
+        assert log[-2:] == ["publish 0", "publish 1"]
+        assert h.consumer._new_offset(EV0) == 2
+
+    asyncio.run(main())
+
+
 def test_a_failed_commit_is_raised_only_once_the_publishing_before_it_ended() -> None:
     """Whoever waits for the last batch (a revocation, a stopping worker) waits for all before
     it: a batch that failed is not done while the one before still publishes."""
