@@ -44,6 +44,7 @@ from schemas.events import Event
 from session_model.authority import Cutover, trust_fingerprint
 from session_model.modes import Mode
 from session_model.partitioning import partition_for
+from session_model.projection import Position
 from session_model.session import Session
 from session_model.signing import TrustedKeys
 from tests.integration.conftest import with_keys
@@ -53,7 +54,6 @@ from tests.integration.test_scale_and_crash import (
     assert_equals_the_fold,
     dump,
     generate,
-    reached,
     send_all,
     stats,
     wait_for_all,
@@ -279,26 +279,30 @@ def test_a_worker_killed_while_snapshotting_leaves_snapshots_a_rebuild_can_start
 ) -> None:
     for name, value in FAST_GROUP_ENV.items():
         monkeypatch.setenv(name, value)
-    # Enough that the folding outlasts the first round by seconds: a round's writer takes a
-    # second or so to start, and 2,000 sessions were folded in about two.
-    sids, events = generate(4000, prefix="q", group=100)
-    last = send_all(kafka_log, events)
+    _, events = generate(2000, prefix="q", group=100)
     expected = expected_projections(events, TrustedKeys.none())
     # Rounds all the time (every 50 events of a partition), so the kill lands in or near one.
     taking = with_keys(settings, snapshot_interval_s=0.05, snapshot_every=50)
     worker = start_worker(with_keys(taking, commit_interval=60.0, commit_every=1_000_000))
+    # Sent a chunk at a time, paced (about 4,000 events/s, below what a worker folds): whenever
+    # it is killed, however fast it folds, the worker is folding sessions sent a moment before
+    # and taking rounds of them, with more still to come.
+    chunks = [events[i : i + 1_000] for i in range(0, len(events), 1_000)]
+    last: dict[str, Position] = {}
+    sent = 0
     deadline = time.monotonic() + 60
-    # A third of the way, and a round done (its writer's start takes a moment: the folding goes
-    # on meanwhile), so the kill lands among rounds with checkpoints behind it.
-    while reached(projections, last) < len(sids) // 3 or not checkpoints(settings):
+    # A third of the chunks sent, and a round done (its writer's start takes a moment), so the
+    # kill lands among rounds with checkpoints behind it.
+    while sent < len(chunks) // 3 or not checkpoints(settings):
         assert worker.alive(), worker.log()[-3000:]
-        assert time.monotonic() < deadline, (
-            f"in 60 s: {reached(projections, last)} of {len(sids)} sessions, "
-            f"checkpoints {checkpoints(settings)}"
-        )
-        time.sleep(0.02)
+        assert time.monotonic() < deadline, f"in 60 s: checkpoints {checkpoints(settings)}"
+        assert sent < len(chunks) - 1, "no checkpoint before the last chunk: raise the events"
+        last.update(send_all(kafka_log, chunks[sent]))
+        sent += 1
+        time.sleep(0.25)
     worker.kill9()
-    assert reached(projections, last) < len(sids), "the worker finished before it was killed"
+    for chunk in chunks[sent:]:
+        last.update(send_all(kafka_log, chunk))
     restarted = start_worker(taking)
     wait_for_all(projections, last, timeout=90, why="after the restart", workers=(restarted,))
     restarted.stop()
