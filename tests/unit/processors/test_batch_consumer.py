@@ -150,6 +150,21 @@ class ThreePhase(TwoPhase):
         return commit()
 
 
+async def _two_handed_over(
+    fail: frozenset[int] = frozenset(),
+) -> tuple[Harness, list[str], asyncio.Event, ThreePhase]:
+    """Batches 0 and 1 handed over to a `ThreePhase` handler whose batch 0 publishing waits for
+    its acks (the event returned)."""
+    h = Harness()
+    log: list[str] = []
+    acked = asyncio.Event()
+    handler = ThreePhase(log, {0: acked}, fail=fail)
+    h.app.batch_handlers["ev"] = handler
+    for offset in (0, 1):
+        await h.consumer._deliver({EV0: [record(EV0, offset)]}, h.app.batch_handlers)
+    return h, log, acked, handler
+
+
 async def _revocation(h: Harness, log: list[str]) -> None:
     """What a revocation waits for before it lets the partitions go, logged once it may."""
     assert await h.app.settle_within(5.0)
@@ -548,12 +563,7 @@ def test_the_batch_after_a_failed_one_is_never_written_and_its_commit_is_closed(
 
 def test_a_commit_does_not_wait_for_the_previous_publishing_which_keeps_batch_order() -> None:
     async def main() -> None:
-        h = Harness()
-        log: list[str] = []
-        acked = asyncio.Event()  # batch 0's publishing waits for its acks
-        h.app.batch_handlers["ev"] = ThreePhase(log, {0: acked})
-        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
-        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        h, log, acked, _ = await _two_handed_over()  # batch 0's publishing waits for its acks
         await asyncio.sleep(0.01)
         # Batch 1 committed while batch 0 waits for its acks; its own publishing waits behind.
         assert log == ["fold 0", "commit 0", "fold 1", "commit 1"]
@@ -568,12 +578,7 @@ def test_a_commit_does_not_wait_for_the_previous_publishing_which_keeps_batch_or
 
 def test_no_more_than_two_batches_publishing_behind_the_one_committing() -> None:
     async def main() -> None:
-        h = Harness()
-        log: list[str] = []
-        acked = asyncio.Event()
-        h.app.batch_handlers["ev"] = ThreePhase(log, {0: acked})
-        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
-        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        h, log, acked, _ = await _two_handed_over()
         third = asyncio.ensure_future(
             h.consumer._deliver({EV0: [record(EV0, 2)]}, h.app.batch_handlers)
         )
@@ -594,13 +599,7 @@ def test_after_a_refused_publishing_the_next_batchs_is_closed_and_no_offset_move
     their decisions published again); its publishing, never started, is closed."""
 
     async def main() -> None:
-        h = Harness()
-        log: list[str] = []
-        acked = asyncio.Event()
-        handler = ThreePhase(log, {0: acked}, fail=frozenset({0}))
-        h.app.batch_handlers["ev"] = handler
-        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
-        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        h, log, acked, handler = await _two_handed_over(fail=frozenset({0}))
         await asyncio.sleep(0.01)
         acked.set()
         with pytest.raises(RuntimeError, match="batch 0 refused"):
@@ -614,12 +613,7 @@ def test_after_a_refused_publishing_the_next_batchs_is_closed_and_no_offset_move
 
 def test_a_revocation_waits_for_the_publishing_of_every_batch_in_hand() -> None:
     async def main() -> None:
-        h = Harness()
-        log: list[str] = []
-        acked = asyncio.Event()
-        h.app.batch_handlers["ev"] = ThreePhase(log, {0: acked})
-        await h.consumer._deliver({EV0: [record(EV0, 0)]}, h.app.batch_handlers)
-        await h.consumer._deliver({EV0: [record(EV0, 1)]}, h.app.batch_handlers)
+        h, log, acked, _ = await _two_handed_over()
         await asyncio.sleep(0.01)
         assert "commit 1" in log  # both committed: only the publishing is left
         assert not await h.app.settle_within(0.05)  # a revocation may not let go yet
